@@ -1,0 +1,26 @@
+"""medusa_lib: Medusa decoding (multiple decoding heads + tree attention) on stock transformers.
+
+Paper: Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+Heads", ICML 2024, arXiv 2401.10774. Reference code: github.com/FasterDecoding/Medusa.
+This package never imports gradio; the app only renders the Step records it yields.
+"""
+
+from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, compact_cache, run_method, typical_threshold
+from .heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
+from .model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
+from .tree import (
+    TOPK,
+    MedusaTree,
+    TreeError,
+    build_tree,
+    cartesian_choices,
+    chain_choices,
+    expected_tokens_per_step,
+    get_tree,
+    greedy_choices,
+    parse_choices,
+    preset_choices,
+    preset_names,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

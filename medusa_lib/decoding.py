@@ -1,0 +1,430 @@
+"""Three decoders as generators of immutable step records.
+
+* ``plain``: one token per forward (greedy, or sampling with temperature / top-p / seed).
+* ``medusa-greedy``: Medusa-1 tree decoding, accept a candidate iff it is the base model's
+  argmax; the output equals plain greedy decoding (up to floating-point ties).
+* ``medusa-typical``: the paper's typical acceptance (arXiv 2401.10774, Sec. 2.3.1):
+  accept iff p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T).
+
+One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward:
+  propose  tree tokens = [root, head-1 top-k, head-2 top-k, ...][tree_indices]
+  verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
+  accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
+  commit   gather the accepted tree slots of every cache layer to the front of the tree
+           region, crop the rest; the bonus token (argmax at the last accepted node) is the next
+           root and the heads read that node's hidden state to seed the next tree.
+Tokens per step = accept_length + 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from .heads import MedusaHeads
+from .model import ModelError, ModelInfo, body_and_lm_head, check_supported, input_device
+from .tree import MedusaTree, root_only_tree
+
+METHODS = ("plain", "medusa-greedy", "medusa-typical")
+
+
+class DecodeError(ValueError):
+    """Settings a decoder cannot run with. One sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 128  # stop after this many new tokens
+    temperature: float = 0.0  # 0 = greedy; plain sampling and typical acceptance use softmax(logits / T)
+    top_p: float = 1.0  # nucleus sampling for plain sampling and the sampled root
+    seed: int = 0  # sampling seed (a run is reproducible)
+    posterior_threshold: float = 0.09  # epsilon of typical acceptance (hard threshold)
+    posterior_alpha: float = 0.3  # delta of typical acceptance (entropy-dependent threshold)
+    sample_root: bool = False  # typical: sample the root/bonus token instead of argmax
+    stop_on_eos: bool = True
+    record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
+
+    def check(self) -> None:
+        if not (1 <= self.max_new_tokens <= 32768):
+            raise DecodeError(f"max_new_tokens must be between 1 and 32768 (got {self.max_new_tokens}).")
+        if not (self.temperature >= 0):
+            raise DecodeError(f"temperature must be 0 (greedy) or positive (got {self.temperature}).")
+        if not (0 < self.top_p <= 1):
+            raise DecodeError(f"top_p must be in (0, 1] (got {self.top_p}).")
+        if not (0 <= self.posterior_threshold <= 1):
+            raise DecodeError(f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold}).")
+        if not (0 <= self.posterior_alpha <= 1):
+            raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One decoding step. ``index`` 0 is the prefill (it yields the first token)."""
+
+    index: int
+    tokens: tuple[int, ...]  # new token ids committed by this step
+    seconds: float  # wall time of the step, device-synchronised
+    phases: Mapping[str, float] = field(default_factory=dict)  # propose / verify / accept / commit (or prefill)
+    accept_length: int = 0  # head candidates accepted (tokens = accept_length + 1)
+    tree: MedusaTree | None = None  # the tree verified in this step (Medusa, record_detail)
+    tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
+    best_path: int | None = None  # row of tree.retrieve_indices that was accepted
+    finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.index == 0 else "decode"
+
+    @property
+    def accepted_nodes(self) -> tuple[int, ...]:
+        """Tree positions of the root and the accepted candidates."""
+        if self.tree is None or self.best_path is None:
+            return ()
+        return tuple(self.tree.retrieve_indices[self.best_path, : self.accept_length + 1].tolist())
+
+    @property
+    def tree_token_ids(self) -> list[int]:
+        return [] if self.tree_tokens is None else self.tree_tokens.tolist()
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        """Token ids of every root-to-leaf path (padding dropped)."""
+        if self.tree is None or self.tree_tokens is None:
+            return []
+        toks = self.tree_token_ids
+        return [[toks[j] for j in row if j >= 0] for row in self.tree.retrieve_indices.tolist()]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """All steps of one run, with the statistics the UI and the benchmark report."""
+
+    method: str
+    steps: tuple[Step, ...]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for s in self.steps for t in s.tokens]
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self.steps[0].seconds if self.steps else 0.0
+
+    @property
+    def decode_steps(self) -> int:
+        return max(len(self.steps) - 1, 0)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.steps[1:])
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(s.seconds for s in self.steps[1:])
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens of the decode steps over their time (prefill excluded)."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.steps[-1].finish_reason if self.steps else None
+
+
+def _sync(device: torch.device) -> float:
+    """Timestamp after the device has finished its queued work (honest timing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
+    """[L, L] additive mask: 0 where a node may attend, dtype-min elsewhere (float, never bool)."""
+    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(tree.attn_mask == 0, torch.finfo(dtype).min)
+
+
+def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """argmax at T=0; else a sample from softmax(logits/T) restricted to the top-p nucleus."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix with mass >= top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per path: candidate at depth k passes iff it equals the argmax at depth k-1 of the same path.
+
+    logits [L, V]; path_tokens/ri/valid [P, D+1]. Returns (accept_length [P], score [P]).
+    """
+    pred = logits.argmax(-1)[ri[:, :-1]]  # [P, D] base model's choice after each path prefix
+    passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]  # padded slots never pass
+    accept_length = passed.long().cumprod(dim=1).sum(dim=1)
+    return accept_length, accept_length.float()
+
+
+def typical_accept(
+    logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, temperature: float, epsilon: float, delta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typical acceptance: p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T) at the parent.
+
+    Longest path wins; ties go to the highest summed log-probability of the accepted tokens.
+    """
+    if temperature <= 0:  # T -> 0 the rule degenerates to greedy matching
+        return greedy_accept(logits, path_tokens, ri, valid)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [L, V]
+    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # min(epsilon, delta e^-H)
+    parent = ri[:, :-1]
+    p_cand = probs[parent, path_tokens[:, 1:]]  # [P, D]
+    passed = (p_cand > threshold[parent]) & valid[:, 1:]
+    prefix = passed.long().cumprod(dim=1)
+    accept_length = prefix.sum(dim=1)
+    logp = (torch.log(p_cand.clamp_min(1e-30)) * prefix).sum(dim=1)
+    # Lexicographic (length, log-prob): log-probs are > -1e4 for any accepted path here.
+    score = accept_length.float() * 1e6 + logp
+    return accept_length, score
+
+
+def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
+    """min(epsilon, delta * exp(-H)) for distributions probs [..., V] (exposed for plots and tests)."""
+    entropy = torch.special.entr(probs).sum(-1)
+    return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+
+
+def model_info(model: nn.Module) -> "ModelInfo":
+    """check_supported, once per model object (it runs one tiny forward)."""
+    info = getattr(model, "_medusa_model_info", None)
+    if info is None:
+        info = check_supported(model)
+        model._medusa_model_info = info
+    return info
+
+
+class Decoder:
+    """Runs one method on one model. ``steps(prompt_ids)`` is a generator of Step records.
+
+    All run state (KV cache, sampler) is created inside ``steps``: two runs never share a cache.
+    """
+
+    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | None = None, config: DecodeConfig = DecodeConfig()):
+        if method not in METHODS:
+            raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+        config.check()
+        self.model, self.method, self.config = model, method, config
+        self.info = model_info(model)
+        self.body, self.lm_head = body_and_lm_head(model)
+        self.device = input_device(model)
+        self.out_device = self.lm_head.weight.device
+        self.dtype = next(model.parameters()).dtype
+        self.heads = heads
+        if method != "plain":
+            if heads is None or tree is None:
+                raise DecodeError(f"{method} needs Medusa heads and a tree.")
+            heads.check_fits(model)
+            if tree.depth > heads.num_heads:
+                raise DecodeError(f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}.")
+            self.tree = tree.to(self.device)
+            self.tree_out = tree.to(self.out_device)  # acceptance runs where the logits are
+            self.tree_bias = tree_attention_bias(self.tree, self.dtype)
+            self.tree_cpu = tree.to("cpu")  # what the step records hold
+            self.root_tree = root_only_tree().to(self.device)
+            self.root_out = root_only_tree().to(self.out_device)
+            self.root_bias = tree_attention_bias(self.root_tree, self.dtype)
+
+    # ------------------------------------------------------------------ helpers
+    def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+        if ids.numel() == 0:
+            raise DecodeError("The prompt is empty; type some text first.")
+        if ids.numel() >= self.info.context_limit:
+            why = f" (its sliding-window attention of {self.info.sliding_window} tokens limits tree attention)" if self.info.sliding_window else ""
+            raise DecodeError(
+                f"The prompt has {ids.numel()} tokens but the model's context holds {self.info.context_limit}{why}; shorten the prompt."
+            )
+        return ids.to(self.device).unsqueeze(0)
+
+    def _finish(self, new: list[int], produced: int, seq_len: int) -> tuple[list[int], str | None]:
+        """Cut tokens at EOS, the new-token budget and the context limit."""
+        cfg, eos = self.config, self.info.eos_token_ids
+        if cfg.stop_on_eos and eos:
+            for i, t in enumerate(new):
+                if t in eos:
+                    return new[: i + 1], "eos"
+        room = min(cfg.max_new_tokens - produced, self.info.context_limit - seq_len)
+        if len(new) >= room:
+            reason = "length" if cfg.max_new_tokens - produced <= self.info.context_limit - seq_len else "context"
+            return new[:room], reason
+        return new, None
+
+    def _generator(self) -> torch.Generator | None:
+        if self.config.temperature <= 0:
+            return None
+        g = torch.Generator(device=self.out_device)
+        g.manual_seed(self.config.seed)
+        return g
+
+    # ------------------------------------------------------------------ entry
+    @torch.inference_mode()
+    def steps(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[Step]:
+        ids = self._prompt_tensor(prompt_ids)
+        if self.method == "plain":
+            yield from self._plain_steps(ids)
+        else:
+            yield from self._medusa_steps(ids)
+
+    def run(self, prompt_ids: Sequence[int] | torch.Tensor) -> RunResult:
+        return RunResult(self.method, tuple(self.steps(prompt_ids)))
+
+    # ------------------------------------------------------------------ plain
+    def _plain_steps(self, ids: torch.Tensor) -> Iterator[Step]:
+        cfg, dev = self.config, self.device
+        gen = self._generator()
+        cache = new_cache()
+        seq_len = ids.shape[1]
+        t0 = _sync(dev)
+        logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+        new, reason = self._finish([int(token)], 0, seq_len)
+        t1 = _sync(dev)
+        yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+        produced, seq_len, index = len(new), seq_len + len(new), 1
+        while reason is None:
+            t0 = _sync(dev)
+            pos = torch.tensor([[seq_len - 1]], device=dev)
+            logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
+            t1 = _sync(dev)
+            token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+            new, reason = self._finish([int(token)], produced, seq_len)
+            t2 = _sync(dev)
+            yield Step(index, tuple(new), t2 - t0, MappingProxyType({"verify": t1 - t0, "accept": t2 - t1}), accept_length=0, finish_reason=reason)
+            produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
+
+    # ------------------------------------------------------------------ medusa
+    def _pick_root(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        cfg = self.config
+        if self.method == "medusa-typical" and cfg.sample_root and cfg.temperature > 0:
+            return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+        return logits.argmax(-1)
+
+    def _accept(self, logits: torch.Tensor, tree: MedusaTree, tree_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ri = tree.retrieve_indices
+        valid = ri >= 0
+        ri = ri.clamp(min=0)
+        path_tokens = tree_tokens.to(logits.device)[ri]
+        if self.method == "medusa-typical":
+            cfg = self.config
+            return typical_accept(logits, path_tokens, ri, valid, temperature=cfg.temperature, epsilon=cfg.posterior_threshold, delta=cfg.posterior_alpha)
+        return greedy_accept(logits, path_tokens, ri, valid)
+
+    def _medusa_steps(self, ids: torch.Tensor) -> Iterator[Step]:
+        cfg, dev, heads = self.config, self.device, self.heads
+        depth = self.tree.depth
+        gen = self._generator()
+        cache = new_cache()
+        seq_len = ids.shape[1]
+
+        # Prefill: the prompt's KV, the root (first new token) and the heads' first proposals.
+        t0 = _sync(dev)
+        hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
+        root = self._pick_root(self.lm_head(hidden), gen)
+        proposals = heads.propose(hidden, self.lm_head, topk=self.tree.topk, num_heads=depth)  # [depth, topk]
+        new, reason = self._finish([int(root)], 0, seq_len)
+        t1 = _sync(dev)
+        yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+        produced, seq_len, index = len(new), seq_len + len(new), 1
+
+        while reason is None:
+            # The tree's deepest node would land at position seq_len - 1 + depth; near the
+            # context limit fall back to a root-only (plain) step so the output stays exact.
+            full = seq_len + depth + 1 <= self.info.context_limit
+            tree, tree_out, bias = (self.tree, self.tree_out, self.tree_bias) if full else (self.root_tree, self.root_out, self.root_bias)
+            prefix_len = seq_len - 1  # every token but the root is in the cache
+            L = tree.num_nodes
+
+            t0 = _sync(dev)
+            candidates = torch.cat([root.view(1).to(dev), proposals.flatten().to(dev)])  # [root, head1 top-k, head2 top-k, ...]
+            tree_tokens = candidates[tree.tree_indices] if full else root.view(1).to(dev)
+            t1 = _sync(dev)
+
+            # Every node sees the whole prefix, then the root, its ancestors and itself.
+            mask = torch.cat([torch.zeros(L, prefix_len, dtype=self.dtype, device=dev), bias], dim=1)[None, None]
+            position_ids = (tree.position_ids + prefix_len)[None]
+            h = self.body(input_ids=tree_tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
+            logits = self.lm_head(h)  # [L, V]
+            t2 = _sync(dev)
+
+            accept_length, score = self._accept(logits, tree_out, tree_tokens)
+            best = int(score.argmax())  # first best path on ties
+            n_acc = int(accept_length[best])
+            nodes = tree_out.retrieve_indices[best, : n_acc + 1]  # root + accepted, tree positions
+            t3 = _sync(dev)
+
+            compact_cache(cache, prefix_len, nodes, L)
+            last = nodes[-1]
+            bonus = self._pick_root(logits[last], gen)
+            accepted = tree_tokens[nodes.to(dev)][1:].tolist()
+            new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
+            if reason is None:  # seed the next tree from the last accepted node's hidden state
+                proposals = heads.propose(h[last.to(h.device)], self.lm_head, topk=self.tree.topk, num_heads=depth)
+            root = bonus
+            t4 = _sync(dev)
+
+            detail = cfg.record_detail
+            yield Step(
+                index,
+                tuple(new),
+                t4 - t0,
+                MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
+                accept_length=min(n_acc, len(new) - 1) if new else 0,
+                tree=(self.tree_cpu if full else root_only_tree()) if detail else None,
+                tree_tokens=tree_tokens if detail else None,
+                best_path=best if detail else None,
+                finish_reason=reason,
+            )
+            produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
+
+
+def new_cache() -> DynamicCache:
+    """A cache of full (non-sliding) layers: with our own 4D masks a sliding-window layer's
+    eviction would break the tree-slot arithmetic; runs are capped at the window instead."""
+    return DynamicCache()
+
+
+def compact_cache(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
+    """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
+
+    Gather first (source and target ranges overlap), then write, then crop (crop(-n) removes n).
+    """
+    n = int(nodes.numel())
+    for layer in cache.layers:
+        dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
+        keep = nodes.to(dev) + prefix_len
+        k = layer.keys.index_select(-2, keep)
+        v = layer.values.index_select(-2, keep)
+        layer.keys[..., prefix_len : prefix_len + n, :] = k
+        layer.values[..., prefix_len : prefix_len + n, :] = v
+    if tree_len > n:
+        cache.crop(-(tree_len - n))
+
+
+def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig()) -> RunResult:
+    """Convenience: build a Decoder and collect its whole run."""
+    return Decoder(model, method=method, heads=heads, tree=tree, config=config).run(prompt_ids)
+
+
+__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "compact_cache", "run_method", "typical_threshold"]

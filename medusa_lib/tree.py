@@ -1,0 +1,273 @@
+"""Medusa candidate trees: the static buffers of tree attention.
+
+A tree is a list of *choices*. The choice ``[r1, r2, ..., rd]`` is the node reached by
+taking head-1's rank-r1 token, then head-2's rank-r2 token, and so on (Medusa paper,
+arXiv 2401.10774, Sec. 2.1.2; reference code FasterDecoding/Medusa, ``medusa_choices``).
+Node 0 is the root: the base model's own next token. The buffers built here follow the
+reference ``generate_medusa_buffers`` exactly (checked against its worked example and all
+of its presets in the tests), with one change: padded slots of ``retrieve_indices`` stay -1
+and are masked explicitly by the decoders instead of being mapped to token id 0.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+TOPK = 10  # candidates read from each head (reference TOPK)
+PRESETS_FILE = Path(__file__).with_name("trees.json")
+
+
+class TreeError(ValueError):
+    """An impossible tree. The message is one sentence that says what to change."""
+
+
+@dataclass(frozen=True, eq=False)
+class MedusaTree:
+    """Static buffers of one tree (CPU tensors; ``to(device)`` makes a device copy).
+
+    choices          sorted by (depth, ranks); node j >= 1 is choices[j-1]
+    tree_indices     [L]  index into [root, head1 top-k, head2 top-k, ...]
+    position_ids     [L]  depth of each node (root 0); add the cache length at run time
+    retrieve_indices [P, D+1]  one root-to-leaf path per row, tree positions, -1 padded
+    attn_mask        [L, L]  1 where node i may attend node j (root, ancestors, itself)
+    """
+
+    choices: tuple[tuple[int, ...], ...]
+    tree_indices: torch.Tensor
+    position_ids: torch.Tensor
+    retrieve_indices: torch.Tensor
+    attn_mask: torch.Tensor
+    topk: int = TOPK
+    name: str = "custom"
+    parents: tuple[int, ...] = field(default=())  # parent node of each node (root: -1)
+
+    @property
+    def num_nodes(self) -> int:
+        """Tree tokens verified per step, root included (L)."""
+        return int(self.tree_indices.numel())
+
+    @property
+    def depth(self) -> int:
+        """Deepest node = number of Medusa heads the tree needs."""
+        return max((len(c) for c in self.choices), default=0)
+
+    @property
+    def path_valid(self) -> torch.Tensor:
+        """[P, D+1] bool: False on padded slots of ``retrieve_indices``."""
+        return self.retrieve_indices >= 0
+
+    def to(self, device: torch.device | str) -> "MedusaTree":
+        return MedusaTree(
+            choices=self.choices,
+            tree_indices=self.tree_indices.to(device),
+            position_ids=self.position_ids.to(device),
+            retrieve_indices=self.retrieve_indices.to(device),
+            attn_mask=self.attn_mask.to(device),
+            topk=self.topk,
+            name=self.name,
+            parents=self.parents,
+        )
+
+    def __repr__(self) -> str:
+        return f"MedusaTree(name={self.name!r}, nodes={self.num_nodes}, depth={self.depth}, paths={self.retrieve_indices.shape[0]})"
+
+
+def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK) -> list[list[int]]:
+    """Check a tree and return it as a list of int lists; raise TreeError with one clear sentence."""
+    if choices is None or len(choices) == 0:
+        raise TreeError("The tree is empty: give at least one node, e.g. [[0]] (head-1's top token).")
+    out: list[list[int]] = []
+    for c in choices:
+        if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or len(c) == 0:
+            raise TreeError(f"Tree node {c!r} is not a non-empty list of ranks such as [0, 1].")
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in c):
+            raise TreeError(f"Tree node {list(c)!r} must contain whole-number ranks only.")
+        out.append([int(r) for r in c])
+    seen: set[tuple[int, ...]] = set()
+    for c in out:
+        t = tuple(c)
+        if t in seen:
+            raise TreeError(f"Tree node {c} appears twice; list every node once.")
+        seen.add(t)
+    for c in out:
+        bad = [r for r in c if r < 0 or r >= topk]
+        if bad:
+            raise TreeError(f"Tree node {c} uses rank {bad[0]}, but ranks must be between 0 and {topk - 1} (top-{topk} per head).")
+    for c in out:
+        if len(c) > 1 and tuple(c[:-1]) not in seen:
+            raise TreeError(f"Tree node {c} has no parent: add {c[:-1]} to the tree.")
+    depth = max(len(c) for c in out)
+    if num_heads is not None and depth > num_heads:
+        raise TreeError(f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; use a tree of depth <= {num_heads}.")
+    return out
+
+
+def build_tree(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK, name: str = "custom") -> MedusaTree:
+    """Build the tree-attention buffers for ``choices`` (reference ``generate_medusa_buffers``)."""
+    checked = validate_choices(choices, num_heads=num_heads, topk=topk)
+    nodes = sorted(checked, key=lambda x: (len(x), x))
+    index = {tuple(c): j + 1 for j, c in enumerate(nodes)}  # tree position of each node
+    L = len(nodes) + 1
+
+    attn_mask = torch.eye(L, dtype=torch.long)
+    attn_mask[:, 0] = 1  # every node sees the root
+    tree_indices = torch.zeros(L, dtype=torch.long)
+    position_ids = torch.zeros(L, dtype=torch.long)
+    parents = [-1] + [index.get(tuple(c[:-1]), 0) for c in nodes]
+    for j, c in enumerate(nodes, start=1):
+        for d in range(1, len(c)):  # ancestors below the root
+            attn_mask[j, index[tuple(c[:d])]] = 1
+        tree_indices[j] = c[-1] + topk * (len(c) - 1) + 1  # token = rank c[-1] of head len(c)
+        position_ids[j] = len(c)
+
+    # Root-to-leaf paths: walk nodes from the end, skip any node already on a recorded path.
+    paths: list[list[int]] = []
+    on_path: set[tuple[int, ...]] = set()
+    for c in reversed(nodes):
+        if tuple(c) in on_path:
+            continue
+        paths.append([0] + [index[tuple(c[: d + 1])] for d in range(len(c))])
+        on_path.update(tuple(c[: d + 1]) for d in range(len(c)))
+    width = max(len(p) for p in paths)
+    retrieve_indices = torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long)
+
+    return MedusaTree(
+        choices=tuple(tuple(c) for c in nodes),
+        tree_indices=tree_indices,
+        position_ids=position_ids,
+        retrieve_indices=retrieve_indices,
+        attn_mask=attn_mask,
+        topk=topk,
+        name=name,
+        parents=tuple(parents),
+    )
+
+
+def root_only_tree() -> MedusaTree:
+    """The degenerate tree of the root alone: a plain decoding step (used near the context limit)."""
+    zero = torch.zeros(1, dtype=torch.long)
+    return MedusaTree(
+        choices=(),
+        tree_indices=zero,
+        position_ids=zero.clone(),
+        retrieve_indices=torch.zeros(1, 1, dtype=torch.long),
+        attn_mask=torch.ones(1, 1, dtype=torch.long),
+        name="root",
+        parents=(-1,),
+    )
+
+
+def chain_choices(depth: int) -> list[list[int]]:
+    """Top-1 chain: head-1 top token, then head-2 top token, ... (depth nodes)."""
+    if depth < 1:
+        raise TreeError("A chain tree needs depth >= 1.")
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+def cartesian_choices(topk_per_head: Sequence[int], *, max_nodes: int | None = None) -> list[list[int]]:
+    """Every combination of head-k's top-``topk_per_head[k]`` tokens, optionally capped at ``max_nodes``.
+
+    When capped, nodes with the smallest rank sum (then depth) are kept; a parent always sorts
+    before its children, so the kept set is a valid tree.
+    """
+    if not topk_per_head or any(k < 1 or k > TOPK for k in topk_per_head):
+        raise TreeError(f"Give each head a top-k between 1 and {TOPK}, e.g. [3, 2, 2].")
+    nodes: list[list[int]] = []
+    level: list[list[int]] = [[]]
+    for k in topk_per_head:
+        level = [p + [r] for p in level for r in range(k)]
+        nodes.extend(level)
+    if max_nodes is not None:
+        if max_nodes < 1:
+            raise TreeError("max_nodes must be at least 1.")
+        nodes = sorted(nodes, key=lambda c: (sum(c), len(c), c))[:max_nodes]
+    return nodes
+
+
+def greedy_choices(accuracy: Sequence[Sequence[float]], num_nodes: int) -> tuple[list[list[int]], float]:
+    """The paper's greedy tree (App. C; reference ``gen_results.py``).
+
+    ``accuracy[k][r]`` = P(head k+1's rank-r token is right). Starting from the root, repeatedly
+    add the frontier node whose path has the largest product of accuracies. Returns the choices
+    and the expected tokens per step, 1 + sum of the chosen nodes' products.
+    """
+    depth = len(accuracy)
+    if depth == 0 or num_nodes < 1:
+        raise TreeError("A greedy tree needs per-head accuracies and at least one node.")
+    frontier: list[tuple[float, list[int]]] = []
+    for r in range(min(TOPK, len(accuracy[0]))):
+        heapq.heappush(frontier, (-float(accuracy[0][r]), [r]))
+    chosen: list[list[int]] = []
+    expected = 1.0
+    while frontier and len(chosen) < num_nodes:
+        neg_p, c = heapq.heappop(frontier)
+        chosen.append(c)
+        expected += -neg_p
+        if len(c) < depth:
+            for r in range(min(TOPK, len(accuracy[len(c)]))):
+                heapq.heappush(frontier, (neg_p * float(accuracy[len(c)][r]), c + [r]))
+    return chosen, expected
+
+
+def expected_tokens_per_step(choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]]) -> float:
+    """1 + sum over nodes of the product of head accuracies along the node's path."""
+    total = 1.0
+    for c in choices:
+        p = 1.0
+        for k, r in enumerate(c):
+            p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
+        total += p
+    return total
+
+
+@cache
+def _load_presets() -> dict[str, list[list[int]]]:
+    return json.loads(PRESETS_FILE.read_text())
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped tree presets (reference presets plus generated ones)."""
+    return list(_load_presets()) + list(GENERATED_PRESETS)
+
+
+GENERATED_PRESETS = {
+    "chain-1": lambda: chain_choices(1),
+    "chain-2": lambda: chain_choices(2),
+    "chain-3": lambda: chain_choices(3),
+    "chain-4": lambda: chain_choices(4),
+    "topk-2x2": lambda: cartesian_choices([2, 2]),
+    "topk-3x2x1": lambda: cartesian_choices([3, 2, 1]),
+    "topk-4x3x2-16": lambda: cartesian_choices([4, 3, 2], max_nodes=16),
+}
+
+
+def preset_choices(name: str) -> list[list[int]]:
+    presets = _load_presets()
+    if name in presets:
+        return [list(c) for c in presets[name]]
+    if name in GENERATED_PRESETS:
+        return GENERATED_PRESETS[name]()
+    raise TreeError(f"Unknown tree preset {name!r}; choose one of: {', '.join(preset_names())}.")
+
+
+def get_tree(name: str, *, num_heads: int | None = None) -> MedusaTree:
+    """Build a named preset, checked against the number of heads."""
+    return build_tree(preset_choices(name), num_heads=num_heads, name=name)
+
+
+def parse_choices(text: str) -> list[list[int]]:
+    """Parse a tree written as JSON (``[[0], [0, 0], [1]]``); raise TreeError on bad text."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise TreeError(f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]].") from None
+    if not isinstance(value, list):
+        raise TreeError("The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].")
+    return validate_choices(value)
