@@ -37,12 +37,14 @@ class HeadsError(ValueError):
 
 
 class ResBlock(nn.Module):
-    """x + SiLU(W x + b), W zero-initialised so the block starts as the identity."""
+    """x + SiLU(W x + b). W and b start at zero, so a fresh block is exactly the identity
+    (the reference zeroes W only, leaving x + SiLU(b0) with a small random b0)."""
 
     def __init__(self, hidden_size: int):
         super().__init__()
         self.linear = nn.Linear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +141,7 @@ class MedusaHeads(nn.Module):
             )
 
     # ---------------------------------------------------------------- saving
-    def save(self, folder: str | Path, **extra) -> Path:
+    def save(self, folder: str | Path, *, base_model: str | None = None, **extra) -> Path:
         """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`)."""
         from safetensors.torch import save_file
 
@@ -152,7 +154,7 @@ class MedusaHeads(nn.Module):
         meta = {
             "medusa_num_heads": cfg["num_heads"],
             "medusa_num_layers": cfg["num_layers"],
-            "base_model_name_or_path": cfg["base_model"],
+            "base_model_name_or_path": base_model or cfg["base_model"],
             "hidden_size": cfg["hidden_size"],
             "vocab_size": cfg["vocab_size"],
             "shared_lm_head": cfg["shared_lm_head"],
@@ -232,7 +234,10 @@ def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
 
         with safe_open(str(path), framework="pt") as f:
             return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-    obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
+    except Exception as e:
+        raise HeadsError(f"{path.name} is not a plain tensor checkpoint and is not loaded, for safety ({type(e).__name__}); save the heads as a state dict of tensors.") from None
     if not isinstance(obj, dict):
         raise HeadsError(f"{path.name} does not hold a state dict.")
     return {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}

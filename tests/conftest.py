@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random causal LMs of each supported family, made in the test (no network)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+from medusa_lib import HeadsConfig, MedusaHeads  # noqa: E402
+
+VOCAB = 320
+HIDDEN = 64
+
+
+def make_model(arch: str, *, attn: str = "sdpa", seed: int = 0, **overrides):
+    """A 2-layer random model of family ``arch`` (llama with GQA, qwen2, gpt2, mistral)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, attn_implementation=attn, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1, **common)
+        cls = LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512, initializer_range=0.1, **common)
+        cls = Qwen2ForCausalLM
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=512, initializer_range=0.1, **common)
+        cls = GPT2LMHeadModel
+    elif arch == "mistral":
+        cfg = MistralConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1, **common)
+        cls = MistralForCausalLM
+    else:
+        raise ValueError(arch)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cls(cfg).eval()
+
+
+def random_heads(num_heads: int = 4, *, shared: bool = False, seed: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB) -> MedusaHeads:
+    """Heads with random weights everywhere: their proposals are mostly wrong."""
+    torch.manual_seed(seed)
+    heads = MedusaHeads(HeadsConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, shared_lm_head=shared))
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return heads.eval()
+
+
+class OracleHeads(MedusaHeads):
+    """Heads rigged to propose the model's own future greedy tokens, so long paths get accepted.
+
+    They recognise the position t of the hidden state they are given (nearest recorded final
+    hidden state of the greedy sequence) and put token t+k+1 among head k's top-k, at rank 1
+    when (t + k) % 4 == 0 and rank 0 otherwise, so that non-top-1 branches are exercised too.
+    """
+
+    def __init__(self, model, sequence: list[int], num_heads: int = 4):
+        super().__init__(HeadsConfig(hidden_size=model.config.hidden_size, vocab_size=model.get_output_embeddings().weight.shape[0], num_heads=num_heads))
+        with torch.no_grad():
+            self.recorded = model.base_model(input_ids=torch.tensor([sequence])).last_hidden_state[0]
+        self.sequence = sequence
+        self.vocab = model.get_output_embeddings().weight.shape[0]
+
+    @torch.no_grad()
+    def propose(self, h, lm_head, *, topk, num_heads=None):
+        n = self.num_heads if num_heads is None else num_heads
+        t = int((self.recorded - h.float()).norm(dim=-1).argmin())
+        out = torch.empty(n, topk, dtype=torch.long)
+        for k in range(1, n + 1):
+            true = self.sequence[t + k + 1] if t + k + 1 < len(self.sequence) else 0
+            fillers = [(true + 1 + j) % self.vocab for j in range(topk)]
+            rank = 1 if (t + k) % 4 == 0 else 0
+            row = fillers[: topk - 1]
+            row.insert(rank, true)
+            out[k - 1] = torch.tensor(row[:topk])
+        return out
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return make_model("llama")

@@ -1,0 +1,322 @@
+"""Decoders: tree attention maths, exact greedy equivalence, cache compaction, acceptance rules."""
+
+import pytest
+import torch
+from conftest import OracleHeads, make_model, random_heads
+
+from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
+from medusa_lib.decoding import compact_cache, greedy_accept, new_cache, tree_attention_bias, typical_accept, typical_threshold
+
+PROMPT = [1, 17, 33, 250, 99, 4, 61]
+N_NEW = 64
+TREES = {
+    "chain-4": build_tree(chain_choices(4)),
+    "cartesian-3x2x2": build_tree(cartesian_choices([3, 2, 2])),
+    "mc_sim_7b_63": get_tree("mc_sim_7b_63"),
+}
+ARCHS = ["llama", "qwen2", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {arch: make_model(arch) for arch in ARCHS}
+
+
+def plain_tokens(model, n=N_NEW, prompt=PROMPT):
+    return run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False)).tokens
+
+
+# ------------------------------------------------------------------ tree forward maths
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn):
+    model = make_model(arch, attn=attn)
+    tree = TREES["mc_sim_7b_63"]
+    body, lm_head = model.base_model, model.lm_head
+    torch.manual_seed(3)
+    tree_tokens = torch.randint(3, 300, (tree.num_nodes,))
+    prompt = torch.tensor([PROMPT])
+    with torch.no_grad():
+        cache = new_cache()
+        body(input_ids=prompt, past_key_values=cache, use_cache=True)
+        P = prompt.shape[1]
+        mask = torch.cat([torch.zeros(tree.num_nodes, P), tree_attention_bias(tree, torch.float32)], dim=1)[None, None]
+        tree_logits = lm_head(body(input_ids=tree_tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True).last_hidden_state[0])
+        for row in tree.retrieve_indices.tolist():
+            nodes = [j for j in row if j >= 0]
+            seq = torch.cat([prompt[0], tree_tokens[nodes]])[None]
+            ref = model(input_ids=seq).logits[0, P:]
+            assert torch.allclose(tree_logits[nodes], ref, atol=1e-4), (arch, attn, row)
+
+
+# ------------------------------------------------------------------ exact greedy
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plain_greedy_equals_model_generate(models, arch):
+    model = models[arch]
+    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert plain_tokens(model) == ref
+    assert len(ref) == N_NEW
+
+
+@pytest.mark.parametrize("tree_name", TREES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_medusa_greedy_equals_plain_greedy_with_random_heads(models, arch, tree_name):
+    model = models[arch]
+    heads = random_heads(4, shared=arch != "gpt2")
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
+    assert res.tokens == plain_tokens(model)
+    assert res.finish_reason == "length"
+
+
+@pytest.mark.parametrize("tree_name", TREES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(models, arch, tree_name):
+    model = models[arch]
+    ref = plain_tokens(model, N_NEW + 8)
+    heads = OracleHeads(model, PROMPT + ref)
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
+    assert res.tokens == ref[:N_NEW]
+    # The rigged heads put the true token at rank 0 or 1: the chain follows rank 0 only,
+    # the wider trees also reach rank-1 tokens, so they accept longer paths.
+    longest = max(s.accept_length for s in res.steps[1:])
+    if tree_name == "chain-4":
+        assert res.tokens_per_step > 1.2
+    elif tree_name == "cartesian-3x2x2":
+        assert res.tokens_per_step > 2.5 and longest == 3
+    else:
+        assert res.tokens_per_step > 3.0 and longest >= 3
+    for s in res.steps[1:]:
+        assert len(s.tokens) == s.accept_length + 1 or s.finish_reason
+        assert s.tree is not None and len(s.accepted_nodes) == s.accept_length + 1
+        assert [s.tree_token_ids[j] for j in s.accepted_nodes[1:]] == list(s.tokens[: s.accept_length])
+
+
+def test_greedy_equals_generate_for_qwen2_and_gqa_llama_in_one_chain(models):
+    # The three ways agree: model.generate == plain == Medusa greedy (63-node tree)
+    model = models["llama"]
+    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    med = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)).tokens
+    assert gen == med
+
+
+def test_typical_at_temperature_zero_equals_greedy(models):
+    model = models["llama"]
+    ref = plain_tokens(model, 40)
+    heads = OracleHeads(model, PROMPT + ref + [0] * 8)
+    cfg = DecodeConfig(max_new_tokens=40, stop_on_eos=False, temperature=0.0)
+    a = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
+    b = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
+    assert a.tokens == b.tokens == ref
+    assert [s.accept_length for s in a.steps] == [s.accept_length for s in b.steps]
+
+
+def test_typical_acceptance_runs_and_sampled_root_is_seeded(models):
+    model = models["qwen2"]
+    heads = random_heads(4)
+    tree = TREES["cartesian-3x2x2"]
+    cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=7)
+    a = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
+    b = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
+    c = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=8)).tokens
+    assert a == b and len(a) == 30
+    assert a != c
+
+
+def test_plain_sampling_is_seeded_and_respects_top_p(models):
+    model = models["llama"]
+    cfg = DecodeConfig(max_new_tokens=20, stop_on_eos=False, temperature=1.0, top_p=0.9, seed=3)
+    a = run_method(model, PROMPT, method="plain", config=cfg).tokens
+    assert a == run_method(model, PROMPT, method="plain", config=cfg).tokens
+    # top_p -> 0 keeps only the most likely token: sampling becomes greedy
+    tiny = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, temperature=1.0, top_p=1e-6)).tokens
+    assert tiny == plain_tokens(model, 20)
+
+
+# ------------------------------------------------------------------ cache compaction
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models, arch):
+    model = models[arch]
+    tree = TREES["mc_sim_7b_63"]
+    torch.manual_seed(5)
+    tree_tokens = torch.randint(3, 300, (tree.num_nodes,))
+    prompt = torch.tensor([PROMPT])
+    P = prompt.shape[1]
+    row = tree.retrieve_indices[7]
+    nodes = row[row >= 0][:3]  # root + 2 accepted
+    with torch.no_grad():
+        cache = new_cache()
+        model.base_model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        mask = torch.cat([torch.zeros(tree.num_nodes, P), tree_attention_bias(tree, torch.float32)], dim=1)[None, None]
+        model.base_model(input_ids=tree_tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True)
+        assert cache.get_seq_length() == P + tree.num_nodes
+        compact_cache(cache, P, nodes, tree.num_nodes)
+        assert cache.get_seq_length() == P + 3
+        fresh = new_cache()
+        model.base_model(input_ids=torch.cat([prompt[0], tree_tokens[nodes]])[None], past_key_values=fresh, use_cache=True)
+        for a, b in zip(cache.layers, fresh.layers):
+            # Keys carry their (rotary or learned) positions: equal keys mean equal positions.
+            assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+
+def test_compaction_when_every_node_is_kept_does_not_crop():
+    model = make_model("llama")
+    tree = build_tree(chain_choices(2))
+    with torch.no_grad():
+        cache = new_cache()
+        model.base_model(input_ids=torch.tensor([PROMPT + [5, 6, 7]]), past_key_values=cache, use_cache=True)
+        compact_cache(cache, len(PROMPT), torch.tensor([0, 1, 2]), tree.num_nodes)
+    assert cache.get_seq_length() == len(PROMPT) + 3
+
+
+# ------------------------------------------------------------------ acceptance rules
+def test_padded_slots_are_never_accepted():
+    # Two paths: [0, 1, 2] and [0, 3, -1]. The model's argmax everywhere is token 0, and
+    # padded slots gather tree position 0 whose token is 0 too: the padding must not pass.
+    ri = torch.tensor([[0, 1, 2], [0, 3, -1]])
+    tree_tokens = torch.tensor([0, 9, 9, 0])
+    logits = torch.full((4, 10), -5.0)
+    logits[:, 0] = 5.0
+    valid = ri >= 0
+    path_tokens = tree_tokens[ri.clamp(min=0)]
+    acc, _ = greedy_accept(logits, path_tokens, ri.clamp(min=0), valid)
+    assert acc.tolist() == [0, 1]
+    acc_t, _ = typical_accept(logits, path_tokens, ri.clamp(min=0), valid, temperature=1.0, epsilon=0.09, delta=0.3)
+    assert acc_t.tolist() == [0, 1]
+
+
+def test_typical_threshold_rule_on_hand_made_distributions():
+    V = 100
+    uniform = torch.full((V,), 1.0 / V)
+    peaked = torch.full((V,), 0.02 / (V - 1))
+    peaked[7] = 0.98
+    eps, delta = 0.09, 0.3
+    # Uniform: H = log V, threshold = min(eps, delta / V) = 0.003 < 1/V = 0.01: any token passes.
+    thr_u = typical_threshold(uniform, epsilon=eps, delta=delta)
+    assert thr_u.item() == pytest.approx(delta / V, rel=1e-4)
+    # Peaked: H ~ 0.13, delta*e^-H ~ 0.26 > eps: the hard threshold epsilon applies.
+    thr_p = typical_threshold(peaked, epsilon=eps, delta=delta)
+    assert thr_p.item() == pytest.approx(eps)
+    logits = torch.log(torch.stack([uniform, peaked, peaked]))
+    ri = torch.tensor([[0, 1, 2]])
+    for tokens, expected in [([0, 55, 7], 2), ([0, 55, 8], 1), ([0, 55, 55], 1)]:
+        path_tokens = torch.tensor([tokens])
+        acc, _ = typical_accept(logits, path_tokens, ri, ri >= 0, temperature=1.0, epsilon=eps, delta=delta)
+        assert acc.item() == expected, tokens
+    # Lower temperature sharpens: at T=0.5 the uniform row stays uniform (still passes).
+    acc, _ = typical_accept(logits, torch.tensor([[0, 55, 7]]), ri, ri >= 0, temperature=0.5, epsilon=eps, delta=delta)
+    assert acc.item() == 2
+
+
+def test_typical_ties_go_to_the_higher_log_probability_path():
+    probs = torch.tensor([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3]])
+    logits = probs.log()
+    ri = torch.tensor([[0, 1], [0, 2]])
+    path_tokens = torch.tensor([[0, 2], [0, 0]])  # path 0 proposes p=.2, path 1 proposes p=.5
+    acc, score = typical_accept(logits, path_tokens, ri, ri >= 0, temperature=1.0, epsilon=0.09, delta=0.3)
+    assert acc.tolist() == [1, 1] and int(score.argmax()) == 1
+
+
+# ------------------------------------------------------------------ stopping and limits
+def test_stops_on_eos_and_reports_it(models):
+    model = models["llama"]
+    ref = plain_tokens(model, 30)
+    eos = ref[12]
+    first = ref.index(eos)
+    model.generation_config.eos_token_id = eos
+    model._medusa_model_info = None  # re-read EOS ids
+    try:
+        for method, heads in [("plain", None), ("medusa-greedy", OracleHeads(model, PROMPT + ref + [0] * 8))]:
+            res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=30))
+            assert res.tokens == ref[: first + 1] and res.finish_reason == "eos"
+    finally:
+        model.generation_config.eos_token_id = None
+        model._medusa_model_info = None
+
+
+def test_stops_at_the_context_limit_with_the_same_tokens():
+    model = make_model("llama", max_position_embeddings=48)
+    res_plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=200, stop_on_eos=False))
+    assert len(PROMPT) + len(res_plain.tokens) == 48 and res_plain.finish_reason == "context"
+    ref = res_plain.tokens
+    heads = OracleHeads(model, PROMPT + ref + [0] * 8)
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=200, stop_on_eos=False))
+    assert res.tokens == ref and res.finish_reason == "context"
+
+
+def test_max_new_tokens_is_exact_even_when_a_step_accepts_more():
+    model = make_model("llama")
+    ref = plain_tokens(model, 40)
+    heads = OracleHeads(model, PROMPT + ref + [0] * 8)
+    for n in (1, 2, 5, 13):
+        res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=n, stop_on_eos=False))
+        assert res.tokens == ref[:n] and res.finish_reason == "length"
+
+
+def test_sliding_window_caps_the_context_with_a_clear_message():
+    model = make_model("mistral", sliding_window=32)
+    long_prompt = list(range(3, 40))
+    with pytest.raises(DecodeError, match="sliding-window attention of 32 tokens"):
+        run_method(model, long_prompt, method="plain")
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(max_new_tokens=100, stop_on_eos=False))
+    assert len(PROMPT) + len(res.tokens) == 32 and res.finish_reason == "context"
+    assert res.tokens == run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=100, stop_on_eos=False)).tokens
+
+
+def test_unsupported_attention_is_refused():
+    model = make_model("llama")
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ModelError, match="'linear_attention' layers"):
+        Decoder(model)
+    model2 = make_model("llama")
+    model2.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ModelError, match="cannot take a tree mask"):
+        Decoder(model2)
+
+
+def test_bad_settings_are_refused(models):
+    model = models["llama"]
+    with pytest.raises(DecodeError, match="Unknown method"):
+        Decoder(model, method="beam")
+    with pytest.raises(DecodeError, match="needs Medusa heads and a tree"):
+        Decoder(model, method="medusa-greedy")
+    with pytest.raises(DecodeError, match="tree is 4 levels deep but the heads only predict 2"):
+        Decoder(model, method="medusa-greedy", heads=random_heads(2), tree=TREES["chain-4"])
+    with pytest.raises(DecodeError, match="max_new_tokens must be between"):
+        Decoder(model, config=DecodeConfig(max_new_tokens=0))
+    with pytest.raises(DecodeError, match="temperature must be 0"):
+        Decoder(model, config=DecodeConfig(temperature=-1))
+    with pytest.raises(DecodeError, match="epsilon"):
+        Decoder(model, config=DecodeConfig(posterior_threshold=1.5))
+    with pytest.raises(DecodeError, match="prompt is empty"):
+        run_method(model, [], method="plain")
+
+
+def test_step_records_and_statistics(models):
+    model = models["llama"]
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=16, stop_on_eos=False))
+    assert res.steps[0].kind == "prefill" and len(res.steps[0].tokens) == 1
+    assert [s.index for s in res.steps] == list(range(len(res.steps)))
+    for s in res.steps[1:]:
+        assert set(s.phases) == {"propose", "verify", "accept", "commit"}
+        assert s.seconds == pytest.approx(sum(s.phases.values()), rel=1e-6, abs=1e-6)
+        assert len(s.tree_token_ids) == s.tree.num_nodes == TREES["cartesian-3x2x2"].num_nodes
+        assert len(s.candidates) == s.tree.retrieve_indices.shape[0]
+        with pytest.raises(Exception):
+            s.tokens = ()  # frozen
+    assert res.decode_tokens == 15 and res.tokens_per_step == pytest.approx(15 / res.decode_steps)
+    lean = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, record_detail=False))
+    assert lean.tokens == res.tokens and all(s.tree is None for s in lean.steps)
+
+
+def test_two_runs_never_share_state(models):
+    model = models["qwen2"]
+    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(max_new_tokens=20, stop_on_eos=False))
+    a, b = dec.steps(PROMPT), dec.steps(PROMPT[:4])
+    interleaved_a, interleaved_b = [], []
+    for sa, sb in zip(a, b):
+        interleaved_a += sa.tokens
+        interleaved_b += sb.tokens
+    interleaved_a += [t for s in a for t in s.tokens]
+    interleaved_b += [t for s in b for t in s.tokens]
+    assert interleaved_a == dec.run(PROMPT).tokens
+    assert interleaved_b == dec.run(PROMPT[:4]).tokens

@@ -1,0 +1,137 @@
+"""Medusa heads: ResBlock layout, the three public checkpoint formats and ours, mismatch messages."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from conftest import HIDDEN, VOCAB, make_model, random_heads
+from safetensors.torch import save_file
+
+from medusa_lib import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("llama")
+
+
+def test_resblock_starts_as_identity_and_blocks_are_independent(model):
+    x = torch.randn(3, HIDDEN)
+    assert torch.equal(ResBlock(HIDDEN)(x), x)
+    heads = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, num_layers=3, shared_lm_head=False))
+    blocks = [m for m in heads.modules() if isinstance(m, ResBlock)]
+    assert len(blocks) == 6 and len({id(b.linear.weight) for b in blocks}) == 6  # not [ResBlock] * L
+    heads.init_from_lm_head(model.lm_head)
+    h = torch.randn(HIDDEN)
+    # Fresh heads = identity + a copy of lm_head: every head predicts what lm_head predicts.
+    assert torch.allclose(heads(h), model.lm_head(h).expand(2, VOCAB), atol=1e-6)
+
+
+def test_shared_projection_is_one_matmul_on_lm_head(model):
+    heads = random_heads(3, shared=True)
+    h = torch.randn(HIDDEN)
+    logits = heads(h, model.lm_head)
+    assert logits.shape == (3, VOCAB)
+    for k in range(3):
+        assert torch.allclose(logits[k], model.lm_head(heads.heads[k](h)), atol=1e-5)
+    with pytest.raises(HeadsError, match="pass it as lm_head"):
+        heads(h)
+    assert heads.propose(h, model.lm_head, topk=10, num_heads=2).shape == (2, 10)
+
+
+def _same_logits(a, b, model):
+    h = torch.randn(5, HIDDEN)
+    return torch.allclose(a(h, model.lm_head), b(h, model.lm_head), atol=1e-6)
+
+
+def test_format1_heads_only_pt_trusts_tensors_over_config(tmp_path, model):
+    src = random_heads(5, shared=False)
+    torch.save(src.heads.state_dict(), tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"base_model_name_or_path": "tiny", "medusa_num_heads": 3, "medusa_num_layers": 1}))
+    heads = load_heads(tmp_path, model=model)
+    assert heads.num_heads == 5 and not heads.config.shared_lm_head and heads.config.base_model == "tiny"
+    assert _same_logits(heads, src, model)
+
+
+def test_format2_full_model_with_medusa_head_keys(tmp_path, model):
+    src = random_heads(4, shared=False)
+    state = {k: v.clone().contiguous() for k, v in model.state_dict().items()}
+    state.update({f"medusa_head.{k}": v.clone() for k, v in src.heads.state_dict().items()})
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(tmp_path)
+    heads = load_heads(tmp_path, model=model)
+    assert heads.num_heads == 4 and _same_logits(heads, src, model)
+
+
+def test_format2_sharded_full_model(tmp_path, model):
+    src = random_heads(2, shared=False)
+    body = {k: v.clone().contiguous() for k, v in model.state_dict().items()}
+    medusa = {f"medusa_head.{k}": v.clone() for k, v in src.heads.state_dict().items()}
+    save_file(body, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file(medusa, str(tmp_path / "model-00002-of-00002.safetensors"))
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in body} | {k: "model-00002-of-00002.safetensors" for k in medusa}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    heads = load_heads(tmp_path, model=model)
+    assert heads.num_heads == 2 and _same_logits(heads, src, model)
+
+
+def test_format3_resblock_only_safetensors_shares_lm_head(tmp_path, model):
+    src = random_heads(3, shared=True)
+    save_file({k: v.contiguous() for k, v in src.heads.state_dict().items()}, str(tmp_path / "medusa_lm_head.safetensors"))
+    heads = load_heads(tmp_path, model=model)  # no config at all: vocabulary from the model
+    assert heads.config.shared_lm_head and heads.num_heads == 3
+    assert _same_logits(heads, src, model)
+
+
+def test_our_format_round_trips(tmp_path, model):
+    for shared in (True, False):
+        src = random_heads(4, shared=shared)
+        src.save(tmp_path / str(shared), base_model="tiny-llama")
+        back = load_heads(tmp_path / str(shared), model=model)
+        assert back.config == dataclasses.replace(src.config, base_model="tiny-llama")
+        assert _same_logits(back, src, model)
+    cfg = json.loads((tmp_path / "True" / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 4 and cfg["base_model_name_or_path"] == "tiny-llama"
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_pruned_vocabulary_heads_round_trip(tmp_path, model):
+    cfg = HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, shared_lm_head=False, num_proposal_tokens=50)
+    src = MedusaHeads(cfg)
+    src.proposal_ids.copy_(torch.arange(100, 150))
+    src.init_from_lm_head(model.lm_head)
+    h = torch.randn(HIDDEN)
+    ids = src.propose(h, model.lm_head, topk=5)
+    assert ids.min() >= 100 and ids.max() < 150
+    # Identity heads restricted to 50 tokens rank them exactly as lm_head does.
+    assert ids[0].tolist() == (torch.topk(model.lm_head(h)[100:150], 5).indices + 100).tolist()
+    src.save(tmp_path)
+    back = load_heads(tmp_path, model=model)
+    assert back.config.num_proposal_tokens == 50 and torch.equal(back.propose(h, model.lm_head, topk=5), ids)
+
+
+def test_mismatched_heads_are_refused(tmp_path, model):
+    random_heads(2, hidden=32).save(tmp_path / "small")
+    with pytest.raises(HeadsError, match="made for hidden size 32, but the model has hidden size 64"):
+        load_heads(tmp_path / "small", model=model)
+    random_heads(2, vocab=100, shared=False).save(tmp_path / "vocab")
+    with pytest.raises(HeadsError, match="vocabulary of 100 tokens, but the model's has 320"):
+        load_heads(tmp_path / "vocab", model=model)
+
+
+def test_bad_checkpoints_get_clear_messages(tmp_path, model):
+    with pytest.raises(HeadsError, match="holds no Medusa heads"):
+        load_heads(tmp_path, model=model)
+    (tmp_path / "x").mkdir()
+    save_file({"foo.weight": torch.zeros(2)}, str(tmp_path / "x" / "medusa_lm_head.safetensors"))
+    with pytest.raises(HeadsError, match="Unexpected tensor 'foo.weight'"):
+        load_heads(tmp_path / "x", model=model)
+    (tmp_path / "pickle").mkdir()
+    torch.save({"0.0.linear.weight": torch.zeros(2, 2), "evil": HeadsConfig(1, 1)}, tmp_path / "pickle" / "medusa_lm_head.pt")
+    with pytest.raises(HeadsError, match="not loaded, for safety"):
+        load_heads(tmp_path / "pickle", model=model)
+    with pytest.raises(HeadsError, match="No Medusa heads found at './missing'"):
+        load_heads("./missing", model=model)
+    with pytest.raises(HeadsError, match="Could not fetch Medusa heads 'nobody/no-such-heads'"):
+        load_heads("nobody/no-such-heads", model=model)  # offline in tests
