@@ -1,0 +1,325 @@
+"""Train Medusa-1 heads on a frozen base model with self-distillation.
+
+    python -m medusa_lib.train --out assets/heads/smollm2-135m-instruct
+
+Stages (each resumable): (1) the base model's own greedy answers to the training and held-out
+prompt sets (``medusa_lib.distill``); (2) a cache of final hidden states of prompt + answer;
+(3) head training on batches of cached hidden states with
+
+    loss = sum_k 0.8^k * [ (1 - a) * CE(head_k(h_t), x_{t+k+1}) + a * CE(head_k(h_t), p_base(. | x_<=t+k)) ]
+
+the paper's Medusa-1 loss (lambda_k = 0.8^k) plus the base model's own next-token distribution
+at t+k as a soft target (Hinton-style distillation; the hard label is its argmax for greedy
+answers). Early stopping on held-out loss; per-head top-1/top-5 on held-out prompts.
+By default K = 4 ResBlock heads share the base ``lm_head`` (a few MB), projected only onto the
+most frequent answer tokens (``--proposal-tokens``), which cuts the per-step cost on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .distill import load_jsonl
+from .heads import HeadsConfig, MedusaHeads
+from .model import body_and_lm_head, load_model
+
+DECAY = 0.8  # lambda_k = 0.8^k (paper)
+
+
+@dataclass
+class TrainConfig:
+    num_heads: int = 4
+    num_layers: int = 1
+    shared_lm_head: bool = True
+    proposal_tokens: int = 8192  # 0 = full vocabulary
+    soft_weight: float = 0.5  # a: weight of the base model's distribution as a soft target
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 512  # positions per step
+    epochs: int = 6
+    patience: int = 2  # evaluations without held-out improvement before stopping
+    eval_every: int = 200  # steps
+    seed: int = 0
+
+
+class HiddenCache:
+    """Final hidden states of many sequences, flattened, with the token ids beside them.
+
+    For flat position i (token x_t of some sequence), ``hidden[i]`` = h_t and ``next_ids[i, k-1]``
+    = x_{t+k+1} (head k's target) or -1 past the end of that sequence.
+    """
+
+    def __init__(self, hidden: torch.Tensor, next_ids: torch.Tensor, seq_end: torch.Tensor):
+        self.hidden, self.next_ids, self.seq_end = hidden, next_ids, seq_end
+
+    @classmethod
+    @torch.inference_mode()
+    def build(cls, model, records: list[dict], *, num_heads: int, batch_tokens: int = 8192, log=print) -> "HiddenCache":
+        body, _ = body_and_lm_head(model)
+        device = model.get_input_embeddings().weight.device
+        hiddens, nexts, ends = [], [], []
+        offset = 0
+        order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
+        batch: list[list[int]] = []
+        t0 = time.perf_counter()
+
+        def flush():
+            nonlocal offset
+            width = max(len(s) for s in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            att = torch.zeros(len(batch), width, dtype=torch.long)
+            for i, s in enumerate(batch):
+                ids[i, : len(s)] = torch.tensor(s)
+                att[i, : len(s)] = 1
+            h = body(input_ids=ids.to(device), attention_mask=att.to(device)).last_hidden_state.float().cpu()
+            for i, (s, start) in enumerate(batch_starts):
+                # positions from the last prompt token (it predicts the first answer token) on
+                pos = torch.arange(start, len(s))
+                hiddens.append(h[i, pos].to(torch.bfloat16))
+                seq = torch.tensor(s + [-1] * (num_heads + 1))  # -1: past the end of the sequence
+                nexts.append(torch.stack([seq[pos + k + 1] for k in range(1, num_heads + 1)], dim=1))
+                ends.append(torch.full((len(pos),), offset + len(pos), dtype=torch.long))
+                offset += len(pos)
+            batch.clear()
+            batch_starts.clear()
+
+        batch_starts: list[tuple[list[int], int]] = []
+        for i in order:
+            r = records[i]
+            seq = list(r["prompt_ids"]) + list(r["answer_ids"])
+            batch.append(seq)
+            batch_starts.append((seq, len(r["prompt_ids"]) - 1))
+            if len(batch) * len(seq) >= batch_tokens:
+                flush()
+        if batch:
+            flush()
+        log(f"cached {offset} positions from {len(records)} answers in {time.perf_counter() - t0:.0f} s")
+        return cls(torch.cat(hiddens), torch.cat(nexts), torch.cat(ends))
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    def save(self, path: Path) -> None:
+        torch.save({"hidden": self.hidden, "next_ids": self.next_ids, "seq_end": self.seq_end}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "HiddenCache":
+        d = torch.load(path, weights_only=True)
+        return cls(d["hidden"], d["next_ids"], d["seq_end"])
+
+
+def frequent_tokens(records: list[dict], n: int, vocab_size: int, always: list[int] = ()) -> torch.Tensor:
+    """The n most frequent answer tokens (plus ``always``), as sorted ids."""
+    counts = Counter(t for r in records for t in r["answer_ids"])
+    ids = [t for t, _ in counts.most_common(n)]
+    for t in always:
+        if t not in ids:
+            ids.append(t)
+    ids = ids[:n] if len(ids) > n else ids
+    # Pad with the lowest unused ids so the shape is fixed even for small data sets.
+    used = set(ids)
+    pad = (t for t in range(vocab_size) if t not in used)
+    while len(ids) < n:
+        ids.append(next(pad))
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+class Trainer:
+    def __init__(self, model, heads: MedusaHeads, cfg: TrainConfig, *, dtype=torch.bfloat16):
+        self.model, self.heads, self.cfg = model, heads, cfg
+        _, lm_head = body_and_lm_head(model)
+        self.lm_head = lm_head
+        w = lm_head.weight.detach().float().cpu()
+        self.proj = w if heads.proposal_ids is None else w[heads.proposal_ids]  # [V', d] frozen, shared
+        # Column of each vocabulary id in the proposal set (-1 if outside it).
+        self.column = torch.full((w.shape[0],), -1, dtype=torch.long)
+        ids = torch.arange(w.shape[0]) if heads.proposal_ids is None else heads.proposal_ids
+        self.column[ids] = torch.arange(ids.numel())
+        self.amp = dtype
+
+    def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
+        if own:
+            return self.heads.heads[k][-1](z)
+        return z @ self.proj.T.to(z.dtype)
+
+    def loss(self, cache: HiddenCache, idx: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Weighted loss over heads, and per-head top-1 / top-5 hit counts (with the valid counts)."""
+        cfg, K = self.cfg, self.heads.num_heads
+        own = not self.heads.config.shared_lm_head
+        h = cache.hidden[idx].float()
+        total = torch.zeros(())
+        hits = torch.zeros(K, 3)
+        with torch.autocast("cpu", dtype=self.amp, enabled=self.amp != torch.float32):
+            z = self.heads.hidden(h)  # [B, K, d]
+            for k in range(K):
+                target = cache.next_ids[idx, k]
+                col = torch.where(target >= 0, self.column[target.clamp(min=0)], torch.full_like(target, -1))
+                valid = target >= 0
+                if not valid.any():
+                    continue
+                logits = self.logits(z[valid, k], own, k).float()  # [n, V']
+                logq = F.log_softmax(logits, -1)
+                in_vocab = col[valid] >= 0
+                hard = -logq[in_vocab].gather(1, col[valid][in_vocab, None]).squeeze(1).sum() / max(int(valid.sum()), 1)
+                loss_k = (1 - cfg.soft_weight) * hard
+                if cfg.soft_weight > 0:
+                    # Base distribution at t+k (predicts x_{t+k+1}) restricted to the proposal set.
+                    with torch.no_grad():
+                        teacher = F.softmax((cache.hidden[idx[valid] + k + 1].float() @ self.proj.T).float(), -1)
+                    loss_k = loss_k + cfg.soft_weight * -(teacher * logq).sum(-1).mean()
+                total = total + DECAY ** (k + 1) * loss_k
+                with torch.no_grad():
+                    top5 = logits.topk(5, -1).indices
+                    c = col[valid]
+                    hits[k, 0] += (top5[:, 0] == c).sum()
+                    hits[k, 1] += (top5 == c[:, None]).any(-1).sum()
+                    hits[k, 2] += valid.sum()
+        return total, hits, torch.tensor(len(idx))
+
+    @torch.no_grad()
+    def evaluate(self, cache: HiddenCache, batch_size: int = 2048) -> dict:
+        self.heads.eval()
+        loss_sum, n, hits = 0.0, 0, torch.zeros(self.heads.num_heads, 3)
+        for i in range(0, len(cache), batch_size):
+            idx = torch.arange(i, min(i + batch_size, len(cache)))
+            loss, h, b = self.loss(cache, idx, train=False)
+            loss_sum += float(loss) * int(b)
+            n += int(b)
+            hits += h
+        self.heads.train()
+        top1 = (hits[:, 0] / hits[:, 2].clamp(min=1)).tolist()
+        top5 = (hits[:, 1] / hits[:, 2].clamp(min=1)).tolist()
+        return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
+
+
+def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, log=print, max_minutes: float | None = None) -> dict:
+    """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``)."""
+    torch.manual_seed(cfg.seed)
+    amp = torch.bfloat16 if _cpu_bf16() else torch.float32
+    trainer = Trainer(model, heads, cfg, dtype=amp)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(train_cache) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    state_path = out / "train_state.pt"
+    step, best, bad, history = 0, float("inf"), 0, []
+    if state_path.exists():  # resume
+        st = torch.load(state_path, weights_only=False)
+        heads.load_state_dict(st["heads"]), opt.load_state_dict(st["opt"]), sched.load_state_dict(st["sched"])
+        step, best, bad, history = st["step"], st["best"], st["bad"], st["history"]
+        log(f"resumed at step {step} (best held-out loss {best:.4f})")
+    t0 = time.perf_counter()
+    heads.train()
+    g = torch.Generator().manual_seed(cfg.seed)
+    perm = torch.randperm(len(train_cache), generator=g)
+    stop = False
+    while step < total_steps and not stop:
+        epoch, within = divmod(step, steps_per_epoch)
+        if within == 0:
+            perm = torch.randperm(len(train_cache), generator=torch.Generator().manual_seed(cfg.seed + epoch))
+        idx = perm[within * cfg.batch_size : (within + 1) * cfg.batch_size]
+        loss, _, _ = trainer.loss(train_cache, idx, train=True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        if step % 20 == 0:
+            el = time.perf_counter() - t0
+            log(f"step {step}/{total_steps} epoch {epoch + 1} loss {float(loss):.4f} lr {sched.get_last_lr()[0]:.2e} {el / 60:.1f} min")
+        if step % cfg.eval_every == 0 or step == total_steps:
+            ev = trainer.evaluate(heldout_cache)
+            ev.update(step=step, minutes=(time.perf_counter() - t0) / 60)
+            history.append(ev)
+            log(f"held-out loss {ev['loss']:.4f} top1 {[round(x, 3) for x in ev['top1']]} top5 {[round(x, 3) for x in ev['top5']]}")
+            if ev["loss"] < best - 1e-4:
+                best, bad = ev["loss"], 0
+                heads.save(out, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+            else:
+                bad += 1
+                if bad >= cfg.patience:
+                    log("early stop: held-out loss stopped improving")
+                    stop = True
+            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step, "best": best, "bad": bad, "history": history}, state_path)
+        if max_minutes and (time.perf_counter() - t0) / 60 > max_minutes:
+            log("time budget reached")
+            break
+    return {"steps": step, "best_loss": best, "history": history, "minutes": (time.perf_counter() - t0) / 60}
+
+
+def _cpu_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .distill import main as distill_main
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--out", default="assets/heads/smollm2-135m-instruct")
+    ap.add_argument("--work", default="runs/train", help="answers, hidden-state caches, resume state")
+    ap.add_argument("--train-prompts", default="assets/data/train_prompts.jsonl")
+    ap.add_argument("--heldout-prompts", default="assets/data/heldout_prompts.jsonl")
+    ap.add_argument("--train-answers", default=None, help="answers JSONL(.gz) (default: generate into --work)")
+    ap.add_argument("--heldout-answers", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-minutes", type=float, default=None)
+    for f, v in asdict(TrainConfig()).items():
+        ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+    answers = {}
+    for split, prompts, given in (("train", args.train_prompts, args.train_answers), ("heldout", args.heldout_prompts, args.heldout_answers)):
+        path = Path(given) if given else work / f"{split}_answers.jsonl"
+        if not given:
+            distill_main(["--prompts", prompts, "--out", str(path), "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)])
+        answers[split] = load_jsonl(path)
+        print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
+
+    model, tok = load_model(args.model, dtype="bfloat16" if _cpu_bf16() and not torch.cuda.is_available() else "auto", progress=print)
+    model.requires_grad_(False)
+    caches = {}
+    for split in ("train", "heldout"):
+        p = work / f"{split}_hidden.pt"
+        if p.exists():
+            caches[split] = HiddenCache.load(p)
+        else:
+            caches[split] = HiddenCache.build(model, answers[split], num_heads=cfg.num_heads)
+            caches[split].save(p)
+    V = model.get_output_embeddings().weight.shape[0]
+    d = model.config.hidden_size
+    heads = MedusaHeads(HeadsConfig(hidden_size=d, vocab_size=V, num_heads=cfg.num_heads, num_layers=cfg.num_layers, shared_lm_head=cfg.shared_lm_head, num_proposal_tokens=cfg.proposal_tokens or None))
+    if cfg.proposal_tokens:
+        eos = model.generation_config.eos_token_id
+        heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=eos if isinstance(eos, list) else [eos]))
+        coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
+        print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
+    heads.init_from_lm_head(model.get_output_embeddings())
+    heads.float()
+    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, max_minutes=args.max_minutes)
+    summary = {"config": asdict(cfg), "train_positions": len(caches["train"]), "heldout_positions": len(caches["heldout"]), **result}
+    (work / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
