@@ -30,6 +30,7 @@ from torch import nn
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
+TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
 
 
 class HeadsError(ValueError):
@@ -112,9 +113,18 @@ class MedusaHeads(nn.Module):
             if lm_head is None:
                 raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
             if self.proposal_ids is not None:
-                return z @ lm_head.weight[self.proposal_ids].T.to(z.dtype)
+                return z @ self._proposal_weight(lm_head).T
             return lm_head(z.to(lm_head.weight.dtype))
         return torch.stack([head[-1](z[..., i, :]) for i, head in enumerate(self.heads[: z.shape[-2]])], dim=-2)
+
+    def _proposal_weight(self, lm_head: nn.Module) -> torch.Tensor:
+        """lm_head rows of the proposal tokens, gathered once (not on every step)."""
+        w = lm_head.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
+        if getattr(self, "_proposal_key", None) != key:
+            self._proposal_rows = w[self.proposal_ids.to(w.device)].detach()
+            self._proposal_key = key
+        return self._proposal_rows
 
     @torch.no_grad()
     def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None) -> torch.Tensor:
@@ -299,6 +309,9 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     if not config.get("vocab_size") and model is not None:
         config = {**config, "vocab_size": model.get_output_embeddings().weight.shape[0]}
     heads = heads_from_state_dict(state, config=config)
+    if (folder / TREES_FILE).exists():
+        heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
+    heads.default_tree = config.get("default_tree")
     if model is not None:
         heads.check_fits(model)
         p = next(model.parameters())

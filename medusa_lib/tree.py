@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -248,18 +248,21 @@ GENERATED_PRESETS = {
 }
 
 
-def preset_choices(name: str) -> list[list[int]]:
+def preset_choices(name: str, extra: Mapping[str, Sequence[Sequence[int]]] | None = None) -> list[list[int]]:
+    """Choices of a named tree: ``extra`` (e.g. trees calibrated for the loaded heads), the reference presets, or a generated one."""
+    if extra and name in extra:
+        return [list(c) for c in extra[name]]
     presets = _load_presets()
     if name in presets:
         return [list(c) for c in presets[name]]
     if name in GENERATED_PRESETS:
         return GENERATED_PRESETS[name]()
-    raise TreeError(f"Unknown tree preset {name!r}; choose one of: {', '.join(preset_names())}.")
+    raise TreeError(f"Unknown tree preset {name!r}; choose one of: {', '.join(list(extra or ()) + preset_names())}.")
 
 
-def get_tree(name: str, *, num_heads: int | None = None) -> MedusaTree:
+def get_tree(name: str, *, num_heads: int | None = None, extra: Mapping[str, Sequence[Sequence[int]]] | None = None) -> MedusaTree:
     """Build a named preset, checked against the number of heads."""
-    return build_tree(preset_choices(name), num_heads=num_heads, name=name)
+    return build_tree(preset_choices(name, extra), num_heads=num_heads, name=name)
 
 
 def parse_choices(text: str) -> list[list[int]]:

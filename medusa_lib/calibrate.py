@@ -1,0 +1,139 @@
+"""Calibrate trees for a set of heads (Medusa paper, App. C; reference ``gen_results.py``).
+
+    python -m medusa_lib.calibrate --heads assets/heads/smollm2-135m-instruct
+
+1. acc[k][r] = P(head k's rank-r token is the base model's next-but-k token), measured on the
+   base model's own greedy answers to calibration prompts the heads were not trained on.
+2. For N in {4, 8, 16, 32, 64}: the greedy tree (grow from the root, always adding the frontier
+   node with the largest product of accuracies) and its expected tokens/step
+   1 + sum over nodes of that product.
+3. Measure tokens/step and wall-clock tokens/s of Medusa greedy with each tree against plain
+   greedy on held-out prompts, one after another on this device, and pick the default tree by
+   measured speed, not by tokens/step alone.
+The trees are written to ``trees.json`` beside the heads and the choice to its ``config.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from .decoding import DecodeConfig, Decoder
+from .distill import chat_prompt_ids, generate_answers, load_jsonl
+from .heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
+from .model import body_and_lm_head, load_model
+from .tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices
+
+SIZES = (4, 8, 16, 32, 64)
+
+
+@torch.inference_mode()
+def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK) -> torch.Tensor:
+    """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
+    body, lm_head = body_and_lm_head(model)
+    device = model.get_input_embeddings().weight.device
+    K = heads.num_heads
+    hits = torch.zeros(K, topk)
+    counts = torch.zeros(K)
+    for r in records:
+        seq = list(r["prompt_ids"]) + list(r["answer_ids"])
+        start = len(r["prompt_ids"]) - 1  # the last prompt position predicts the first answer token
+        h = body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]
+        ids = heads.propose(h, lm_head, topk=topk).cpu()  # [n, K, topk]
+        for k in range(1, K + 1):
+            n = len(seq) - start - k - 1  # positions t with a target x_{t+k+1}
+            if n <= 0:
+                continue
+            target = torch.tensor(seq[start + k + 1 :])[:n]
+            match = ids[:n, k - 1] == target[:, None]  # [n, topk]
+            hits[k - 1] += match.float().sum(0)
+            counts[k - 1] += n
+    return hits / counts.clamp(min=1)[:, None]
+
+
+def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1) -> dict:
+    """Median tokens/s of plain greedy and of Medusa greedy with each tree; mean tokens/step."""
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False)
+    decoders = {"plain": Decoder(model, method="plain", config=cfg)}
+    decoders.update({name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg) for name, t in trees.items()})
+    decoders["plain"].run(prompt_ids[0][:16])  # warm-up
+    rates: dict[str, list[float]] = {n: [] for n in decoders}
+    tps: dict[str, list[float]] = {n: [] for n in decoders}
+    for ids in prompt_ids:
+        for _ in range(repeats):
+            for name, dec in decoders.items():  # one after another on the one device
+                res = dec.run(ids)
+                rates[name].append(res.tokens_per_second)
+                tps[name].append(res.tokens_per_step)
+    return {n: {"tok_s": statistics.median(rates[n]), "tokens_per_step": statistics.fmean(tps[n])} for n in decoders}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", default="assets/heads/smollm2-135m-instruct")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompts", default="assets/data/heldout_prompts.jsonl")
+    ap.add_argument("--answers", default=None, help="held-out answers JSONL (else generated)")
+    ap.add_argument("--acc-prompts", type=int, default=200, help="prompts used to measure head accuracy")
+    ap.add_argument("--speed-prompts", type=int, default=8, help="prompts used for wall-clock speed")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--write", action="store_true", help="write trees.json and the default tree beside the heads")
+    args = ap.parse_args(argv)
+
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
+    heads = load_heads(args.heads, model=model)
+    prompts = load_jsonl(args.prompts)
+    # Accuracy prompts and speed prompts are disjoint slices of the held-out set.
+    acc_prompts, speed_prompts = prompts[: args.acc_prompts], prompts[args.acc_prompts :][:: max(1, (len(prompts) - args.acc_prompts) // max(args.speed_prompts, 1))][: args.speed_prompts]
+    if args.answers:
+        by_id = {r["id"]: r for r in load_jsonl(args.answers)}
+        records = [by_id[p["id"]] for p in acc_prompts if p["id"] in by_id]
+    else:
+        records = list(generate_answers(model, tok, acc_prompts, max_new_tokens=args.max_new_tokens, batch_size=32))
+    acc = head_accuracy(model, heads, records)
+    print(f"head accuracy on {len(records)} held-out answers (rank 0..4):")
+    for k in range(acc.shape[0]):
+        print(f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks {[round(x, 3) for x in acc[k, :5].tolist()]}")
+
+    trees, expected = {}, {}
+    for n in [int(s) for s in args.sizes.split(",")]:
+        choices, exp = greedy_choices(acc.tolist(), n)
+        trees[f"calibrated-{n}"] = choices
+        expected[f"calibrated-{n}"] = exp
+    built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
+    speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
+    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens)
+    plain = results["plain"]["tok_s"]
+    print(f"\n{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
+    print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
+    for name, t in built.items():
+        r = results[name]
+        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['tok_s'] / plain:>9.2f}x")
+    best = max(built, key=lambda n: results[n]["tok_s"])
+    print(f"\nfastest on this device: {best}")
+    if args.write:
+        folder = Path(args.heads)
+        (folder / TREES_FILE).write_text(json.dumps(trees, indent=None) + "\n")
+        cfg = json.loads((folder / CONFIG_FILE).read_text())
+        cfg["default_tree"] = best
+        cfg["calibration"] = {
+            "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
+            "accuracy_top5": [round(x, 4) for x in acc[:, :5].sum(1).tolist()],
+            "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
+            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2)} for n in built},
+            "plain_tok_s": round(plain, 2),
+            "dtype": str(next(model.parameters()).dtype),
+        }
+        (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+        print(f"wrote {folder / TREES_FILE} and default_tree={best}")
+
+
+if __name__ == "__main__":
+    main()
