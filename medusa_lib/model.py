@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,14 +124,24 @@ def resolve_device(device: str | None = None) -> torch.device:
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bfloat16 matrix instructions (AVX512-BF16 or AMX), where bf16 is the fastest dtype."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """'auto' (or None): float32 on CPU (exact greedy equality), bfloat16 on a GPU that supports it, else float16."""
+    """'auto' (or None): the fastest dtype that works: bfloat16 on a GPU that supports it (else
+    float16), bfloat16 on a CPU with native bf16 instructions, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if dtype not in DTYPES:
         raise ModelError(f"Unknown dtype {dtype!r}; use one of float32, bfloat16, float16 or auto.")
     if DTYPES[dtype] == torch.float16 and device.type == "cpu":
@@ -157,11 +168,13 @@ def _save_default_cache(model: nn.Module, tokenizer, folder: Path) -> None:
     model.hf_quantizer = None  # a dequantised GGUF model is a plain model now
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if folder.exists():
-        return
-    tmp.replace(folder)  # atomic: a crash never leaves a half-written cache
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if not folder.exists():  # another process may have won the race
+            tmp.replace(folder)  # atomic: a crash never leaves a half-written cache
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_model(

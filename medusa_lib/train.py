@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .distill import load_jsonl
 from .heads import HeadsConfig, MedusaHeads
-from .model import body_and_lm_head, load_model
+from .model import body_and_lm_head, cpu_has_native_bf16, load_model
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
 
@@ -204,7 +204,7 @@ class Trainer:
 def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, log=print, max_minutes: float | None = None) -> dict:
     """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``)."""
     torch.manual_seed(cfg.seed)
-    amp = torch.bfloat16 if _cpu_bf16() else torch.float32
+    amp = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     trainer = Trainer(model, heads, cfg, dtype=amp)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -258,14 +258,6 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     return {"steps": step, "best_loss": best, "history": history, "minutes": (time.perf_counter() - t0) / 60}
 
 
-def _cpu_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def main(argv: list[str] | None = None) -> None:
     from .distill import main as distill_main
 
@@ -295,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         answers[split] = load_jsonl(path)
         print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
 
-    model, tok = load_model(args.model, dtype="bfloat16" if _cpu_bf16() and not torch.cuda.is_available() else "auto", progress=print)
+    model, tok = load_model(args.model, dtype="auto", progress=print)
     model.requires_grad_(False)
     caches = {}
     for split in ("train", "heldout"):

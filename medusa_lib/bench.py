@@ -1,0 +1,241 @@
+"""Benchmark: Medusa against what a user would pick instead, on one model and one device.
+
+    python -m medusa_lib.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
+
+Methods (all greedy unless noted, same dtype, same chat-templated prompts):
+  hf-generate       ``model.generate(do_sample=False)``: what most users run
+  baseline          our plain autoregressive loop (the same code path the Medusa loop uses)
+  hf-prompt-lookup  ``model.generate(prompt_lookup_num_tokens=10)``: draft-free n-gram speculation
+  medusa-greedy     Medusa heads + tree attention, exact greedy
+  medusa-typical    Medusa typical acceptance (epsilon, delta; T = --temperature)
+  medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
+Timing: a warm-up run first; device-synchronised timestamps; the methods run one after another
+(never concurrently); medians over ``--repeats``. tok/s = new tokens / (prefill + decode) for
+every method, so HF and ours are measured the same way. Forward calls of the HF methods are
+counted with a hook (steps), and its first call gives their prefill time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .decoding import DecodeConfig, Decoder, _sync
+from .distill import chat_prompt_ids, load_jsonl
+from .heads import load_heads
+from .model import load_model
+from .tree import get_tree
+
+ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail")
+DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "data" / "bench_prompts.jsonl"
+DEFAULT_HEADS = Path(__file__).resolve().parents[1] / "assets" / "heads" / "smollm2-135m-instruct"
+
+
+class ForwardClock:
+    """Counts a model's forward calls and stamps the end of the first one (the prefill)."""
+
+    def __init__(self, model, device):
+        self.device, self.calls, self.first_end = device, 0, None
+        self.handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        self.calls += 1
+        if self.calls == 1:
+            self.first_end = _sync(self.device)
+
+    def close(self):
+        self.handle.remove()
+
+
+def run_hf(model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos) -> dict:
+    device = model.get_input_embeddings().weight.device
+    clock = ForwardClock(model, device)
+    try:
+        inp = torch.tensor([ids], device=device)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos if isinstance(eos, int) else eos[0], temperature=None, top_p=None, top_k=None)
+        if lookup:
+            kwargs["prompt_lookup_num_tokens"] = 10
+        t0 = _sync(device)
+        out = model.generate(inp, attention_mask=torch.ones_like(inp), **kwargs)
+        t1 = _sync(device)
+    finally:
+        clock.close()
+    new = out[0, len(ids) :].tolist()
+    prefill = (clock.first_end or t1) - t0
+    return {"output_token_ids": new, "new_tokens": len(new), "steps": max(clock.calls - 1, 0), "prefill_seconds": prefill, "decode_seconds": t1 - t0 - prefill}
+
+
+def run_ours(decoder: Decoder, ids: list[int]) -> dict:
+    res = decoder.run(ids)
+    phases = defaultdict(float)
+    for s in res.steps[1:]:
+        for k, v in s.phases.items():
+            phases[k] += v
+    return {
+        "output_token_ids": res.tokens,
+        "new_tokens": len(res.tokens),
+        "steps": res.decode_steps,
+        "prefill_seconds": res.prefill_seconds,
+        "decode_seconds": res.decode_seconds,
+        "phase_seconds": dict(phases),
+    }
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
+    ap.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)}")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--heads", default=str(DEFAULT_HEADS))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
+    ap.add_argument("--temperature", type=float, default=0.7, help="temperature of medusa-typical")
+    ap.add_argument("--no-chat-template", action="store_true")
+    ap.add_argument("--json", default=None, help="write all records to this JSON file")
+    args = ap.parse_args(argv)
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise SystemExit(f"Unknown method {unknown[0]!r}; choose from {', '.join(ALL_METHODS)}.")
+    prompts = load_jsonl(args.prompts)
+    if args.per_category:
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for p in prompts:
+            seen[p.get("category", "")] += 1
+            if seen[p.get("category", "")] <= args.per_category:
+                kept.append(p)
+        prompts = kept
+    if args.limit:
+        prompts = prompts[: args.limit]
+
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, flush=True))
+    dtype = next(model.parameters()).dtype
+    device = model.get_input_embeddings().weight.device
+    eos = model.generation_config.eos_token_id
+    decoders = {}
+    tree_name = None
+    if any(m.startswith("medusa") for m in methods):
+        heads = load_heads(args.heads, model=model)
+        tree_name = args.tree or heads.default_tree or "mc_sim_7b_63"
+        tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
+        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens)
+        decoders["medusa-greedy"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
+        decoders["medusa-greedy-nodetail"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False))
+        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
+    decoders["baseline"] = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=args.max_new_tokens))
+
+    def run(method: str, ids: list[int]) -> dict:
+        if method == "hf-generate":
+            return run_hf(model, ids, max_new_tokens=args.max_new_tokens, lookup=False, eos=eos)
+        if method == "hf-prompt-lookup":
+            return run_hf(model, ids, max_new_tokens=args.max_new_tokens, lookup=True, eos=eos)
+        return run_ours(decoders[method], ids)
+
+    encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
+    print(f"model {args.model} | {dtype} | {device} | torch threads {torch.get_num_threads()} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
+    for m in methods:  # warm-up: every code path once
+        run(m, encoded[0][1][:32])
+
+    records = []
+    t_start = time.perf_counter()
+    for p, ids in encoded:
+        per_method: dict[str, list[dict]] = defaultdict(list)
+        for _ in range(args.repeats):
+            for m in methods:  # one after another, interleaved across repeats
+                per_method[m].append(run(m, ids))
+        for m in methods:
+            runs = per_method[m]
+            med = sorted(runs, key=lambda r: r["prefill_seconds"] + r["decode_seconds"])[len(runs) // 2]
+            rec = {"method": m, "id": p["id"], "category": p.get("category", ""), **{k: med[k] for k in ("output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds")}}
+            rec["total_seconds_runs"] = [r["prefill_seconds"] + r["decode_seconds"] for r in runs]
+            if "phase_seconds" in med:
+                rec["phase_seconds"] = med["phase_seconds"]
+            records.append(rec)
+        print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} tok/s" for m in methods), flush=True)
+    print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
+    print(report(records, methods))
+    if args.json:
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "records": records}
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+def report(records: list[dict], methods: list[str]) -> str:
+    """The tables: per method, per category, per phase, and output equality against hf-generate."""
+    by = defaultdict(list)
+    for r in records:
+        by[r["method"]].append(r)
+
+    def rate(rs):  # tok/s over the whole set = total new tokens / total time
+        return sum(r["new_tokens"] for r in rs) / max(sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs), 1e-9)
+
+    def step_ms(rs):
+        steps = sum(r["steps"] for r in rs)
+        return 1000 * sum(r["decode_seconds"] for r in rs) / max(steps, 1)
+
+    ref_rate = {k: rate(by[k]) for k in ("hf-generate", "baseline") if by.get(k)}
+    base_step = step_ms(by["baseline"]) if by.get("baseline") else None
+    lines = [f"{'method':<24}{'tok/s':>8}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}{'vs baseline':>13}{'prefill ms':>12}"]
+    for m in methods:
+        rs = by[m]
+        tps = sum(r["new_tokens"] for r in rs) / max(sum(r["steps"] for r in rs), 1)
+        ms = step_ms(rs)
+        row = f"{m:<24}{rate(rs):>8.1f}{tps:>10.2f}{ms:>9.1f}"
+        row += f"{(ms / base_step if base_step else float('nan')):>14.2f}x"
+        row += f"{(rate(rs) / ref_rate['hf-generate'] if 'hf-generate' in ref_rate else float('nan')):>15.2f}x"
+        row += f"{(rate(rs) / ref_rate['baseline'] if 'baseline' in ref_rate else float('nan')):>12.2f}x"
+        row += f"{1000 * statistics.median(r['prefill_seconds'] for r in rs):>12.1f}"
+        lines.append(row)
+
+    cats = sorted({r["category"] for r in records})
+    lines += ["", "tok/s per category", f"{'category':<16}" + "".join(f"{m[:18]:>20}" for m in methods)]
+    for c in cats:
+        lines.append(f"{c:<16}" + "".join(f"{rate([r for r in by[m] if r['category'] == c]):>20.1f}" for m in methods))
+
+    phase_rows = [m for m in methods if any("phase_seconds" in r for r in by[m])]
+    if phase_rows:
+        lines += ["", "mean ms per decode step, by phase", f"{'method':<24}" + "".join(f"{p:>10}" for p in ("propose", "verify", "accept", "commit"))]
+        for m in phase_rows:
+            steps = max(sum(r["steps"] for r in by[m]), 1)
+            tot = defaultdict(float)
+            for r in by[m]:
+                for k, v in r.get("phase_seconds", {}).items():
+                    tot[k] += v
+            lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in ("propose", "verify", "accept", "commit")))
+
+    if by.get("hf-generate"):
+        ref = {r["id"]: r["output_token_ids"] for r in by["hf-generate"]}
+        lines += ["", "outputs identical to hf-generate"]
+        for m in methods:
+            if m == "hf-generate":
+                continue
+            diffs = [(r["id"], first_difference(r["output_token_ids"], ref[r["id"]])) for r in by[m]]
+            bad = [(i, d) for i, d in diffs if d is not None]
+            where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
+            lines.append(f"  {m:<24}{len(diffs) - len(bad)}/{len(diffs)}" + (f"   differ: {where}" if bad else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""The playground's orchestration, without any UI: three decoders, one after another, as events.
+
+A :class:`Playground` is built once from (model, tokenizer, heads) and shared read-only by all
+browser sessions. ``stream(prompt, settings)`` runs plain greedy, Medusa greedy and Medusa
+typical one after another on the one device (concurrent runs would distort tokens/s) and
+yields an :class:`Event` after every step, carrying the run so far as an immutable
+:class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache.
+
+Pure helpers turn records into what the page shows: the greedy-equality check, the summary
+rows, the race-replay clock, the typical-acceptance threshold curve, and the step inspector's
+tree / attention-mask / accepted-path data. The Gradio layer (``app/``) only renders these.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .decoding import METHODS, DecodeConfig, Decoder, DecodeError, RunResult, Step
+from .distill import chat_prompt_ids
+from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from .model import load_model
+from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
+
+LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
+DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
+RECOMMENDED = "heads' own tree"  # preset name of the tree shipped with the heads (config.json)
+MAX_NEW_TOKENS_LIMIT = 1024
+
+
+class PlaygroundError(ValueError):
+    """Settings the playground cannot run with. One sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the page asks for. Plain and Medusa greedy always decode greedily (T = 0)."""
+
+    max_new_tokens: int = 96  # per method
+    temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
+    epsilon: float = 0.09  # typical acceptance: hard threshold (posterior_threshold)
+    delta: float = 0.3  # typical acceptance: entropy-dependent threshold (posterior_alpha)
+    tree: str = DEFAULT_TREE  # preset name
+    custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
+    chat_template: bool = True  # wrap the prompt in the model's chat template
+    seed: int = 0
+
+    def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+        if not number(self.max_new_tokens) or int(self.max_new_tokens) != self.max_new_tokens or not 1 <= self.max_new_tokens <= max_new_tokens_limit:
+            raise PlaygroundError(f"Max new tokens must be a whole number from 1 to {max_new_tokens_limit} (got {self.max_new_tokens}).")
+        if not number(self.temperature) or not 0 <= self.temperature <= 2:
+            raise PlaygroundError(f"Temperature must be between 0 and 2 (got {self.temperature}).")
+        if not number(self.epsilon) or not 0 <= self.epsilon <= 1:
+            raise PlaygroundError(f"Epsilon must be between 0 and 1 (got {self.epsilon}).")
+        if not number(self.delta) or not 0 <= self.delta <= 1:
+            raise PlaygroundError(f"Delta must be between 0 and 1 (got {self.delta}).")
+
+    def config(self, method: str) -> DecodeConfig:
+        typical = method == "medusa-typical"
+        return DecodeConfig(
+            max_new_tokens=int(self.max_new_tokens),
+            temperature=float(self.temperature) if typical else 0.0,
+            seed=int(self.seed),
+            posterior_threshold=float(self.epsilon),
+            posterior_alpha=float(self.delta),
+        )
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token as the page shows it."""
+
+    token_id: int
+    text: str  # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
+    origin: str  # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head proposal
+    step: int
+
+
+@dataclass(frozen=True)
+class StepView:
+    """A Step plus what the page needs around it."""
+
+    step: Step
+    pieces: tuple[Piece, ...]
+    elapsed: float  # device-synchronised seconds from the start of the prefill to the end of this step
+    prefix_len: int  # tokens in the KV cache before this step's tree (prompt + committed - root)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One method's run so far (immutable; a new one is made after every step)."""
+
+    method: str
+    prompt_len: int
+    views: tuple[StepView, ...] = ()
+    done: bool = False
+
+    @property
+    def result(self) -> RunResult:
+        return RunResult(self.method, tuple(v.step for v in self.views))
+
+    @property
+    def tokens(self) -> list[int]:
+        return [p.token_id for v in self.views for p in v.pieces]
+
+    @property
+    def pieces(self) -> list[Piece]:
+        return [p for v in self.views for p in v.pieces]
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.pieces)
+
+    @property
+    def elapsed(self) -> float:
+        return self.views[-1].elapsed if self.views else 0.0
+
+    def stats(self) -> dict:
+        r = self.result
+        return {
+            "tokens": len(r.tokens),
+            "wall_seconds": round(self.elapsed, 4),
+            "prefill_seconds": round(r.prefill_seconds, 4),
+            "decode_seconds": round(r.decode_seconds, 4),
+            "tokens_per_second": round(r.tokens_per_second, 2),
+            "tokens_per_step": round(r.tokens_per_step, 3),
+            "steps": r.decode_steps,
+            "finish_reason": r.finish_reason,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "start" | "step" | "end"
+    method: str
+    record: RunRecord
+
+    @property
+    def view(self) -> StepView | None:
+        return self.record.views[-1] if self.kind == "step" and self.record.views else None
+
+
+class Detokenizer:
+    """Token ids -> text pieces, one token at a time (decode the whole answer, emit the new suffix)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
+            return ""
+        common = len(self.text) if text.startswith(self.text) else len(_common_prefix(self.text, text))
+        piece, self.text = text[common:], text
+        return piece
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def origins(step: Step) -> list[str]:
+    """Per token of a step: its accepted head proposals first, then the base model's bonus token."""
+    n = len(step.tokens)
+    heads = min(step.accept_length, n)
+    return ["head"] * heads + ["base"] * (n - heads)
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    equal: bool
+    first_diff: int | None  # first token position (0-based) where the two outputs differ
+    plain_tokens: int
+    medusa_tokens: int
+
+    @property
+    def message(self) -> str:
+        if self.equal:
+            return f"Medusa greedy = plain greedy: all {self.plain_tokens} tokens identical."
+        return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+
+
+def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
+    """Did Medusa greedy produce exactly plain greedy's tokens? If not, where do they first differ?"""
+    first = next((i for i, (a, b) in enumerate(zip(plain, medusa)) if a != b), None)
+    if first is None and len(plain) != len(medusa):
+        first = min(len(plain), len(medusa))
+    return GreedyCheck(first is None, first, len(plain), len(medusa))
+
+
+SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
+
+
+def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
+    """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
+    speedup = tokens/s over plain's tokens/s."""
+    base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
+    rows = []
+    for method in METHODS:
+        if method not in records:
+            continue
+        rec, r = records[method], records[method].result
+        rows.append(
+            {
+                "method": LABELS[method],
+                "tokens": len(r.tokens),
+                "wall (s)": round(rec.elapsed, 3),
+                "prefill (s)": round(r.prefill_seconds, 3),
+                "tokens/s": round(r.tokens_per_second, 1),
+                "tokens/step": round(r.tokens_per_step, 2),
+                "steps": r.decode_steps,
+                "speedup": round(r.tokens_per_second / base, 2) if base > 0 else None,
+            }
+        )
+    return rows
+
+
+def visible_steps(record: RunRecord, t: float) -> int:
+    """How many of the record's steps had finished t seconds after its start (race replay)."""
+    return bisect.bisect_right([v.elapsed for v in record.views], t)
+
+
+def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]."""
+    h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
+    return h, np.minimum(epsilon, delta * np.exp(-h))
+
+
+# ---------------------------------------------------------------------- step inspector data
+def token_label(tokenizer, token_id: int) -> str:
+    """A token as a short visible label: spaces, newlines and tabs made visible."""
+    text = tokenizer.decode([int(token_id)], skip_special_tokens=False)
+    text = text.replace(" ", "\u2423").replace("\n", "\u23ce").replace("\t", "\u21e5")
+    return text if text.strip() else f"#{token_id}"
+
+
+def tree_layout(parents: Sequence[int]) -> list[float]:
+    """Vertical position of each node: leaves in depth-first order, a parent centred on its children."""
+    children: list[list[int]] = [[] for _ in parents]
+    for j, p in enumerate(parents):
+        if p >= 0:
+            children[p].append(j)
+    y, leaves = [0.0] * len(parents), [0]
+
+    def place(j: int) -> None:
+        if not children[j]:
+            y[j], leaves[0] = float(leaves[0]), leaves[0] + 1
+            return
+        for c in children[j]:
+            place(c)
+        y[j] = sum(y[c] for c in children[j]) / len(children[j])
+
+    place(0)
+    return y
+
+
+def tree_nodes(view: StepView, tokenizer) -> list[dict]:
+    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?),
+    plus the bonus token (the base model's own next token after the accepted path) if it was kept."""
+    step = view.step
+    if step.tree is None:
+        return []
+    tree, ids, accepted = step.tree, step.tree_token_ids, set(step.accepted_nodes)
+    y = tree_layout(tree.parents)
+    nodes = [
+        {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
+         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if j else None, "accepted": j in accepted, "kind": "root" if j == 0 else "candidate"}
+        for j in range(tree.num_nodes)
+    ]
+    if len(step.tokens) > step.accept_length and step.accepted_nodes:
+        last = step.accepted_nodes[-1]
+        bonus = step.tokens[step.accept_length]
+        nodes.append({"node": tree.num_nodes, "depth": nodes[last]["depth"] + 0.5, "y": y[last], "parent": last, "token_id": bonus,  # between columns
+                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus"})
+    return nodes
+
+
+def mask_data(view: StepView, tokenizer) -> tuple[list[list[int]], list[str], list[str]]:
+    """The step's tree attention mask with the KV-cache prefix as one block column in front.
+
+    z[i][j]: 0 = hidden, 1 = visible, 2 = visible and both nodes on the accepted path.
+    Returns (z, column labels, row labels); labels are "node:token", unique per node."""
+    step = view.step
+    if step.tree is None:
+        return [], [], []
+    mask, ids, acc = step.tree.attn_mask.tolist(), step.tree_token_ids, set(step.accepted_nodes)
+    labels = [f"{j}:{token_label(tokenizer, t)}" for j, t in enumerate(ids)]
+    z = [[1] + [(2 if i in acc and j in acc else 1) if mask[i][j] else 0 for j in range(len(ids))] for i in range(len(ids))]
+    return z, [f"prefix ({view.prefix_len} tokens)"] + labels, labels
+
+
+PATH_COLUMNS = ["step", "root token", "accepted tokens", "accept length", "tokens", "verify (ms)"]
+
+
+def path_rows(record: RunRecord, tokenizer) -> list[dict]:
+    """The accepted-path table: one row per Medusa decode step."""
+    rows = []
+    for v in record.views[1:]:
+        s = v.step
+        ids = s.tree_token_ids
+        rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
+                     "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
+                     "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
+    return rows
+
+
+def load_examples(path: str | Path) -> list[dict]:
+    """Example prompts: a JSON list of {"label", "prompt"}; [] if the file is missing or malformed."""
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [e for e in items if isinstance(e, dict) and isinstance(e.get("prompt"), str)] if isinstance(items, list) else []
+
+
+def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
+    """Identity ResBlocks on the shared lm_head: every head proposes the base model's next token."""
+    cfg = model.config
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    p = model.get_output_embeddings().weight
+    return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
+
+
+def heads_tree(folder: str | Path | None) -> list[list[int]] | None:
+    """The tree a heads folder recommends in its config.json ("medusa_choices" or "tree"), if any."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    choices = cfg.get("medusa_choices") or cfg.get("tree") or cfg.get("tree_choices")
+    return choices if isinstance(choices, list) and choices and all(isinstance(c, list) for c in choices) else None
+
+
+class Playground:
+    """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
+
+    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", recommended_tree: Sequence[Sequence[int]] | None = None, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT):
+        self.model, self.tokenizer, self.heads = model, tokenizer, heads
+        self.heads_note = heads_note
+        self.max_new_tokens_limit = max_new_tokens_limit
+        self.recommended = None
+        if recommended_tree:
+            try:
+                self.recommended = build_tree(recommended_tree, num_heads=heads.num_heads, name=RECOMMENDED)
+            except TreeError:
+                self.recommended = None
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = str(model.get_input_embeddings().weight.device)
+        self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        self._warm = False
+
+    @classmethod
+    def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto", progress: Callable[[str], None] | None = None, **kwargs) -> "Playground":
+        """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
+        note); heads the user named explicitly must load (HeadsError otherwise)."""
+        say = progress or (lambda msg: None)
+        m, tok = load_model(model, device=device, dtype=dtype, progress=say)
+        path = Path(heads) if heads else None
+        if path is not None and (path.exists() or path != Path(default_heads or "")):
+            h, note, tree = load_heads(path, model=m), f"heads from {path}", heads_tree(path)
+        else:
+            h, tree = untrained_heads(m), None
+            note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {path}" if path else "") + ")"
+        say(f"Medusa: {h.num_heads} {note}")
+        return cls(m, tok, h, heads_note=note, recommended_tree=tree, **kwargs)
+
+    # ------------------------------------------------------------------ inputs
+    def tree_names(self) -> list[str]:
+        return ([RECOMMENDED] if self.recommended is not None else []) + preset_names()
+
+    def default_tree_name(self) -> str:
+        """The heads' own tree if they ship one, else a 16-node tree, else a chain as deep as the heads."""
+        if self.recommended is not None:
+            return RECOMMENDED
+        return DEFAULT_TREE if get_tree(DEFAULT_TREE).depth <= self.heads.num_heads else f"chain-{min(self.heads.num_heads, 4)}"
+
+    def resolve_tree(self, settings: Settings) -> MedusaTree:
+        K = self.heads.num_heads
+        if settings.custom_tree and settings.custom_tree.strip():
+            return build_tree(parse_choices(settings.custom_tree), num_heads=K, name="custom")
+        if settings.tree == RECOMMENDED and self.recommended is not None:
+            return self.recommended
+        return get_tree(settings.tree, num_heads=K)
+
+    def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise PlaygroundError("The prompt is empty; type a question or pick an example.")
+        return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
+
+    def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], list[Decoder]]:
+        """Check everything before anything runs; raise one clear sentence (a ValueError) on bad input."""
+        settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
+        tree = self.resolve_tree(settings)
+        ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
+        decoders = [Decoder(self.model, method=m, heads=self.heads, tree=tree, config=settings.config(m)) for m in METHODS]
+        decoders[0]._prompt_tensor(ids)  # context-length check up front (DecodeError)
+        return ids, decoders
+
+    # ------------------------------------------------------------------ running
+    def warmup(self, ids: Sequence[int], decoders: Sequence[Decoder]) -> None:
+        """Run each method for two tokens once, so the first timed run pays no one-off costs."""
+        if self._warm:
+            return
+        for d in decoders:
+            Decoder(self.model, method=d.method, heads=self.heads, tree=getattr(d, "tree_cpu", None), config=replace(d.config, max_new_tokens=2)).run(ids[:16])
+        self._warm = True
+
+    def run_method(self, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
+        detok = Detokenizer(self.tokenizer)
+        record = RunRecord(decoder.method, len(ids))
+        yield Event("start", decoder.method, record)
+        elapsed, committed = 0.0, 0
+        for step in decoder.steps(ids):
+            elapsed += step.seconds
+            pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
+            view = StepView(step, pieces, elapsed, len(ids) + committed - 1)
+            committed += len(step.tokens)
+            record = replace(record, views=record.views + (view,))
+            yield Event("step", decoder.method, record)
+        record = replace(record, done=True)
+        yield Event("end", decoder.method, record)
+
+    def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
+        """Plain, Medusa greedy, Medusa typical, one after another; an Event after every step."""
+        ids, decoders = self.prepare(prompt, settings)
+        self.warmup(ids, decoders)
+        for decoder in decoders:
+            yield from self.run_method(decoder, ids)
+
+    def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
+        """Run all three and return texts + statistics as a JSON-able dict (the API endpoint)."""
+        records = {ev.method: ev.record for ev in self.stream(prompt, settings) if ev.kind == "end"}
+        check = greedy_check(records["plain"].tokens, records["medusa-greedy"].tokens)
+        return {
+            "prompt": prompt,
+            "tree": self.resolve_tree(settings).name,
+            "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
+            "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "message": check.message},
+            "summary": summary_rows(records),
+        }
+
+
+__all__ = [
+    "DEFAULT_TREE", "LABELS", "RECOMMENDED", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "heads_tree", "load_examples", "mask_data", "origins",
+    "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untrained_heads", "visible_steps",
+    "DecodeError", "HeadsError", "TreeError",
+]

