@@ -93,14 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")
     ap.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy")
+    ap.add_argument("--shard", default="0/1", help="i/n: only prompts i, i+n, i+2n, ... (run n processes side by side)")
+    ap.add_argument("--skip-done", action="append", default=[], help="also skip prompts answered in this JSONL file")
     args = ap.parse_args(argv)
 
     prompts = load_jsonl(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
+    i, n = (int(x) for x in args.shard.split("/"))
+    prompts = prompts[i::n]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["id"] for r in load_jsonl(out)} if out.exists() else set()
+    done = {r["id"] for f in [out, *map(Path, args.skip_done)] if f.exists() for r in load_jsonl(f)}
     todo = [p for p in prompts if p["id"] not in done]
     print(f"{len(done)} answers already in {out}; generating {len(todo)} more", flush=True)
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from .decoding import METHODS, DecodeConfig, Decoder, DecodeError, RunResult, Step
 from .distill import chat_prompt_ids
@@ -30,7 +31,6 @@ from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, pr
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
 DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
-RECOMMENDED = "heads' own tree"  # preset name of the tree shipped with the heads (config.json)
 MAX_NEW_TOKENS_LIMIT = 1024
 
 
@@ -100,9 +100,13 @@ class RunRecord:
     """One method's run so far (immutable; a new one is made after every step)."""
 
     method: str
-    prompt_len: int
+    prompt_ids: tuple[int, ...]
     views: tuple[StepView, ...] = ()
     done: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
     @property
     def result(self) -> RunResult:
@@ -185,12 +189,25 @@ class GreedyCheck:
     first_diff: int | None  # first token position (0-based) where the two outputs differ
     plain_tokens: int
     medusa_tokens: int
+    logit_gap: float | None = None  # base model's top-1 minus top-2 logit at first_diff (set by Playground.greedy_check)
+    tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
 
     @property
-    def message(self) -> str:
+    def headline(self) -> str:
         if self.equal:
             return f"Medusa greedy = plain greedy: all {self.plain_tokens} tokens identical."
         return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+
+    @property
+    def reason(self) -> str:
+        if self.equal or self.logit_gap is None:
+            return ""
+        why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
+        return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
+
+    @property
+    def message(self) -> str:
+        return f"{self.headline} {self.reason}".strip()
 
 
 def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
@@ -329,35 +346,28 @@ def load_examples(path: str | Path) -> list[dict]:
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
     """Identity ResBlocks on the shared lm_head: every head proposes the base model's next token."""
     cfg = model.config
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+    hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
     vocab = model.get_output_embeddings().weight.shape[0]
     p = model.get_output_embeddings().weight
     return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
 
 
-def heads_tree(folder: str | Path | None) -> list[list[int]] | None:
-    """The tree a heads folder recommends in its config.json ("medusa_choices" or "tree"), if any."""
+def _short_path(path: Path) -> str:
+    """A path as the user reads it: relative to the working folder when it lies inside it."""
     try:
-        cfg = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    choices = cfg.get("medusa_choices") or cfg.get("tree") or cfg.get("tree_choices")
-    return choices if isinstance(choices, list) and choices and all(isinstance(c, list) for c in choices) else None
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
-    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", recommended_tree: Sequence[Sequence[int]] | None = None, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT):
+    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
-        self.recommended = None
-        if recommended_tree:
-            try:
-                self.recommended = build_tree(recommended_tree, num_heads=heads.num_heads, name=RECOMMENDED)
-            except TreeError:
-                self.recommended = None
+        self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(model.get_input_embeddings().weight.device)
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
@@ -370,31 +380,31 @@ class Playground:
         say = progress or (lambda msg: None)
         m, tok = load_model(model, device=device, dtype=dtype, progress=say)
         path = Path(heads) if heads else None
+        shown = _short_path(path) if path else ""
         if path is not None and (path.exists() or path != Path(default_heads or "")):
-            h, note, tree = load_heads(path, model=m), f"heads from {path}", heads_tree(path)
+            h, note = load_heads(path, model=m), f"trained heads from {shown}"
         else:
-            h, tree = untrained_heads(m), None
-            note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {path}" if path else "") + ")"
+            h = untrained_heads(m)
+            note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
         say(f"Medusa: {h.num_heads} {note}")
-        return cls(m, tok, h, heads_note=note, recommended_tree=tree, **kwargs)
+        return cls(m, tok, h, heads_note=note, **kwargs)
 
     # ------------------------------------------------------------------ inputs
     def tree_names(self) -> list[str]:
-        return ([RECOMMENDED] if self.recommended is not None else []) + preset_names()
+        return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
     def default_tree_name(self) -> str:
-        """The heads' own tree if they ship one, else a 16-node tree, else a chain as deep as the heads."""
-        if self.recommended is not None:
-            return RECOMMENDED
+        """The heads' calibrated default tree if they ship one, else a 16-node tree, else a chain as deep as the heads."""
+        default = getattr(self.heads, "default_tree", None)
+        if default and default in self.tree_names():
+            return default
         return DEFAULT_TREE if get_tree(DEFAULT_TREE).depth <= self.heads.num_heads else f"chain-{min(self.heads.num_heads, 4)}"
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
         if settings.custom_tree and settings.custom_tree.strip():
             return build_tree(parse_choices(settings.custom_tree), num_heads=K, name="custom")
-        if settings.tree == RECOMMENDED and self.recommended is not None:
-            return self.recommended
-        return get_tree(settings.tree, num_heads=K)
+        return get_tree(settings.tree, num_heads=K, extra=self.tree_presets)
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         if not isinstance(prompt, str) or not prompt.strip():
@@ -410,6 +420,23 @@ class Playground:
         decoders[0]._prompt_tensor(ids)  # context-length check up front (DecodeError)
         return ids, decoders
 
+    def greedy_check(self, plain: RunRecord, medusa: RunRecord) -> GreedyCheck:
+        """greedy_check, and where the outputs differ, the base model's top-2 logit gap at that position:
+        a tree forward and a one-token forward round differently, so a near-tie may flip the argmax."""
+        check = greedy_check(plain.tokens, medusa.tokens)
+        if check.equal or check.first_diff >= min(len(plain.tokens), len(medusa.tokens)):
+            return check
+        gap = self.logit_gap(plain.prompt_ids, plain.tokens[: check.first_diff])
+        tol = 1e-3 if self.dtype == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
+        return replace(check, logit_gap=gap, tie=gap <= tol)
+
+    @torch.inference_mode()
+    def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> float:
+        """Top-1 minus top-2 logit of the base model after prompt + tokens (one plain forward, no cache)."""
+        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=self.model.get_input_embeddings().weight.device)
+        top = self.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().topk(2).values
+        return float(top[0] - top[1])
+
     # ------------------------------------------------------------------ running
     def warmup(self, ids: Sequence[int], decoders: Sequence[Decoder]) -> None:
         """Run each method for two tokens once, so the first timed run pays no one-off costs."""
@@ -421,7 +448,7 @@ class Playground:
 
     def run_method(self, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
         detok = Detokenizer(self.tokenizer)
-        record = RunRecord(decoder.method, len(ids))
+        record = RunRecord(decoder.method, tuple(ids))
         yield Event("start", decoder.method, record)
         elapsed, committed = 0.0, 0
         for step in decoder.steps(ids):
@@ -444,19 +471,19 @@ class Playground:
     def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
         """Run all three and return texts + statistics as a JSON-able dict (the API endpoint)."""
         records = {ev.method: ev.record for ev in self.stream(prompt, settings) if ev.kind == "end"}
-        check = greedy_check(records["plain"].tokens, records["medusa-greedy"].tokens)
+        check = self.greedy_check(records["plain"], records["medusa-greedy"])
         return {
             "prompt": prompt,
             "tree": self.resolve_tree(settings).name,
             "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
-            "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "message": check.message},
+            "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
             "summary": summary_rows(records),
         }
 
 
 __all__ = [
-    "DEFAULT_TREE", "LABELS", "RECOMMENDED", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
-    "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "heads_tree", "load_examples", "mask_data", "origins",
+    "DEFAULT_TREE", "LABELS", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
     "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untrained_heads", "visible_steps",
     "DecodeError", "HeadsError", "TreeError",
 ]

@@ -1,0 +1,61 @@
+"""Medusa Playground: plain vs Medusa greedy vs Medusa typical decoding, side by side.
+
+    python app.py                       # http://127.0.0.1:7860, SmolLM2-135M-Instruct + the embedded heads
+    python app.py --device cuda --heads path/to/heads --host 0.0.0.0
+
+Every flag has an environment override (a Hugging Face Space sets them in its settings).
+Paper: Cai et al., "Medusa", ICML 2024, arXiv 2401.10774.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
+PORT = int(os.environ.get("MEDUSA_PORT", os.environ.get("GRADIO_SERVER_PORT", "7860")))
+MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
+DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
+HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
+DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
+DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
+SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
+MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value
+MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
+EXAMPLES = ROOT / "assets" / "examples.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Medusa Playground: plain vs Medusa decoding, side by side, in the browser.")
+    ap.add_argument("--host", default=HOST, help=f"interface to listen on (default {HOST}; 0.0.0.0 to serve the network)")
+    ap.add_argument("--port", type=int, default=PORT, help=f"port (default {PORT})")
+    ap.add_argument("--model", default=MODEL, help="'default' (SmolLM2-135M-Instruct, offline), a local folder or a Hub id")
+    ap.add_argument("--heads", default=HEADS, help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)")
+    ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
+    ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
+    ap.add_argument("--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from app import build_demo, launch_options  # the package app/, imported after --help needs nothing heavy
+    from medusa_lib.playground import Playground, load_examples
+
+    try:
+        pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
+                             progress=print, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT)
+    except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
+        sys.exit(f"error: {e}")
+    examples = load_examples(EXAMPLES)
+    if not examples:
+        print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
+    demo = build_demo(pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS)
+    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
+
+
+if __name__ == "__main__":
+    main()

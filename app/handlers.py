@@ -1,0 +1,168 @@
+"""Event handlers: turn the playground's events into Gradio updates.
+
+Handlers keep nothing between calls: a browser session's runs live in its gr.State (a dict
+method -> RunRecord); the Playground (model, tokenizer, heads) is shared read-only.
+Each handler yields tuples in the order of its *_OUTPUTS list; gr.skip() leaves a component as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+import pandas as pd
+
+from medusa_lib.decoding import METHODS
+from medusa_lib.playground import (
+    LABELS, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, Settings, mask_data, path_rows, summary_rows,
+    tree_nodes, visible_steps,
+)
+
+from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
+from .render import badge_html, column_html
+
+try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
+    import spaces
+
+    on_gpu: Callable = spaces.GPU
+except ImportError:
+    def on_gpu(fn: Callable) -> Callable:
+        return fn
+
+COLUMN = {"plain": "col_plain", "medusa-greedy": "col_greedy", "medusa-typical": "col_typical"}
+RUN_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline", "badge", "summary", "session", "insp_step", "tree_plot", "mask_plot", "path_table"]
+REPLAY_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline"]
+INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
+INSPECT_CHOICES = [LABELS["medusa-greedy"], LABELS["medusa-typical"]]
+STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
+REPLAY_FPS = 12
+
+
+def pack(names: list[str], **values: Any) -> tuple:
+    return tuple(values[n] if n in values else gr.skip() for n in names)
+
+
+def empty_summary() -> pd.DataFrame:
+    return pd.DataFrame(columns=SUMMARY_COLUMNS)
+
+
+def empty_paths() -> pd.DataFrame:
+    return pd.DataFrame(columns=PATH_COLUMNS)
+
+
+def method_of(label: str) -> str:
+    return next((m for m, lab in LABELS.items() if lab == label), "medusa-greedy")
+
+
+def best_step(record: RunRecord) -> int:
+    """The step to open the inspector on: the first with the longest accepted path."""
+    if len(record.views) < 2:
+        return 1
+    return max(range(1, len(record.views)), key=lambda i: (record.views[i].step.accept_length, -i))
+
+
+class Handlers:
+    def __init__(self, playground: Playground):
+        self.pg = playground
+
+    # ---------------------------------------------------------------- settings
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template) -> Settings:
+        as_int = int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) and float(max_new_tokens).is_integer() else max_new_tokens
+        return Settings(max_new_tokens=as_int, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree or self.pg.default_tree_name(),
+                        custom_tree=custom_tree or "", chat_template=bool(chat_template))
+
+    def threshold(self, epsilon: float, delta: float):
+        return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
+
+    # ---------------------------------------------------------------- inspector
+    def inspector(self, records: dict | None, label: str, step: float) -> tuple:
+        method = method_of(label)
+        rec = (records or {}).get(method)
+        title = f"{label}: candidate tree"
+        if rec is None or len(rec.views) < 2:
+            msg = "Run the playground to inspect a Medusa step."
+            return empty_figure(msg, title=title), empty_figure(msg, title="Tree attention mask"), empty_paths()
+        i = min(max(int(step or 1), 1), len(rec.views) - 1)
+        view = rec.views[i]
+        s = view.step
+        tree = tree_figure(tree_nodes(view, self.pg.tokenizer), title=f"{label}, step {i}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)")
+        z, cols, rows = mask_data(view, self.pg.tokenizer)
+        mask = mask_figure(z, cols, rows, title=f"Tree attention mask, step {i} (row attends to column)")
+        return tree, mask, pd.DataFrame(path_rows(rec, self.pg.tokenizer), columns=PATH_COLUMNS)
+
+    def inspector_update(self, records: dict, label: str) -> dict:
+        rec = records.get(method_of(label))
+        n = max(len(rec.views) - 1, 1) if rec else 1
+        step = best_step(rec) if rec else 1
+        tree, mask, table = self.inspector(records, label, step)
+        return {"insp_step": gr.Slider(minimum=1, maximum=max(n, 2), value=step, step=1, interactive=n > 1), "tree_plot": tree, "mask_plot": mask, "path_table": table}
+
+    def switch_inspector(self, records: dict | None, label: str) -> tuple:
+        return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
+
+    # ---------------------------------------------------------------- the run
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, insp_label) -> Iterator[tuple]:
+        """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column."""
+        out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
+        settings = self.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template)
+        records: dict[str, RunRecord] = {}
+        yield out(status="Checking the settings&hellip;", col_plain=column_html("plain", None), col_greedy=column_html("medusa-greedy", None),
+                  col_typical=column_html("medusa-typical", None), timeline=timeline_figure({}), badge=badge_html(None), summary=empty_summary(), session=None)
+        last = 0.0
+        try:
+            for ev in self.pg.stream(prompt, settings):
+                records[ev.method] = ev.record
+                now = time.perf_counter()
+                if ev.kind == "step" and now - last < STREAM_EVERY:
+                    continue
+                last = now
+                state = "done" if ev.kind == "end" else "running"
+                upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state), "timeline": timeline_figure(records)}
+                if ev.kind == "start":
+                    upd["status"] = f"Running **{LABELS[ev.method]}** ({METHODS.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                if ev.kind == "end" and ev.method == method_of(insp_label):
+                    upd.update(self.inspector_update(records, insp_label))
+                yield out(**upd)
+        except ValueError as e:  # TreeError, DecodeError, PlaygroundError ...: one sentence, the server keeps serving
+            gr.Warning(str(e))
+            yield out(status=f"**Cannot run:** {e}")
+            return
+        check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])
+        yield out(
+            status="Done. Press **Race replay** to watch the three runs side by side at their measured speed.",
+            badge=badge_html(check, plain=records["plain"], medusa=records["medusa-greedy"], tokenizer=self.pg.tokenizer),
+            summary=pd.DataFrame(summary_rows(records), columns=SUMMARY_COLUMNS), session=records,
+            **self.inspector_update(records, insp_label),
+        )
+
+    # ---------------------------------------------------------------- race replay
+    def replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
+        """Replay the recorded runs together, each step appearing at its measured time."""
+        out = lambda **kw: pack(REPLAY_OUTPUTS, **kw)  # noqa: E731
+        if not records or any(m not in records for m in METHODS):
+            gr.Warning("Run the three methods first: the race replay uses their recorded step times.")
+            yield out(status="**Nothing to replay yet:** press Run first.")
+            return
+        factor = float(str(speed).rstrip("x") or 1)
+        total = max(r.elapsed for r in records.values())
+        start = time.perf_counter()
+        while True:
+            t = (time.perf_counter() - start) * factor
+            cols = {}
+            for m in METHODS:
+                rec = records[m]
+                k = visible_steps(rec, t)
+                part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
+                cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
+            yield out(status=f"Race replay at {speed}: t = {min(t, total):.2f} s of {total:.2f} s", timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **cols)
+            if t >= total:
+                break
+            time.sleep(1 / REPLAY_FPS)
+
+    # ---------------------------------------------------------------- API
+    def compare(self, prompt: str, settings: Settings) -> dict:
+        try:
+            return self.pg.compare(prompt, settings)
+        except ValueError as e:
+            raise gr.Error(str(e), print_exception=False) from None

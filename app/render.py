@@ -1,0 +1,88 @@
+"""HTML for the token columns, their live statistics, the greedy badge and the colour legend.
+
+Generated text is untrusted: every token goes through html.escape, so a model that writes
+``<script>`` shows the characters, never runs them.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+from medusa_lib.playground import LABELS, GreedyCheck, Piece, RunRecord
+
+METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00"}  # Okabe-Ito
+
+
+def tokens_html(pieces: Sequence[Piece]) -> str:
+    """One span per token. Head proposals accepted in a step share a highlight; the shade alternates
+    from step to step (h0 / h1) so that neighbouring multi-token steps stay distinguishable."""
+    out = []
+    for p in pieces:
+        if not p.text:
+            continue
+        cls = f"tok head h{p.step % 2}" if p.origin == "head" else "tok base"
+        what = "accepted head proposal" if p.origin == "head" else "base model's own token"
+        out.append(f'<span class="{cls}" title="step {p.step}: {what} (id {p.token_id})">{html.escape(p.text)}</span>')
+    return "".join(out)
+
+
+def stats_line(record: RunRecord | None) -> str:
+    if record is None or not record.views:
+        return "tokens/s &mdash; &middot; tokens/step &mdash;"
+    r = record.result
+    tps = f"{r.tokens_per_second:.1f}" if r.decode_steps else "&mdash;"
+    tpstep = f"{r.tokens_per_step:.2f}" if r.decode_steps else "&mdash;"
+    return (
+        f'<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; '
+        f"{len(r.tokens)} tokens in {record.elapsed:.2f} s"
+    )
+
+
+def column_html(method: str, record: RunRecord | None, *, state: str = "waiting", pieces: Sequence[Piece] | None = None) -> str:
+    """A method's column: title, live statistics, then its text. state: waiting | running | done | replay."""
+    if pieces is None:
+        pieces = record.pieces if record is not None else []
+    badge = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay"}.get(state, html.escape(state))
+    cursor = '<span class="cursor">&#9646;</span>' if state in ("running", "replay") else ""
+    body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
+    return (
+        f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
+        f'<div class="method-head"><span class="method-name">{LABELS[method]}</span><span class="method-state">{badge}</span></div>'
+        f'<div class="method-stats">{stats_line(record)}</div>'
+        f'<div class="method-text">{body}</div></div>'
+    )
+
+
+def badge_html(check: GreedyCheck | None, *, plain: RunRecord | None = None, medusa: RunRecord | None = None, tokenizer=None) -> str:
+    """Green when Medusa greedy reproduced plain greedy token for token; else the first differing position,
+    amber when the base model's two best logits tie there (floating-point rounding), red otherwise."""
+    if check is None:
+        return '<div class="badge badge-wait" data-equal="unknown">Greedy check: runs Plain and Medusa greedy, then compares their tokens.</div>'
+    if check.equal:
+        return f'<div class="badge badge-ok" data-equal="true">&#10004; {html.escape(check.message)}</div>'
+    detail = ""
+    if tokenizer is not None and plain is not None and medusa is not None:
+        i = check.first_diff
+        a = plain.tokens[i : i + 1]
+        b = medusa.tokens[i : i + 1]
+        show = lambda ids: repr(tokenizer.decode(ids)) if ids else "(end)"  # noqa: E731
+        detail = f" Plain has {html.escape(show(a))}, Medusa greedy has {html.escape(show(b))}."
+    kind, mark = ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")  # a floating-point tie is amber, a real difference red
+    return (f'<div class="badge {kind}" data-equal="false" data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
+            f"{mark} {html.escape(check.headline)}{detail} {html.escape(check.reason)}</div>")
+
+
+LEGEND_HTML = (
+    '<div class="legend">'
+    '<span class="tok base">plain text</span> = the base model&#39;s own token (one per step: the root / bonus token) &nbsp; '
+    '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = head proposals the base model accepted in that step '
+    "(the shade alternates from step to step, so each multi-token step shows as one block)"
+    "</div>"
+)
+
+
+def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str) -> str:
+    warn = "untrained" in heads_note
+    note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
+    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}) &middot; {heads} Medusa heads: {note}</div>'

@@ -1,0 +1,38 @@
+"""The words on the page: the header and the explanation for students."""
+
+HEADER = """# Medusa Playground
+One model, one prompt, three decoders, one after another on the same device. **Medusa** adds a few
+small *heads* that guess the next 2, 3, 4 ... tokens; the base model checks all guesses in **one**
+forward pass over a *tree* of candidates and keeps the longest run it agrees with
+([Cai et al., 2024](https://arxiv.org/abs/2401.10774))."""
+
+EXPLAIN = """
+### How to read this page
+
+**The colours in the three columns.** Every decoding *step* is one forward pass of the base model.
+- Plain text is a token the base model chose itself. Plain decoding gets exactly one per step.
+- A **highlighted** token was *guessed by a Medusa head* and then *accepted* by the base model in the
+  same step. After the accepted guesses, the step always adds one more token of the base model's own
+  (the *bonus* token, which becomes the *root* of the next tree). The highlight alternates between two
+  shades from step to step, so `[guess guess] own` is one step that produced three tokens.
+- **tokens/step** is the average number of tokens a step produced (1.0 for plain decoding).
+  **tokens/s** counts only the decode steps (the prompt's *prefill* is reported apart in the summary).
+
+**What is a tree?** Head *k* proposes its top-10 tokens for position *t+k*. A tree is a list of
+paths such as `[[0], [0, 0], [1]]`: `[0]` = head 1's best guess, `[0, 0]` = head 1's best guess followed by
+head 2's best guess, `[1]` = head 1's second guess. All paths go into the model as one sequence; the
+**tree attention mask** lets each node see the prompt (the *prefix* column), the root, its own ancestors
+and itself, never a sibling branch. The step inspector draws the tree (accepted path in green, rejected
+guesses greyed out) and the mask (green = cells on the accepted path).
+
+**Greedy vs typical acceptance.** *Medusa greedy* accepts a guess only if it is exactly the base model's
+top choice, so its text must be identical to plain greedy decoding (the badge checks this token by token).
+*Medusa typical* accepts a guess whose probability p is above `min(epsilon, delta * exp(-H))`, where H is the
+entropy of the base model's prediction: when the model is unsure (large H) more guesses pass. Its text may
+differ; it is usually as fluent and accepts more tokens per step.
+
+**Why is Medusa not always faster here?** A step that verifies a 16-token tree costs more than a
+one-token step (a lot more on a CPU, almost nothing more on a GPU). Medusa wins when the heads are
+accurate enough that the extra tokens per step outweigh the extra cost per step. With *untrained heads*
+almost every guess is rejected and Medusa is slower: that is the baseline the trained heads must beat.
+"""

@@ -1,0 +1,123 @@
+"""The page: layout and wiring. ``build_demo(playground)`` works with any (model, tokenizer, heads),
+so tests build it around a tiny random model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import gradio as gr
+
+from medusa_lib.playground import Playground, Settings
+
+from .figures import empty_figure, timeline_figure
+from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
+from .render import LEGEND_HTML, badge_html, column_html, info_html
+from .text import EXPLAIN, HEADER
+
+CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
+DEFAULTS = Settings()
+
+
+def launch_options() -> dict:
+    """What Gradio 6 takes at launch(): theme and css (shared by app.py and the tests)."""
+    theme = gr.themes.Default(primary_hue="blue", text_size="lg", font=["ui-sans-serif", "system-ui", "sans-serif"])
+    css = CSS_FILE.read_text(encoding="utf-8") if CSS_FILE.exists() else None
+    return {"theme": theme, "css": css}
+
+
+def build_demo(
+    playground: Playground,
+    *,
+    examples: Sequence[dict] = (),
+    model_name: str = "default",
+    max_new_tokens: int = DEFAULTS.max_new_tokens,
+) -> gr.Blocks:
+    pg, h = playground, Handlers(playground)
+    limit = pg.max_new_tokens_limit  # the same limit for the slider and the API
+    c: dict[str, gr.components.Component] = {}
+
+    with gr.Blocks(title="Medusa Playground") as demo:
+        gr.Markdown(HEADER, elem_id="header")
+        gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note), elem_id="info")
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt")
+                if examples:
+                    gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt], label="Examples: click one, then Run",
+                                example_labels=[str(e.get("label") or e["prompt"][:40]) for e in examples], examples_per_page=12)
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn", scale=2)
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1)
+                    replay_btn = gr.Button("Race replay", variant="secondary", elem_id="replay-btn", scale=2)
+                    speed = gr.Radio(["0.25x", "0.5x", "1x", "2x"], value="1x", label="Replay speed", scale=2, elem_id="replay-speed")
+                c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
+            with gr.Column(scale=4, elem_id="settings"):
+                with gr.Row():
+                    max_new = gr.Slider(1, limit, value=min(max_new_tokens, limit), step=1, label="Max new tokens")
+                    temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (typical)")
+                with gr.Row():
+                    with gr.Column(min_width=200):
+                        epsilon = gr.Slider(0, 1, value=DEFAULTS.epsilon, step=0.01, label="\u03b5 epsilon")
+                        delta = gr.Slider(0, 1, value=DEFAULTS.delta, step=0.01, label="\u03b4 delta")
+                    thr_plot = gr.Plot(h.threshold(DEFAULTS.epsilon, DEFAULTS.delta), show_label=False, elem_id="threshold-plot", min_width=240)
+                with gr.Row():
+                    tree = gr.Dropdown(pg.tree_names(), value=pg.default_tree_name(), label="Tree preset", elem_id="tree-preset")
+                    chat = gr.Checkbox(value=True, label="Use the chat template")
+                custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
+
+        gr.HTML(LEGEND_HTML, elem_id="legend")
+        with gr.Row(equal_height=True, elem_id="columns"):
+            c["col_plain"] = gr.HTML(column_html("plain", None), elem_id="out-plain")
+            c["col_greedy"] = gr.HTML(column_html("medusa-greedy", None), elem_id="out-greedy")
+            c["col_typical"] = gr.HTML(column_html("medusa-typical", None), elem_id="out-typical")
+        c["badge"] = gr.HTML(badge_html(None), elem_id="greedy-badge")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=7):
+                c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
+                                            interactive=False, elem_id="summary", wrap=True,
+                                            column_widths=["20%", "10%", "11%", "12%", "12%", "14%", "9%", "12%"])
+            with gr.Column(scale=5):
+                c["timeline"] = gr.Plot(timeline_figure({}), show_label=False, elem_id="timeline")
+
+        gr.Markdown("## Step inspector: one Medusa step under the microscope", elem_id="inspector-title")
+        with gr.Row():
+            insp_method = gr.Radio(INSPECT_CHOICES, value=INSPECT_CHOICES[0], label="Run", scale=1)
+            c["insp_step"] = gr.Slider(1, 2, value=1, step=1, label="Step (opens on the longest accepted path)", interactive=False, scale=3, elem_id="step-slider")
+        with gr.Row(equal_height=False):
+            c["tree_plot"] = gr.Plot(empty_figure("Run the playground to see a candidate tree.", title="Candidate tree"), show_label=False, elem_id="tree-plot", scale=3)
+            c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
+        c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
+        with gr.Accordion("How to read this page", open=True):
+            gr.Markdown(EXPLAIN, elem_id="explain")
+        c["session"] = gr.State(None)
+
+        # ------------------------------------------------------------ events
+        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat]
+        run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
+                               concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
+        submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
+                                  concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="minimal")
+        replay_ev = replay_btn.click(h.replay, inputs=[c["session"], speed], outputs=[c[n] for n in REPLAY_OUTPUTS],
+                                     concurrency_limit=None, api_visibility="private", show_progress="hidden")
+        stop_btn.click(lambda: "Stopped. Press **Run** to start again.", outputs=c["status"], cancels=[run_ev, submit_ev, replay_ev],
+                       queue=False, api_visibility="private")
+        for slider in (epsilon, delta):
+            slider.change(h.threshold, inputs=[epsilon, delta], outputs=thr_plot, concurrency_limit=None, api_visibility="private", show_progress="hidden")
+        c["insp_step"].release(h.inspector, inputs=[c["session"], insp_method, c["insp_step"]], outputs=[c[n] for n in INSPECT_OUTPUTS],
+                               concurrency_limit=None, api_visibility="private", show_progress="hidden")
+        insp_method.change(h.switch_inspector, inputs=[c["session"], insp_method], outputs=[c[n] for n in ["insp_step", *INSPECT_OUTPUTS]],
+                           concurrency_limit=None, api_visibility="private", show_progress="hidden")
+
+        default_tree = pg.default_tree_name()
+
+        @on_gpu
+        def compare(prompt: str, max_new_tokens: int = 64, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.epsilon,
+                    delta: float = DEFAULTS.delta, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True) -> dict:
+            """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
+            statistics (tokens/s, tokens/step, steps, prefill and wall time), the greedy-equality check and the summary rows."""
+            return h.compare(prompt, h.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template))
+
+        gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
+    return demo

@@ -1,0 +1,108 @@
+"""The app end to end through gradio_client: the app launched in-process around a tiny random model."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_playground import PROMPT, tiny_playground
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from gradio_client import Client
+
+    from app import build_demo, launch_options
+    from medusa_lib.playground import load_examples
+
+    demo = build_demo(tiny_playground(), examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=16)
+    port = free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    try:
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    finally:
+        demo.close()
+
+
+def test_compare_returns_three_texts_and_statistics(server):
+    out = server.predict(PROMPT, api_name="/compare")  # prompt only: every other parameter has a default
+    methods = out["methods"]
+    assert list(methods) == ["plain", "medusa-greedy", "medusa-typical"]
+    for m in methods.values():
+        assert m["text"].strip() and m["tokens"] == 64 and m["steps"] >= 1
+        assert m["tokens_per_second"] > 0 and m["wall_seconds"] >= m["prefill_seconds"] > 0
+    assert methods["medusa-greedy"]["text"] == methods["plain"]["text"]
+    assert out["greedy_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False, "message": "Medusa greedy = plain greedy: all 64 tokens identical."}
+    assert [r["speedup"] for r in out["summary"]][0] == 1.0
+    assert methods["medusa-greedy"]["tokens_per_step"] > 1.5  # the rigged heads get guesses accepted
+
+
+def test_compare_with_settings(server):
+    out = server.predict(PROMPT, 8, 0.0, 0.2, 0.5, "chain-2", "", False, api_name="/compare")
+    assert out["tree"] == "chain-2" and all(m["tokens"] == 8 for m in out["methods"].values())
+    # T = 0: typical acceptance degenerates to greedy matching
+    assert out["methods"]["medusa-typical"]["token_ids"] == out["methods"]["plain"]["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [(("",), "The prompt is empty"), ((PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 1"), "not valid JSON"),
+     ((PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
+     ((PROMPT, 5000), "Max new tokens must be"), ((PROMPT, 8, 0.7, 2.0), "Epsilon must be between 0 and 1")],
+)
+def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, args, words):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as err:
+        server.predict(*args, api_name="/compare")
+    assert words in str(err.value)
+    assert server.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+
+
+def test_ui_run_streams_into_the_three_columns(server):
+    """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, "Medusa greedy", api_name="/run")
+    updates = list(job)
+    final = job.result()
+    assert len(updates) >= 3
+    status, *_ = final
+    assert status.startswith("Done")
+    badge = final[5]
+    assert 'data-equal="true"' in badge
+    summary = final[6]
+    assert [row[0] for row in summary["data"]] == ["Plain (greedy)", "Medusa greedy", "Medusa typical"]
+    streamed = " ".join(str(u) for u in updates)
+    for name in ("Plain (greedy)", "Medusa greedy", "Medusa typical"):
+        assert name in streamed
+
+
+def test_handlers_bad_tree_shows_one_sentence_in_status():
+    from app.handlers import RUN_OUTPUTS, Handlers
+
+    h = Handlers(tiny_playground(oracle=False))
+    with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning
+        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, "Medusa greedy"))
+    status = outs[-1][RUN_OUTPUTS.index("status")]
+    assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
+    with pytest.warns(UserWarning, match="Run the three methods first"):
+        replay = list(h.replay(None, "1x"))
+    assert "press Run first" in replay[-1][0]
+
+
+def test_cli_help_lists_the_flags_and_defaults():
+    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--host", "--port", "--model", "--heads", "--device", "--dtype", "--share"):
+        assert flag in out.stdout
+    assert "127.0.0.1" in out.stdout and "7860" in out.stdout

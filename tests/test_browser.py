@@ -1,0 +1,105 @@
+"""The page in a real headless browser (Debian chromium driven by Playwright), on the real default model.
+
+Loads the page, runs an example, waits for the three outputs and the tree plot, checks the greedy
+badge, replays the race and stops it, and saves assets/screenshot.png. Slow: the default model
+(SmolLM2-135M-Instruct) loads from the cache in seconds, or dequantises its GGUF in ~20 s on a cold cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+SCREENSHOT = ROOT / "assets" / "screenshot.png"
+MAX_NEW_TOKENS = int(os.environ.get("BROWSER_TEST_MAX_NEW_TOKENS", "40"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip(f"chromium is not installed ({CHROMIUM} missing; `apt-get install -y chromium`)")
+    from app import build_demo, launch_options
+    from medusa_lib.playground import Playground, load_examples
+
+    heads = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
+    # float32: Medusa greedy must then equal plain greedy exactly (bfloat16, the CPU default where it is native, may flip near-ties)
+    pg = Playground.load(model="default", heads=heads, default_heads=heads, device="cpu", dtype="float32")
+    demo = build_demo(pg, examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=MAX_NEW_TOKENS)
+    port = free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(url):
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                                                       args=FLAGS, viewport={"width": 1400, "height": 1000})
+        pg = browser.new_page()
+        pg.goto(url)
+        pg.wait_for_selector("#run-btn", timeout=60_000)
+        yield pg
+        browser.close()
+
+
+def test_run_an_example_and_inspect_it(page):
+    page.get_by_role("button", name="Explanation").first.click()
+    page.wait_for_function("document.querySelector('#prompt textarea').value.includes('sky is blue')", timeout=30_000)
+    page.click("#run-btn")
+    badge = page.wait_for_selector("#greedy-badge [data-equal='true'], #greedy-badge [data-equal='false']", timeout=540_000)
+    # float32: Medusa greedy == plain greedy, up to an exact tie of the two best logits (the badge then says so)
+    assert badge.get_attribute("data-equal") == "true" or badge.get_attribute("data-tie") == "true", badge.inner_text()
+    for col in ("#out-plain", "#out-greedy", "#out-typical"):
+        assert page.get_attribute(f"{col} .method-col", "data-state") == "done"
+        assert len(page.inner_text(f"{col} .method-text").strip()) > 20
+        assert "tokens/s" in page.inner_text(f"{col} .method-stats")
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .trace", timeout=30_000)
+    page.wait_for_selector("#mask-plot .js-plotly-plot .heatmaplayer, #mask-plot .js-plotly-plot image", timeout=30_000)
+    assert "Medusa typical" in page.inner_text("#summary")
+    assert page.locator("#tree-plot .textpoint").count() >= 3  # node labels: decoded tokens
+    page.wait_for_timeout(1000)  # let plotly finish its transitions
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 50_000
+
+
+def test_race_replay_then_stop(page):
+    page.get_by_label("2x").check()
+    page.click("#replay-btn")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Race replay at 2x')", timeout=30_000)
+    page.click("#stop-btn")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
+    assert page.get_attribute("#out-plain .method-col", "data-state") in ("replay", "done")
+
+
+def test_stop_cancels_a_live_run(page):
+    page.click("#run-btn")
+    page.wait_for_selector("#out-plain .method-col[data-state='running']", timeout=60_000)
+    page.click("#stop-btn")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
+    page.wait_for_timeout(500)
+    texts = [page.inner_text(f"{c} .method-text") for c in ("#out-plain", "#out-greedy", "#out-typical")]
+    page.wait_for_timeout(3000)  # a cancelled run writes nothing more
+    assert [page.inner_text(f"{c} .method-text") for c in ("#out-plain", "#out-greedy", "#out-typical")] == texts
+    assert page.get_attribute("#out-typical .method-col", "data-state") == "waiting"

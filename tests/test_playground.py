@@ -1,0 +1,255 @@
+"""medusa_lib.playground: the event stream, the greedy badge, summary rows, inspector data, escaping.
+
+Everything runs on a tiny random Llama with a tiny word-level tokenizer built here (no network).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VOCAB, OracleHeads, make_model
+
+from medusa_lib import Decoder, DecodeConfig
+from medusa_lib.playground import (
+    LABELS, SUMMARY_COLUMNS, Detokenizer, Piece, Playground, RunRecord, Settings, greedy_check,
+    load_examples, mask_data, path_rows, summary_rows, threshold_curve, tree_layout, tree_nodes, untrained_heads, visible_steps,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "w10 w11 w12 w13"
+TRICKY = ["<script>", "</script>", "a&b", '"quote"', "<br>", "\u00e9t\u00e9"]  # tokens the page must show as text
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer whose 320 ids match the tiny models (ids 0-2: pad, bos, eos), with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", *TRICKY]
+    words += [f"w{i}" for i in range(VOCAB - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1 {% endif %}"
+    return fast
+
+
+def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playground:
+    """Tiny Llama + tiny tokenizer + heads rigged to guess the model's own greedy continuation (so
+    multi-token steps happen), or untrained identity heads."""
+    torch.manual_seed(0)
+    model = make_model("llama")
+    model.generation_config.eos_token_id = None  # random models hit EOS at random; runs go to the length limit
+    model.config.eos_token_id = None
+    tok = tiny_tokenizer()
+    if oracle:
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        out = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=max_new_tokens + 8)).run(ids).tokens
+        heads = OracleHeads(model, ids + out)
+    else:
+        heads = untrained_heads(model)
+    return Playground(model, tok, heads, heads_note="test heads")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    return tiny_playground()
+
+
+@pytest.fixture(scope="module")
+def events(pg):
+    return list(pg.stream(PROMPT, Settings(max_new_tokens=20, tree="topk-3x2x1", temperature=0.7)))
+
+
+def records_of(events) -> dict[str, RunRecord]:
+    return {e.method: e.record for e in events if e.kind == "end"}
+
+
+def test_event_stream_runs_three_methods_in_order(events):
+    kinds = [(e.method, e.kind) for e in events]
+    order = [m for m, k in kinds if k == "start"]
+    assert order == ["plain", "medusa-greedy", "medusa-typical"]
+    for m in order:  # start, steps, end, and nothing of another method in between
+        block = [k for mm, k in kinds if mm == m]
+        assert block[0] == "start" and block[-1] == "end" and set(block[1:-1]) == {"step"}
+        first, last = kinds.index((m, "start")), kinds.index((m, "end"))
+        assert all(mm == m for mm, _ in kinds[first : last + 1])
+    for e in events:
+        views = e.record.views
+        assert [v.step.index for v in views] == list(range(len(views)))  # step 0 = prefill
+        assert all(a.elapsed <= b.elapsed for a, b in zip(views, views[1:]))  # cumulative time
+        if e.kind == "step":
+            assert e.view is views[-1]
+
+
+def test_three_outputs_and_greedy_equality(events):
+    recs = records_of(events)
+    assert set(recs) == {"plain", "medusa-greedy", "medusa-typical"}
+    for r in recs.values():
+        assert r.done and len(r.tokens) == 20 and r.result.finish_reason == "length"
+        assert r.text.strip()
+    assert recs["medusa-greedy"].tokens == recs["plain"].tokens
+    assert recs["medusa-greedy"].text == recs["plain"].text
+    assert greedy_check(recs["plain"].tokens, recs["medusa-greedy"].tokens).equal
+    # the oracle heads get guesses accepted: fewer steps than tokens
+    assert recs["medusa-greedy"].result.tokens_per_step > 1.5
+    assert recs["plain"].result.tokens_per_step == 1.0
+
+
+def test_pieces_mark_head_tokens_and_base_tokens(events):
+    recs = records_of(events)
+    assert {p.origin for p in recs["plain"].pieces} == {"base"}
+    for v in recs["medusa-greedy"].views[1:]:
+        origins = [p.origin for p in v.pieces]
+        assert origins == ["head"] * v.step.accept_length + ["base"] * (len(v.step.tokens) - v.step.accept_length)
+        assert all(p.step == v.step.index for p in v.pieces)
+    assert any(p.origin == "head" for p in recs["medusa-greedy"].pieces)
+
+
+def test_detokenizer_pieces_join_to_the_full_text(pg, events):
+    for r in records_of(events).values():
+        assert "".join(p.text for p in r.pieces) == pg.tokenizer.decode(r.tokens, skip_special_tokens=True)
+    d = Detokenizer(pg.tokenizer)
+    assert [d.push(i) for i in pg.tokenizer.convert_tokens_to_ids(["<script>", "a&b", "</s>"])] == ["<script>", " a&b", ""]
+
+
+@pytest.mark.parametrize(
+    "plain, medusa, equal, first",
+    [([1, 2, 3], [1, 2, 3], True, None), ([1, 2, 3], [1, 5, 3], False, 1), ([7, 2], [1, 2], False, 0),
+     ([1, 2, 3], [1, 2], False, 2), ([1, 2], [1, 2, 3, 4], False, 2), ([], [], True, None)],
+)
+def test_greedy_check(plain, medusa, equal, first):
+    c = greedy_check(plain, medusa)
+    assert (c.equal, c.first_diff) == (equal, first)
+    assert ("identical" in c.message) == equal
+    if not equal:
+        assert f"token {first}" in c.message
+
+
+def test_greedy_check_explains_a_difference_with_the_logit_gap(pg, events):
+    plain = records_of(events)["plain"]
+    assert pg.greedy_check(plain, records_of(events)["medusa-greedy"]).equal
+    v = plain.views[5]  # a medusa record whose 6th token differs (token ids are what the check compares)
+    fake = replace(plain, views=plain.views[:5] + (replace(v, pieces=(replace(v.pieces[0], token_id=v.pieces[0].token_id + 1),)),) + plain.views[6:])
+    check = pg.greedy_check(plain, fake)
+    with torch.inference_mode():
+        top = pg.model(torch.tensor([list(plain.prompt_ids) + plain.tokens[:5]])).logits[0, -1].topk(2).values
+    assert check.first_diff == 5 and check.logit_gap == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert check.tie == (check.logit_gap <= 1e-3) and "two best logits differ by" in check.message
+    tie = replace(check, logit_gap=0.0, tie=True)
+    assert tie.message.endswith("a floating-point tie, not a bug.")
+    from app.render import badge_html
+
+    assert 'data-tie="true"' in badge_html(tie) and "badge-tie" in badge_html(tie) and 'data-tie="false"' in badge_html(replace(tie, tie=False))
+
+
+def test_summary_rows(events):
+    recs = records_of(events)
+    rows = summary_rows(recs)
+    assert [r["method"] for r in rows] == [LABELS[m] for m in ("plain", "medusa-greedy", "medusa-typical")]
+    assert all(list(r) == SUMMARY_COLUMNS for r in rows)
+    assert rows[0]["speedup"] == 1.0 and rows[0]["tokens/step"] == 1.0
+    assert rows[1]["steps"] == recs["medusa-greedy"].result.decode_steps
+    assert all(r["wall (s)"] >= r["prefill (s)"] > 0 for r in rows)
+    assert summary_rows({"medusa-greedy": recs["medusa-greedy"]})[0]["speedup"] is None
+
+
+def test_inspector_data(pg, events):
+    rec = records_of(events)["medusa-greedy"]
+    v = max(rec.views[1:], key=lambda v: v.step.accept_length)
+    tree = v.step.tree
+    nodes = tree_nodes(v, pg.tokenizer)
+    assert len(nodes) == tree.num_nodes + 1 and nodes[-1]["kind"] == "bonus"  # + the bonus token
+    assert [n["node"] for n in nodes if n["accepted"] and n["kind"] != "bonus"] == list(v.step.accepted_nodes)
+    assert nodes[-1]["token_id"] == v.step.tokens[v.step.accept_length]
+    z, cols, rows = mask_data(v, pg.tokenizer)
+    assert len(z) == len(rows) == tree.num_nodes and len(cols) == tree.num_nodes + 1
+    assert cols[0].startswith(f"prefix ({v.prefix_len} ") and all(row[0] == 1 for row in z)
+    assert len(set(rows)) == len(rows)  # unique labels (plotly merges equal category names)
+    assert [[int(x > 0) for x in row[1:]] for row in z] == tree.attn_mask.tolist()
+    acc = v.step.accepted_nodes
+    assert all(z[i][j + 1] == 2 for i in acc for j in acc if j <= i)
+    table = path_rows(rec, pg.tokenizer)
+    assert len(table) == len(rec.views) - 1 and table[0]["step"] == 1
+    assert max(r["accept length"] for r in table) == v.step.accept_length
+    # prefix = prompt + tokens committed before the step - the root (which is not in the cache yet)
+    assert v.prefix_len == rec.prompt_len + sum(len(w.step.tokens) for w in rec.views[: v.step.index]) - 1
+
+
+def test_tree_layout_centres_parents():
+    y = tree_layout([-1, 0, 0, 1, 1, 2])  # root -> (1 -> 3, 4), (2 -> 5)
+    assert y[3:] == [0.0, 1.0, 2.0] and y[1] == 0.5 and y[2] == 2.0 and y[0] == 1.25
+
+
+def test_visible_steps_and_threshold_curve(events):
+    rec = records_of(events)["plain"]
+    assert visible_steps(rec, -1.0) == 0 and visible_steps(rec, rec.elapsed) == len(rec.views)
+    assert visible_steps(rec, rec.views[2].elapsed) == 3
+    h, thr = threshold_curve(epsilon=0.09, delta=0.3, vocab_size=VOCAB)
+    assert h[0] == 0 and math.isclose(h[-1], math.log(VOCAB)) and thr[0] == pytest.approx(0.09)
+    assert all(a >= b for a, b in zip(thr, thr[1:])) and thr[-1] == pytest.approx(0.3 / VOCAB)
+
+
+@pytest.mark.parametrize(
+    "prompt, settings, words",
+    [("", Settings(), "prompt is empty"), ("   ", Settings(), "prompt is empty"),
+     (PROMPT, Settings(custom_tree="[[0], [0, 0"), "not valid JSON"),
+     (PROMPT, Settings(custom_tree="[[0], [0, 0, 0, 0, 0]]"), "no parent"),
+     (PROMPT, Settings(custom_tree="[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
+     (PROMPT, Settings(tree="no-such-tree"), "Unknown tree preset"), (PROMPT, Settings(max_new_tokens=0), "Max new tokens"),
+     (PROMPT, Settings(max_new_tokens=10**6), "Max new tokens"), (PROMPT, Settings(temperature=-1), "Temperature"),
+     (PROMPT, Settings(epsilon=1.5), "Epsilon"), (PROMPT, Settings(delta=float("nan")), "Delta"),
+     (PROMPT, Settings(max_new_tokens=2.5), "whole number"), (" ".join(["w9"] * 600), Settings(), "shorten the prompt")],
+)
+def test_bad_input_gets_one_clear_sentence_before_anything_runs(pg, prompt, settings, words):
+    with pytest.raises(ValueError) as err:
+        next(pg.stream(prompt, settings))
+    msg = str(err.value)
+    assert words in msg and msg.count(". ") == 0 and msg.endswith(".")
+
+
+def test_custom_tree_and_compare_dict(pg):
+    out = pg.compare(PROMPT, Settings(max_new_tokens=8, custom_tree="[[0], [0, 0], [1]]"))
+    json.dumps(out)  # JSON-able
+    assert out["tree"] == "custom" and set(out["methods"]) == {"plain", "medusa-greedy", "medusa-typical"}
+    assert out["greedy_match"]["equal"] is True and [r["method"] for r in out["summary"]] == list(LABELS.values())
+    assert all(m["tokens"] == 8 and m["text"] for m in out["methods"].values())
+
+
+def test_untrained_heads_and_calibrated_tree_presets():
+    pg = tiny_playground(oracle=False)
+    out = pg.compare(PROMPT, Settings(max_new_tokens=6, chat_template=False))
+    assert out["greedy_match"]["equal"]
+    assert pg.heads.num_heads == 4 and pg.default_tree_name() == "topk-4x3x2-16"
+    heads = untrained_heads(pg.model, num_heads=2)  # too shallow for the 3-level default: a chain as deep as the heads
+    assert Playground(pg.model, pg.tokenizer, heads).default_tree_name() == "chain-2"
+    heads.tree_presets, heads.default_tree = {"calibrated-3": [[0], [0, 0], [1]]}, "calibrated-3"  # what load_heads sets from trees.json
+    pg2 = Playground(pg.model, pg.tokenizer, heads)
+    assert pg2.default_tree_name() == "calibrated-3" == pg2.tree_names()[0]
+    assert pg2.resolve_tree(Settings(tree="calibrated-3")).num_nodes == 4
+    with pytest.raises(ValueError, match="3 levels deep but the heads only predict 2"):
+        pg2.resolve_tree(Settings(tree="chain-3"))
+
+
+def test_html_rendering_escapes_generated_text():
+    from app.render import badge_html, column_html, tokens_html
+
+    pieces = [Piece(4, "<script>alert(1)</script>", "base", 0), Piece(6, " a&b", "head", 1), Piece(7, '"x"', "base", 1)]
+    out = tokens_html(pieces)
+    assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out and "a&amp;b" in out
+    assert out.count('class="tok head h1"') == 1 and out.count('class="tok base"') == 2
+    rec = RunRecord("plain", (1, 2, 3))
+    assert "<script>" not in column_html("plain", rec, pieces=pieces)
+    assert 'data-equal="true"' in badge_html(greedy_check([1], [1])) and 'data-first-diff="0"' in badge_html(greedy_check([1], [2]))
+
+
+def test_example_prompts_file():
+    examples = load_examples(ROOT / "assets" / "examples.json")
+    assert len(examples) >= 6 and all(e["prompt"].strip() and e.get("label") for e in examples)
+    assert load_examples(ROOT / "no-such-file.json") == []
