@@ -210,7 +210,8 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_cache) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    warmup = max(1, min(50, total_steps // 10))  # linear warm-up, then cosine decay to 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     state_path = out / "train_state.pt"
     step, best, bad, history = 0, float("inf"), 0, []
     if state_path.exists():  # resume
@@ -229,6 +230,7 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
             perm = torch.randperm(len(train_cache), generator=torch.Generator().manual_seed(cfg.seed + epoch))
         idx = perm[within * cfg.batch_size : (within + 1) * cfg.batch_size]
         loss, _, _ = trainer.loss(train_cache, idx, train=True)
+        loss_value = loss.detach()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -237,7 +239,7 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
         step += 1
         if step % 20 == 0:
             el = time.perf_counter() - t0
-            log(f"step {step}/{total_steps} epoch {epoch + 1} loss {float(loss):.4f} lr {sched.get_last_lr()[0]:.2e} {el / 60:.1f} min")
+            log(f"step {step}/{total_steps} epoch {epoch + 1} loss {loss_value.item():.4f} lr {sched.get_last_lr()[0]:.2e} {el / 60:.1f} min")
         if step % cfg.eval_every == 0 or step == total_steps:
             ev = trainer.evaluate(heldout_cache)
             ev.update(step=step, minutes=(time.perf_counter() - t0) / 60)
