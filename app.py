@@ -3,6 +3,9 @@
     python app.py                       # http://127.0.0.1:7860, SmolLM2-135M-Instruct + the embedded heads
     python app.py --device cuda --heads path/to/heads --host 0.0.0.0
 
+The server offers only the model and heads it was started with: neither the page nor the API can
+load another. Model code from the Hub runs only with --trust-remote-code.
+
 Every flag has an environment override (a Hugging Face Space sets them in its settings).
 Paper: Cai et al., "Medusa", ICML 2024, arXiv 2401.10774.
 """
@@ -23,6 +26,8 @@ HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
 DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
 SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
+TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
+MAX_PROMPT_CHARS = int(os.environ.get("MEDUSA_MAX_PROMPT_CHARS", "32000"))  # longer prompts are refused before tokenising
 MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value
 MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
 EXAMPLES = ROOT / "assets" / "examples.json"
@@ -37,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
     ap.add_argument("--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)")
+    ap.add_argument("--trust-remote-code", action="store_true", default=TRUST_REMOTE_CODE,
+                    help="let a Hub model run its own Python code (off by default; only for models you trust)")
     return ap.parse_args(argv)
 
 
@@ -47,14 +54,18 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
-                             progress=print, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT)
+                             trust_remote_code=args.trust_remote_code, progress=print, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
+                             max_prompt_chars=MAX_PROMPT_CHARS)
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
     demo = build_demo(pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS)
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
+    try:
+        demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
+    except OSError as e:  # port taken, unknown host ...
+        sys.exit(f"error: cannot serve on {args.host}:{args.port} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host.")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ Each handler yields tuples in the order of its *_OUTPUTS list; gr.skip() leaves 
 
 from __future__ import annotations
 
+import html
+import json
 import time
 from typing import Any, Callable, Iterator
 
 import gradio as gr
 import pandas as pd
+import torch
 
 from medusa_lib.decoding import METHODS
 from medusa_lib.playground import (
@@ -37,6 +40,12 @@ INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
 INSPECT_CHOICES = [LABELS["medusa-greedy"], LABELS["medusa-typical"]]
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
+OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
+
+
+def cannot_run(e: BaseException) -> str:
+    """The one sentence a bad input (a ValueError from medusa_lib) or an out-of-memory run gets."""
+    return OUT_OF_MEMORY if isinstance(e, torch.OutOfMemoryError) else str(e)
 
 
 def pack(names: list[str], **values: Any) -> tuple:
@@ -69,6 +78,8 @@ class Handlers:
     # ---------------------------------------------------------------- settings
     def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template) -> Settings:
         as_int = int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) and float(max_new_tokens).is_integer() else max_new_tokens
+        if isinstance(custom_tree, list):  # an API caller may send the paths themselves
+            custom_tree = json.dumps(custom_tree)
         return Settings(max_new_tokens=as_int, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree or self.pg.default_tree_name(),
                         custom_tree=custom_tree or "", chat_template=bool(chat_template))
 
@@ -124,9 +135,12 @@ class Handlers:
                 if ev.kind == "end" and ev.method == method_of(insp_label):
                     upd.update(self.inspector_update(records, insp_label))
                 yield out(**upd)
-        except ValueError as e:  # TreeError, DecodeError, PlaygroundError ...: one sentence, the server keeps serving
-            gr.Warning(str(e))
-            yield out(status=f"**Cannot run:** {e}")
+        except (ValueError, torch.OutOfMemoryError) as e:  # TreeError, DecodeError, PlaygroundError ...: one sentence, the server keeps serving
+            msg = cannot_run(e)
+            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            gr.Warning(msg)
+            yield out(status=f"**Cannot run:** {html.escape(msg, quote=False)}")
             return
         check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])
         yield out(
@@ -164,5 +178,7 @@ class Handlers:
     def compare(self, prompt: str, settings: Settings) -> dict:
         try:
             return self.pg.compare(prompt, settings)
-        except ValueError as e:
-            raise gr.Error(str(e), print_exception=False) from None
+        except (ValueError, torch.OutOfMemoryError) as e:  # one sentence to the caller; the server keeps serving
+            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise gr.Error(cannot_run(e), print_exception=False) from None

