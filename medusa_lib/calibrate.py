@@ -26,7 +26,7 @@ from .decoding import DecodeConfig, Decoder
 from .distill import chat_prompt_ids, generate_answers, load_jsonl
 from .heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from .model import body_and_lm_head, load_model
-from .tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices
+from .tree import TOPK, build_tree, greedy_choices
 
 SIZES = (4, 8, 16, 32, 64)
 

@@ -7,8 +7,8 @@ yields an :class:`Event` after every step, carrying the run so far as an immutab
 :class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache.
 
 Pure helpers turn records into what the page shows: the greedy-equality check, the summary
-rows, the race-replay clock, the typical-acceptance threshold curve, and the step inspector's
-tree / attention-mask / accepted-path data. The Gradio layer (``app/``) only renders these.
+rows, the race-replay clock and the typical-acceptance threshold curve; the step inspector's
+data lives in ``inspector.py``. The Gradio layer (``app/``) only renders these.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .decoding import METHODS, DecodeConfig, Decoder, DecodeError, RunResult, St
 from .distill import chat_prompt_ids
 from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
 from .model import load_model
+from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
 from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
@@ -257,84 +258,6 @@ def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: in
     """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]."""
     h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
     return h, np.minimum(epsilon, delta * np.exp(-h))
-
-
-# ---------------------------------------------------------------------- step inspector data
-def token_label(tokenizer, token_id: int) -> str:
-    """A token as a short visible label: spaces, newlines and tabs made visible."""
-    text = tokenizer.decode([int(token_id)], skip_special_tokens=False)
-    text = text.replace(" ", "\u2423").replace("\n", "\u23ce").replace("\t", "\u21e5")
-    return text if text.strip() else f"#{token_id}"
-
-
-def tree_layout(parents: Sequence[int]) -> list[float]:
-    """Vertical position of each node: leaves in depth-first order, a parent centred on its children."""
-    children: list[list[int]] = [[] for _ in parents]
-    for j, p in enumerate(parents):
-        if p >= 0:
-            children[p].append(j)
-    y, leaves = [0.0] * len(parents), [0]
-
-    def place(j: int) -> None:
-        if not children[j]:
-            y[j], leaves[0] = float(leaves[0]), leaves[0] + 1
-            return
-        for c in children[j]:
-            place(c)
-        y[j] = sum(y[c] for c in children[j]) / len(children[j])
-
-    place(0)
-    return y
-
-
-def tree_nodes(view: StepView, tokenizer) -> list[dict]:
-    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?),
-    plus the bonus token (the base model's own next token after the accepted path) if it was kept."""
-    step = view.step
-    if step.tree is None:
-        return []
-    tree, ids, accepted = step.tree, step.tree_token_ids, set(step.accepted_nodes)
-    y = tree_layout(tree.parents)
-    nodes = [
-        {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
-         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if j else None, "accepted": j in accepted, "kind": "root" if j == 0 else "candidate"}
-        for j in range(tree.num_nodes)
-    ]
-    if len(step.tokens) > step.accept_length and step.accepted_nodes:
-        last = step.accepted_nodes[-1]
-        bonus = step.tokens[step.accept_length]
-        nodes.append({"node": tree.num_nodes, "depth": nodes[last]["depth"] + 0.5, "y": y[last], "parent": last, "token_id": bonus,  # between columns
-                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus"})
-    return nodes
-
-
-def mask_data(view: StepView, tokenizer) -> tuple[list[list[int]], list[str], list[str]]:
-    """The step's tree attention mask with the KV-cache prefix as one block column in front.
-
-    z[i][j]: 0 = hidden, 1 = visible, 2 = visible and both nodes on the accepted path.
-    Returns (z, column labels, row labels); labels are "node:token", unique per node."""
-    step = view.step
-    if step.tree is None:
-        return [], [], []
-    mask, ids, acc = step.tree.attn_mask.tolist(), step.tree_token_ids, set(step.accepted_nodes)
-    labels = [f"{j}:{token_label(tokenizer, t)}" for j, t in enumerate(ids)]
-    z = [[1] + [(2 if i in acc and j in acc else 1) if mask[i][j] else 0 for j in range(len(ids))] for i in range(len(ids))]
-    return z, [f"prefix ({view.prefix_len} tokens)"] + labels, labels
-
-
-PATH_COLUMNS = ["step", "root token", "accepted tokens", "accept length", "tokens", "verify (ms)"]
-
-
-def path_rows(record: RunRecord, tokenizer) -> list[dict]:
-    """The accepted-path table: one row per Medusa decode step."""
-    rows = []
-    for v in record.views[1:]:
-        s = v.step
-        ids = s.tree_token_ids
-        rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
-                     "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
-                     "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
-    return rows
 
 
 def load_examples(path: str | Path) -> list[dict]:
