@@ -82,6 +82,7 @@ def test_worked_example_from_medusa_md():
     assert t.parents == (-1, 0, 0, 1, 1, 1, 2, 2, 2)
 
 
+@pytest.mark.skipif(not REFERENCE_PRESETS.exists(), reason="the project's shared/reference folder is not beside this checkout")
 def test_shipped_presets_are_the_reference_file():
     assert json.loads(PRESETS_FILE.read_text()) == json.loads(REFERENCE_PRESETS.read_text())
 
