@@ -138,12 +138,15 @@ class Trainer:
         self.model, self.heads, self.cfg = model, heads, cfg
         _, lm_head = body_and_lm_head(model)
         self.lm_head = lm_head
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # heads train on the GPU when there is one
+        heads.to(self.device)
         w = lm_head.weight.detach().float().cpu()
-        self.proj = w if heads.proposal_ids is None else w[heads.proposal_ids]  # [V', d] frozen, shared
+        self.proj = (w if heads.proposal_ids is None else w[heads.proposal_ids.cpu()]).to(self.device)  # [V', d] frozen, shared
         # Column of each vocabulary id in the proposal set (-1 if outside it).
         self.column = torch.full((w.shape[0],), -1, dtype=torch.long)
         ids = torch.arange(w.shape[0]) if heads.proposal_ids is None else heads.proposal_ids
-        self.column[ids] = torch.arange(ids.numel())
+        self.column[ids.cpu()] = torch.arange(ids.numel())
+        self.column = self.column.to(self.device)
         self.amp = dtype
 
     def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
@@ -155,13 +158,14 @@ class Trainer:
         """Weighted loss over heads, and per-head top-1 / top-5 hit counts (with the valid counts)."""
         cfg, K = self.cfg, self.heads.num_heads
         own = not self.heads.config.shared_lm_head
-        h = cache.hidden[idx].float()
-        total = torch.zeros(())
+        dev = self.device
+        h = cache.hidden[idx].to(dev).float()
+        total = torch.zeros((), device=dev)
         hits = torch.zeros(K, 3)
-        with torch.autocast("cpu", dtype=self.amp, enabled=self.amp != torch.float32):
+        with torch.autocast(dev.type, dtype=self.amp, enabled=self.amp != torch.float32):
             z = self.heads.hidden(h)  # [B, K, d]
             for k in range(K):
-                target = cache.next_ids[idx, k]
+                target = cache.next_ids[idx, k].to(dev)
                 col = torch.where(target >= 0, self.column[target.clamp(min=0)], torch.full_like(target, -1))
                 valid = target >= 0
                 if not valid.any():
@@ -174,15 +178,15 @@ class Trainer:
                 if cfg.soft_weight > 0:
                     # Base distribution at t+k (predicts x_{t+k+1}) restricted to the proposal set.
                     with torch.no_grad():
-                        teacher = F.softmax((cache.hidden[idx[valid] + k + 1].float() @ self.proj.T).float(), -1)
+                        teacher = F.softmax((cache.hidden[idx[valid.cpu()] + k + 1].to(dev).float() @ self.proj.T).float(), -1)
                     loss_k = loss_k + cfg.soft_weight * -(teacher * logq).sum(-1).mean()
                 total = total + DECAY ** (k + 1) * loss_k
                 with torch.no_grad():
                     top5 = logits.topk(5, -1).indices
                     c = col[valid]
-                    hits[k, 0] += (top5[:, 0] == c).sum()
-                    hits[k, 1] += (top5 == c[:, None]).any(-1).sum()
-                    hits[k, 2] += valid.sum()
+                    hits[k, 0] += (top5[:, 0] == c).sum().item()
+                    hits[k, 1] += (top5 == c[:, None]).any(-1).sum().item()
+                    hits[k, 2] += valid.sum().item()
         return total, hits, torch.tensor(len(idx))
 
     @torch.no_grad()
@@ -204,7 +208,7 @@ class Trainer:
 def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, log=print, max_minutes: float | None = None) -> dict:
     """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``)."""
     torch.manual_seed(cfg.seed)
-    amp = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    amp = torch.bfloat16 if (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or cpu_has_native_bf16() else torch.float32
     trainer = Trainer(model, heads, cfg, dtype=amp)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
