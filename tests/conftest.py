@@ -85,6 +85,15 @@ class OracleHeads(MedusaHeads):
         return out
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for an in-process server."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def llama():
     return make_model("llama")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-component-update", "--disable-sync"]
 SCREENSHOT = ROOT / "assets" / "screenshot.png"
 MAX_NEW_TOKENS = int(os.environ.get("BROWSER_TEST_MAX_NEW_TOKENS", "40"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model, random_heads
-from test_app import free_port
+from conftest import free_port
 from test_playground import PROMPT, tiny_playground, tiny_tokenizer
 
 from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untrained_heads
