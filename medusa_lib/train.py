@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="runs/train", help="answers, hidden-state caches, resume state")
     ap.add_argument("--train-prompts", default="assets/data/train_prompts.jsonl")
     ap.add_argument("--heldout-prompts", default="assets/data/heldout_prompts.jsonl")
-    ap.add_argument("--train-answers", default=None, help="answers JSONL(.gz) (default: generate into --work)")
-    ap.add_argument("--heldout-answers", default=None)
+    ap.add_argument("--train-answers", nargs="+", default=None, help="answers JSONL(.gz) files (default: generate into --work)")
+    ap.add_argument("--heldout-answers", nargs="+", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
     for f, v in asdict(TrainConfig()).items():
@@ -287,17 +287,17 @@ def main(argv: list[str] | None = None) -> None:
 
     answers = {}
     for split, prompts, given in (("train", args.train_prompts, args.train_answers), ("heldout", args.heldout_prompts, args.heldout_answers)):
-        path = Path(given) if given else work / f"{split}_answers.jsonl"
+        paths = [Path(g) for g in given] if given else [work / f"{split}_answers.jsonl"]
         if not given:
-            distill_main(["--prompts", prompts, "--out", str(path), "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)])
-        answers[split] = load_jsonl(path)
+            distill_main(["--prompts", prompts, "--out", str(paths[0]), "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)])
+        answers[split] = [r for p in paths for r in load_jsonl(p)]
         print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
 
     model, tok = load_model(args.model, dtype="auto", progress=print)
     model.requires_grad_(False)
     caches = {}
     for split in ("train", "heldout"):
-        p = work / f"{split}_hidden.pt"
+        p = work / f"{split}_hidden_{len(answers[split])}x{cfg.num_heads}.pt"  # rebuilt when the data or K change
         if p.exists():
             caches[split] = HiddenCache.load(p)
         else:
