@@ -93,6 +93,7 @@ def check_supported(model: nn.Module) -> ModelInfo:
     limit = min(max_pos, int(window)) if uses_window else max_pos
     info = ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=_eos_ids(model))
     _check_lm_head_is_the_output(model)
+    model._medusa_model_info = info  # decoders reuse it instead of checking again
     return info
 
 

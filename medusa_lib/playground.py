@@ -439,7 +439,7 @@ class Playground:
 
 
 __all__ = [
-    "DEFAULT_TREE", "LABELS", "MAX_PROMPT_CHARS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "DEFAULT_TREE", "LABELS", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
     "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
     "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untrained_heads", "visible_steps",
     "DecodeError", "HeadsError", "TreeError",

@@ -69,19 +69,19 @@ class HiddenCache:
         hiddens, nexts, ends = [], [], []
         offset = 0
         order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
-        batch: list[list[int]] = []
+        batch: list[tuple[list[int], int]] = []  # (prompt + answer, index of the last prompt token)
         t0 = time.perf_counter()
 
         def flush():
             nonlocal offset
-            width = max(len(s) for s in batch)
+            width = max(len(s) for s, _ in batch)
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             att = torch.zeros(len(batch), width, dtype=torch.long)
-            for i, s in enumerate(batch):
+            for i, (s, _) in enumerate(batch):
                 ids[i, : len(s)] = torch.tensor(s)
                 att[i, : len(s)] = 1
             h = body(input_ids=ids.to(device), attention_mask=att.to(device)).last_hidden_state.float().cpu()
-            for i, (s, start) in enumerate(batch_starts):
+            for i, (s, start) in enumerate(batch):
                 # positions from the last prompt token (it predicts the first answer token) on
                 pos = torch.arange(start, len(s))
                 hiddens.append(h[i, pos].to(torch.bfloat16))
@@ -90,14 +90,11 @@ class HiddenCache:
                 ends.append(torch.full((len(pos),), offset + len(pos), dtype=torch.long))
                 offset += len(pos)
             batch.clear()
-            batch_starts.clear()
 
-        batch_starts: list[tuple[list[int], int]] = []
         for i in order:
             r = records[i]
             seq = list(r["prompt_ids"]) + list(r["answer_ids"])
-            batch.append(seq)
-            batch_starts.append((seq, len(r["prompt_ids"]) - 1))
+            batch.append((seq, len(r["prompt_ids"]) - 1))
             if len(batch) * len(seq) >= batch_tokens:
                 flush()
         if batch:
@@ -154,7 +151,7 @@ class Trainer:
             return self.heads.heads[k][-1](z)
         return z @ self.proj.T.to(z.dtype)
 
-    def loss(self, cache: HiddenCache, idx: torch.Tensor, *, train: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def loss(self, cache: HiddenCache, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Weighted loss over heads, and per-head top-1 / top-5 hit counts (with the valid counts)."""
         cfg, K = self.cfg, self.heads.num_heads
         own = not self.heads.config.shared_lm_head
@@ -195,7 +192,7 @@ class Trainer:
         loss_sum, n, hits = 0.0, 0, torch.zeros(self.heads.num_heads, 3)
         for i in range(0, len(cache), batch_size):
             idx = torch.arange(i, min(i + batch_size, len(cache)))
-            loss, h, b = self.loss(cache, idx, train=False)
+            loss, h, b = self.loss(cache, idx)
             loss_sum += float(loss) * int(b)
             n += int(b)
             hits += h
@@ -233,7 +230,7 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
         if within == 0:
             perm = torch.randperm(len(train_cache), generator=torch.Generator().manual_seed(cfg.seed + epoch))
         idx = perm[within * cfg.batch_size : (within + 1) * cfg.batch_size]
-        loss, _, _ = trainer.loss(train_cache, idx, train=True)
+        loss, _, _ = trainer.loss(train_cache, idx)
         loss_value = loss.detach()
         opt.zero_grad(set_to_none=True)
         loss.backward()
