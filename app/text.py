@@ -32,8 +32,8 @@ entropy of the base model's prediction: when the model is unsure (large H) more 
 differ; it is usually as fluent and accepts more tokens per step.
 
 **Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a
-one-token step: on this project's CPU about 1.3x in bfloat16 and 1.7x in float32 for the default 9-token
-tree, almost nothing more on a GPU. Medusa wins when the heads are accurate enough that the extra tokens
+one-token step: on this project's CPU about 1.1x in bfloat16 and 1.5x in float32 for the default 6-token
+tree, and more for bigger trees. Medusa wins when the heads are accurate enough that the extra tokens
 per step outweigh the extra cost per step (the embedded heads make about 1.6 tokens per step). With
 *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.
 """

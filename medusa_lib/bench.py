@@ -1,6 +1,7 @@
 """Benchmark: Medusa against what a user would pick instead, on one model and one device.
 
     python -m medusa_lib.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
+    python -m medusa_lib.bench --forward-costs [--no-prepack]   # what a forward of L tokens costs
 
 Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-generate       ``model.generate(do_sample=False)``: what most users run
@@ -29,7 +30,7 @@ import torch
 from .decoding import DecodeConfig, Decoder, _sync
 from .distill import chat_prompt_ids, load_jsonl
 from .heads import load_heads
-from .model import load_model
+from .model import PackedLinear, load_model
 from .tree import get_tree
 
 ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail")
@@ -88,6 +89,50 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
     }
 
 
+@torch.inference_mode()
+def forward_costs(model, *, sizes=(1, 2, 5, 9, 17, 33), prefix: int = 256, repeats: int = 20) -> list[dict]:
+    """Median ms of one body forward of L new tokens after a cached prefix (causal 4D float mask,
+    explicit positions, as in a tree step) and of the lm_head over those L rows."""
+    from .decoding import new_cache
+    from .model import body_and_lm_head
+
+    body, lm_head = body_and_lm_head(model)
+    device = model.get_input_embeddings().weight.device
+    dtype = next(model.parameters()).dtype
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (1, prefix), generator=g).to(device)
+    rows = []
+    for L in sizes:
+        causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
+        mask = torch.cat([torch.zeros(L, prefix, dtype=dtype), causal], dim=1)[None, None].to(device)
+        new = torch.randint(3, vocab, (1, L), generator=g).to(device)
+        pos = torch.arange(prefix, prefix + L, device=device)[None]
+        body_ms, head_ms = [], []
+        for rep in range(repeats + 2):  # the first two are warm-up
+            cache = new_cache()
+            body(input_ids=ids, past_key_values=cache, use_cache=True)
+            t0 = _sync(device)
+            h = body(input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state[0]
+            t1 = _sync(device)
+            lm_head(h)
+            t2 = _sync(device)
+            if rep >= 2:
+                body_ms.append(1000 * (t1 - t0))
+                head_ms.append(1000 * (t2 - t1))
+        rows.append({"tokens": L, "body_ms": statistics.median(body_ms), "lm_head_ms": statistics.median(head_ms)})
+    base = rows[0]["body_ms"] + rows[0]["lm_head_ms"]
+    for r in rows:
+        r["vs_one_token"] = (r["body_ms"] + r["lm_head_ms"]) / base
+    return rows
+
+
+def format_forward_costs(rows: list[dict]) -> str:
+    lines = [f"{'tokens':>7}{'body ms':>10}{'lm_head ms':>12}{'vs 1 token':>12}"]
+    lines += [f"{r['tokens']:>7}{r['body_ms']:>10.1f}{r['lm_head_ms']:>12.1f}{r['vs_one_token']:>11.2f}x" for r in rows]
+    return "\n".join(lines)
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -110,7 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
     ap.add_argument("--temperature", type=float, default=0.7, help="temperature of medusa-typical")
     ap.add_argument("--no-chat-template", action="store_true")
+    ap.add_argument("--no-prepack", action="store_true", help="keep stock nn.Linear weights on CPU (every method; to measure what pre-packing gives)")
     ap.add_argument("--json", default=None, help="write all records to this JSON file")
+    ap.add_argument("--forward-costs", action="store_true", help="only time one forward of 1..33 tokens after a 256-token prefix (what a tree step costs), then stop")
     args = ap.parse_args(argv)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -129,7 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.limit:
         prompts = prompts[: args.limit]
 
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, flush=True))
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, prepack=not args.no_prepack, progress=lambda m: print(m, flush=True))
+    prepacked = any(isinstance(m, PackedLinear) for m in model.modules())
+    if args.forward_costs:
+        print(f"model {args.model} | {next(model.parameters()).dtype} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()}")
+        print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
+        return
     dtype = next(model.parameters()).dtype
     device = model.get_input_embeddings().weight.device
     eos = model.generation_config.eos_token_id
@@ -153,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         return run_ours(decoders[method], ids)
 
     encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
-    print(f"model {args.model} | {dtype} | {device} | torch threads {torch.get_num_threads()} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
+    print(f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
     for m in methods:  # warm-up: every code path once
         run(m, encoded[0][1][:32])
 
@@ -176,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods))
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "records": records}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "records": records}
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
 

@@ -154,10 +154,16 @@ def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(tree.attn_mask == 0, torch.finfo(dtype).min)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
+    float32, ties still go to the first index) and on CPU ~3x faster than a bfloat16 argmax."""
+    return (logits if logits.dtype == torch.float32 else logits.float()).argmax(-1)
+
+
 def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
     """argmax at T=0; else a sample from softmax(logits/T) restricted to the top-p nucleus."""
     if temperature <= 0:
-        return logits.argmax(-1)
+        return greedy_tokens(logits)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
@@ -166,12 +172,13 @@ def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, gene
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per path: candidate at depth k passes iff it equals the argmax at depth k-1 of the same path.
 
-    logits [L, V]; path_tokens/ri/valid [P, D+1]. Returns (accept_length [P], score [P]).
+    logits [L, V] (or their ``argmax`` [L], when the caller has it); path_tokens/ri/valid [P, D+1].
+    Returns (accept_length [P], score [P]).
     """
-    pred = logits.argmax(-1)[ri[:, :-1]]  # [P, D] base model's choice after each path prefix
+    pred = (greedy_tokens(logits) if argmax is None else argmax)[ri[:, :-1]]  # [P, D] base model's choice after each path prefix
     passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]  # padded slots never pass
     accept_length = passed.long().cumprod(dim=1).sum(dim=1)
     return accept_length, accept_length.float()
@@ -244,6 +251,7 @@ class Decoder:
             self.tree_cpu = tree.to("cpu")  # what the step records hold
             self.root_tree = root_only_tree().to(self.device)
             self.root_out = root_only_tree().to(self.out_device)
+            self.root_cpu = root_only_tree()
             self.root_bias = tree_attention_bias(self.root_tree, self.dtype)
 
     # ------------------------------------------------------------------ helpers
@@ -315,21 +323,26 @@ class Decoder:
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
     # ------------------------------------------------------------------ medusa
+    @property
+    def _samples_root(self) -> bool:
+        cfg = self.config
+        return self.method == "medusa-typical" and cfg.sample_root and cfg.temperature > 0
+
     def _pick_root(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         cfg = self.config
-        if self.method == "medusa-typical" and cfg.sample_root and cfg.temperature > 0:
+        if self._samples_root:
             return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
-        return logits.argmax(-1)
+        return greedy_tokens(logits)
 
-    def _accept(self, logits: torch.Tensor, tree: MedusaTree, tree_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _accept(self, logits: torch.Tensor, argmax: torch.Tensor, tree: MedusaTree, tree_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ri = tree.retrieve_indices
         valid = ri >= 0
         ri = ri.clamp(min=0)
         path_tokens = tree_tokens.to(logits.device)[ri]
-        if self.method == "medusa-typical":
+        if self.method == "medusa-typical" and self.config.temperature > 0:
             cfg = self.config
             return typical_accept(logits, path_tokens, ri, valid, temperature=cfg.temperature, epsilon=cfg.posterior_threshold, delta=cfg.posterior_alpha)
-        return greedy_accept(logits, path_tokens, ri, valid)
+        return greedy_accept(logits, path_tokens, ri, valid, argmax=argmax)
 
     def _medusa_steps(self, ids: torch.Tensor) -> Iterator[Step]:
         cfg, dev, heads = self.config, self.device, self.heads
@@ -352,7 +365,7 @@ class Decoder:
             # The tree's deepest node would land at position seq_len - 1 + depth; near the
             # context limit fall back to a root-only (plain) step so the output stays exact.
             full = seq_len + depth + 1 <= self.info.context_limit
-            tree, tree_out, bias = (self.tree, self.tree_out, self.tree_bias) if full else (self.root_tree, self.root_out, self.root_bias)
+            tree, tree_out, tree_host, bias = (self.tree, self.tree_out, self.tree_cpu, self.tree_bias) if full else (self.root_tree, self.root_out, self.root_cpu, self.root_bias)
             prefix_len = seq_len - 1  # every token but the root is in the cache
             L = tree.num_nodes
 
@@ -368,19 +381,20 @@ class Decoder:
             logits = self.lm_head(h)  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
             t2 = _sync(dev)
 
-            accept_length, score = self._accept(logits, tree_out, tree_tokens)
+            argmax = greedy_tokens(logits)  # [L]: the base model's greedy choice after every node
+            accept_length, score = self._accept(logits, argmax, tree_out, tree_tokens)
             best = int(score.argmax())  # first best path on ties
             n_acc = int(accept_length[best])
-            nodes = tree_out.retrieve_indices[best, : n_acc + 1]  # root + accepted, tree positions
+            nodes = tree_host.retrieve_indices[best, : n_acc + 1]  # root + accepted, tree positions (host)
             t3 = _sync(dev)
 
             compact_cache(cache, prefix_len, nodes, L)
-            last = nodes[-1]
-            bonus = self._pick_root(logits[last], gen)
+            last = int(nodes[-1])
+            bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
             accepted = tree_tokens[nodes.to(dev)][1:].tolist()
             new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
             if reason is None:  # seed the next tree from the last accepted node's hidden state
-                proposals = heads.propose(h[last.to(h.device)], self.lm_head, topk=self.tree.topk, num_heads=depth)
+                proposals = heads.propose(h[last], self.lm_head, topk=self.tree.topk, num_heads=depth)
             root = bonus
             t4 = _sync(dev)
 
@@ -409,13 +423,18 @@ def compact_cache(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor, tre
     """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
 
     Gather first (source and target ranges overlap), then write, then crop (crop(-n) removes n).
+    When ``nodes`` (on the host) are already 0..n-1, the entries are in place and only the crop runs:
+    that is every step that accepts nothing, and every one that accepts only the first child.
     """
     n = int(nodes.numel())
-    for layer in cache.layers:
+    in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
+    keep_on: dict[torch.device, torch.Tensor] = {}
+    for layer in cache.layers if not in_place else ():
         dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
-        keep = nodes.to(dev) + prefix_len
-        k = layer.keys.index_select(-2, keep)
-        v = layer.values.index_select(-2, keep)
+        if dev not in keep_on:
+            keep_on[dev] = nodes.to(dev) + prefix_len
+        k = layer.keys.index_select(-2, keep_on[dev])
+        v = layer.values.index_select(-2, keep_on[dev])
         layer.keys[..., prefix_len : prefix_len + n, :] = k
         layer.values[..., prefix_len : prefix_len + n, :] = v
     if tree_len > n:

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .model import PackedLinear, can_prepack, pack_weight, packed_linear, prepack_linear_weights
+
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
 TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
@@ -77,6 +79,8 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)], *([nn.Linear(d, out, bias=False)] if own else []))
             for _ in range(config.num_heads)
         )
+        self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
+        self.default_tree: str | None = None  # the preset to use when none is chosen
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -113,16 +117,21 @@ class MedusaHeads(nn.Module):
             if lm_head is None:
                 raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
             if self.proposal_ids is not None:
-                return z @ self._proposal_weight(lm_head).T
+                rows, packed = self._proposal_weight(lm_head)
+                if packed is not None and z.dtype == rows.dtype and not (torch.is_grad_enabled() and z.requires_grad):
+                    return packed_linear(z, packed)
+                return z @ rows.T
             return lm_head(z.to(lm_head.weight.dtype))
         return torch.stack([head[-1](z[..., i, :]) for i, head in enumerate(self.heads[: z.shape[-2]])], dim=-2)
 
-    def _proposal_weight(self, lm_head: nn.Module) -> torch.Tensor:
-        """lm_head rows of the proposal tokens, gathered once (not on every step)."""
+    def _proposal_weight(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """lm_head rows of the proposal tokens, gathered once (not on every step), and on CPU
+        the same rows pre-packed for oneDNN (see ``model.PackedLinear``)."""
         w = lm_head.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
         if getattr(self, "_proposal_key", None) != key:
-            self._proposal_rows = w[self.proposal_ids.to(w.device)].detach()
+            rows = w[self.proposal_ids.to(w.device)].detach()
+            self._proposal_rows = (rows, pack_weight(rows) if can_prepack(rows) else None)
             self._proposal_key = key
         return self._proposal_rows
 
@@ -316,5 +325,8 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
         heads.check_fits(model)
         p = next(model.parameters())
         heads.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
+        if any(isinstance(m, PackedLinear) for m in model.modules()):  # pre-packed like the model (CPU)
+            heads.requires_grad_(False)
+            prepack_linear_weights(heads)
     heads.eval()
     return heads

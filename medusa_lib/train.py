@@ -202,8 +202,12 @@ class Trainer:
         return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
 
 
-def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, log=print, max_minutes: float | None = None) -> dict:
-    """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``)."""
+def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None) -> dict:
+    """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``).
+
+    The optimiser state goes to ``state_path`` (default ``out/train_state.pt``) at every evaluation;
+    a later call with the same config and data resumes from it, one with another config starts afresh.
+    """
     torch.manual_seed(cfg.seed)
     amp = torch.bfloat16 if (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or cpu_has_native_bf16() else torch.float32
     trainer = Trainer(model, heads, cfg, dtype=amp)
@@ -213,13 +217,17 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     total_steps = steps_per_epoch * cfg.epochs
     warmup = max(1, min(50, total_steps // 10))  # linear warm-up, then cosine decay to 0
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
-    state_path = out / "train_state.pt"
+    state_path = Path(state_path) if state_path is not None else out / "train_state.pt"
+    run_key = {"config": asdict(cfg), "train_positions": len(train_cache), "heldout_positions": len(heldout_cache)}
     step, best, bad, history = 0, float("inf"), 0, []
     if state_path.exists():  # resume
         st = torch.load(state_path, weights_only=False)
-        heads.load_state_dict(st["heads"]), opt.load_state_dict(st["opt"]), sched.load_state_dict(st["sched"])
-        step, best, bad, history = st["step"], st["best"], st["bad"], st["history"]
-        log(f"resumed at step {step} (best held-out loss {best:.4f})")
+        if st.get("run") != run_key:
+            log(f"{state_path} is from another run (config or data differ): starting afresh")
+        else:
+            heads.load_state_dict(st["heads"]), opt.load_state_dict(st["opt"]), sched.load_state_dict(st["sched"])
+            step, best, bad, history = st["step"], st["best"], st["bad"], st["history"]
+            log(f"resumed at step {step} (best held-out loss {best:.4f})")
     t0 = time.perf_counter()
     heads.train()
     g = torch.Generator().manual_seed(cfg.seed)
@@ -254,7 +262,8 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
                 if bad >= cfg.patience:
                     log("early stop: held-out loss stopped improving")
                     stop = True
-            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step, "best": best, "bad": bad, "history": history}, state_path)
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"run": run_key, "heads": heads.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step, "best": best, "bad": bad, "history": history}, state_path)
         if max_minutes and (time.perf_counter() - t0) / 60 > max_minutes:
             log("time budget reached")
             break
@@ -274,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heldout-answers", nargs="+", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
+    ap.add_argument("--prepare-only", action="store_true", help="build the answers and hidden-state caches, then stop")
     for f, v in asdict(TrainConfig()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
     args = ap.parse_args(argv)
@@ -300,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             caches[split] = HiddenCache.build(model, answers[split], num_heads=cfg.num_heads)
             caches[split].save(p)
+    if args.prepare_only:
+        print("caches ready: " + ", ".join(f"{s} {len(c)} positions" for s, c in caches.items()))
+        return
     V = model.get_output_embeddings().weight.shape[0]
     d = model.config.hidden_size
     heads = MedusaHeads(HeadsConfig(hidden_size=d, vocab_size=V, num_heads=cfg.num_heads, num_layers=cfg.num_layers, shared_lm_head=cfg.shared_lm_head, num_proposal_tokens=cfg.proposal_tokens or None))
@@ -310,9 +323,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
     heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
-    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, max_minutes=args.max_minutes)
+    tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
+    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes)
     summary = {"config": asdict(cfg), "train_positions": len(caches["train"]), "heldout_positions": len(caches["heldout"]), **result}
-    (work / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    (work / f"train_summary-{tag}.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
 
 

@@ -85,6 +85,23 @@ class OracleHeads(MedusaHeads):
         return out
 
 
+TRICKY = ["<script>", "</script>", "a&b", '"quote"', "<br>", "\u00e9t\u00e9"]  # tokens the page must show as text
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer whose 320 ids match the tiny models (ids 0-2: pad, bos, eos), with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", *TRICKY]
+    words += [f"w{i}" for i in range(VOCAB - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1 {% endif %}"
+    return fast
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface, for an in-process server."""
     import socket

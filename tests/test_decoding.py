@@ -5,7 +5,7 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
-from medusa_lib.decoding import compact_cache, greedy_accept, new_cache, tree_attention_bias, typical_accept, typical_threshold
+from medusa_lib.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
@@ -134,7 +134,8 @@ def test_plain_sampling_is_seeded_and_respects_top_p(models):
 
 # ------------------------------------------------------------------ cache compaction
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models, arch):
+@pytest.mark.parametrize("accepted", ["moved", "in-place-root", "in-place-first-child"])
+def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models, arch, accepted):
     model = models[arch]
     tree = TREES["mc_sim_7b_63"]
     torch.manual_seed(5)
@@ -142,7 +143,9 @@ def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models
     prompt = torch.tensor([PROMPT])
     P = prompt.shape[1]
     row = tree.retrieve_indices[7]
-    nodes = row[row >= 0][:3]  # root + 2 accepted
+    # root + 2 accepted that must move; or nodes already in place (only the crop runs)
+    nodes = {"moved": row[row >= 0][:3], "in-place-root": torch.tensor([0]), "in-place-first-child": torch.tensor([0, 1])}[accepted]
+    n = len(nodes)
     with torch.no_grad():
         cache = new_cache()
         model.base_model(input_ids=prompt, past_key_values=cache, use_cache=True)
@@ -150,7 +153,7 @@ def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models
         model.base_model(input_ids=tree_tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True)
         assert cache.get_seq_length() == P + tree.num_nodes
         compact_cache(cache, P, nodes, tree.num_nodes)
-        assert cache.get_seq_length() == P + 3
+        assert cache.get_seq_length() == P + n
         fresh = new_cache()
         model.base_model(input_ids=torch.cat([prompt[0], tree_tokens[nodes]])[None], past_key_values=fresh, use_cache=True)
         for a, b in zip(cache.layers, fresh.layers):
@@ -169,6 +172,15 @@ def test_compaction_when_every_node_is_kept_does_not_crop():
 
 
 # ------------------------------------------------------------------ acceptance rules
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_tokens_is_the_argmax_and_ties_go_to_the_first_index(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(5, 1000).to(dtype)
+    x[2, 7] = x[2, 9] = x[2].max() + 1  # a tie
+    assert torch.equal(greedy_tokens(x), x.argmax(-1)) and int(greedy_tokens(x)[2]) == 7
+    assert int(greedy_tokens(x[3])) == int(x[3].argmax())
+
+
 def test_padded_slots_are_never_accepted():
     # Two paths: [0, 1, 2] and [0, 3, -1]. The model's argmax everywhere is token 0, and
     # padded slots gather tree position 0 whose token is 0 too: the padding must not pass.

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, random_heads
-from conftest import free_port
-from test_playground import PROMPT, tiny_playground, tiny_tokenizer
+from conftest import free_port, make_model, random_heads, tiny_tokenizer
+from test_playground import PROMPT, tiny_playground
 
 from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untrained_heads
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, OracleHeads, make_model
+from conftest import VOCAB, OracleHeads, make_model, tiny_tokenizer
 
 from medusa_lib import Decoder, DecodeConfig
 from medusa_lib.playground import (
@@ -22,21 +22,6 @@ from medusa_lib.playground import (
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "w10 w11 w12 w13"
-TRICKY = ["<script>", "</script>", "a&b", '"quote"', "<br>", "\u00e9t\u00e9"]  # tokens the page must show as text
-
-
-def tiny_tokenizer():
-    """A word-level tokenizer whose 320 ids match the tiny models (ids 0-2: pad, bos, eos), with a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<s>", "</s>", "<unk>", *TRICKY]
-    words += [f"w{i}" for i in range(VOCAB - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1 {% endif %}"
-    return fast
 
 
 def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playground:

@@ -1,0 +1,74 @@
+"""The benchmark CLI end to end on a tiny saved model: records, tables, exactness against generate."""
+
+import json
+import re
+
+import pytest
+from conftest import make_model, random_heads, tiny_tokenizer
+
+from medusa_lib import bench
+
+METHODS = ["hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail"]
+PROMPTS = [
+    {"id": "a-1", "category": "alpha", "prompt": "w10 w11 w12 w13"},
+    {"id": "a-2", "category": "alpha", "prompt": "w20 w21 w22 w20 w21 w22"},
+    {"id": "b-1", "category": "beta", "prompt": "w30 w31"},
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    model = make_model("llama")
+    model.save_pretrained(folder / "model")
+    tiny_tokenizer().save_pretrained(folder / "model")
+    heads = random_heads(3, shared=True)
+    heads.save(folder / "heads", base_model="tiny-llama", default_tree="chain-3")
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return folder
+
+
+def test_bench_writes_one_record_per_method_and_prompt_and_prints_the_tables(saved, capsys):
+    out = saved / "out.json"
+    bench.main(["--model", str(saved / "model"), "--heads", str(saved / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--methods", ",".join(METHODS),
+                "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "16", "--repeats", "2", "--json", str(out)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["dtype"] == "torch.float32" and data["tree"] == "chain-3" and data["repeats"] == 2
+    recs = data["records"]
+    assert sorted((r["method"], r["id"]) for r in recs) == sorted((m, p["id"]) for m in METHODS for p in PROMPTS)
+    for r in recs:
+        assert {"method", "id", "category", "output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds"} <= set(r)
+        assert r["new_tokens"] == len(r["output_token_ids"]) and 1 <= r["new_tokens"] <= 16
+        assert r["prefill_seconds"] > 0 and r["decode_seconds"] >= 0 and len(r["total_seconds_runs"]) == 2
+        assert r["category"] == {p["id"]: p["category"] for p in PROMPTS}[r["id"]]
+    by = {(r["method"], r["id"]): r["output_token_ids"] for r in recs}
+    for p in PROMPTS:  # float32: our loops are exact against model.generate
+        ref = by[("hf-generate", p["id"])]
+        assert by[("baseline", p["id"])] == by[("medusa-greedy", p["id"])] == by[("medusa-greedy-nodetail", p["id"])] == ref
+    # The printed tables: one row per method, per category, per phase, and the equality count.
+    for m in METHODS:
+        assert re.search(rf"^{re.escape(m)}\s+\d+\.\d\s+\d+\.\d\d\s", printed, re.M), m
+    assert "tok/s per category" in printed and re.search(r"^alpha\s", printed, re.M) and re.search(r"^beta\s", printed, re.M)
+    assert "mean ms per decode step, by phase" in printed
+    assert re.search(r"^\s+medusa-greedy\s+3/3$", printed, re.M) and re.search(r"^\s+baseline\s+3/3$", printed, re.M)
+    assert "pre-packed linear weights" in printed and data["prepacked"] is True
+
+
+def test_bench_refuses_an_unknown_method(saved):
+    with pytest.raises(SystemExit, match="Unknown method 'fast'"):
+        bench.main(["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "baseline,fast"])
+
+
+def test_bench_can_keep_stock_weights(saved, capsys):
+    bench.main(["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "hf-generate,baseline", "--dtype", "float32",
+                "--max-new-tokens", "6", "--repeats", "1", "--no-prepack"])
+    printed = capsys.readouterr().out
+    assert "stock linear weights" in printed and re.search(r"^\s+baseline\s+3/3$", printed, re.M)
+
+
+def test_forward_costs_table(saved, capsys):
+    bench.main(["--model", str(saved / "model"), "--dtype", "float32", "--forward-costs", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rows = re.findall(r"^\s+(\d+)\s+(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)x$", printed, re.M)
+    assert [int(r[0]) for r in rows] == [1, 2, 5, 9, 17, 33] and rows[0][3] == "1.00"

@@ -1,0 +1,122 @@
+"""Pre-packed oneDNN linear weights (CPU): the same maths as nn.Linear, for every caller of the model."""
+
+import copy
+
+import pytest
+import torch
+from conftest import OracleHeads, make_model, random_heads
+
+from medusa_lib import DecodeConfig, HeadsConfig, MedusaHeads, get_tree, load_heads, run_method
+from medusa_lib.model import PackedLinear, can_prepack, prepack_linear_weights
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not part of this torch build")
+PROMPT = [1, 17, 33, 250, 99, 4, 61]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_nn_linear(dtype, bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 200, bias=bias).to(dtype).requires_grad_(False)
+    packed = PackedLinear(lin)
+    assert packed.weight is lin.weight and "packed=oneDNN" in repr(packed)
+    for shape in [(1, 96), (9, 96), (1, 5, 96), (2, 3, 96)]:
+        x = torch.randn(shape).to(dtype)
+        got, want = packed(x), lin(x)
+        assert got.shape == want.shape == (*shape[:-1], 200)
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, want)  # the same oneDNN kernel, only packed once
+        else:
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_linear_falls_back_where_the_packed_copy_cannot_serve():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 16)
+    packed = PackedLinear(lin)  # weight still requires grad: autograd must flow through it
+    x = torch.randn(4, 32, requires_grad=True)
+    packed(x).sum().backward()
+    assert x.grad is not None and lin.weight.grad is not None
+    packed.double()  # the module moved to another dtype than its packed copy
+    with torch.no_grad():
+        assert torch.allclose(packed(x.double()), torch.nn.functional.linear(x.double(), packed.weight, packed.bias))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prepacked_model_keeps_its_state_and_its_logits(arch):
+    stock = make_model(arch)
+    model = copy.deepcopy(stock).requires_grad_(False)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    keys = list(model.state_dict())
+    lm_weight = model.lm_head.weight
+    assert prepack_linear_weights(model) == n_linear > 0
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert list(model.state_dict()) == keys and model.lm_head.weight is lm_weight
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, stock(input_ids=ids).logits, atol=1e-5)
+    assert prepack_linear_weights(model) == 0  # already packed
+
+
+def test_gpt2_conv1d_layers_are_left_alone():
+    model = make_model("gpt2")
+    assert prepack_linear_weights(model) == 1  # only its (tied) lm_head is an nn.Linear
+
+
+def test_medusa_greedy_equals_plain_and_generate_on_a_prepacked_model():
+    model = make_model("llama").requires_grad_(False)
+    prepack_linear_weights(model)
+    cfg = DecodeConfig(max_new_tokens=48, stop_on_eos=False)
+    plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=56, stop_on_eos=False)).tokens
+    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=OracleHeads(model, PROMPT + plain), tree=get_tree("mc_sim_7b_63"), config=cfg)
+    assert res.tokens == plain[:48] == gen
+    assert res.tokens_per_step > 3.0  # long tree paths, verified with packed weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_proposals_through_packed_rows_equal_the_plain_matmul(dtype):
+    model = make_model("llama").to(dtype).requires_grad_(False)
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=100))
+    torch.manual_seed(1)
+    heads.proposal_ids.copy_(torch.randperm(320)[:100].sort().values)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    heads.to(dtype)
+    rows = model.lm_head.weight[heads.proposal_ids]
+    assert can_prepack(rows)
+    h = torch.randn(64).to(dtype)
+    with torch.no_grad():
+        z = heads.hidden(h)
+        want = z @ rows.T
+        got = heads(h, model.lm_head)
+        assert torch.allclose(got.float(), want.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+        assert torch.equal(heads.propose(h, model.lm_head, topk=5), heads.proposal_ids[want.topk(5, -1).indices])
+
+
+def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
+    stock = make_model("llama").requires_grad_(False)
+    model = copy.deepcopy(stock)
+    prepack_linear_weights(model)
+    random_heads(3, shared=False).save(tmp_path)  # own projections: 3 ResBlocks + 3 Linear(d, V)
+    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 6
+    assert not any(isinstance(m, PackedLinear) for m in plain.modules())
+    assert list(packed.state_dict()) == list(plain.state_dict())
+    h = torch.randn(5, 64)
+    with torch.no_grad():
+        assert torch.allclose(packed(h), plain(h), atol=1e-4)
+        assert torch.equal(packed.propose(h[0], None, topk=4), plain.propose(h[0], None, topk=4))
+
+
+def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
+    import medusa_lib.model as M
+
+    monkeypatch.setattr(M, "_PACKING_WORKS", {})
+    def broken(*args, **kwargs):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken)
+    model = make_model("llama")
+    assert prepack_linear_weights(model) == 0
+    assert any(type(m) is torch.nn.Linear for m in model.modules())
