@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .model import PackedLinear, can_prepack, pack_weight, packed_linear, prepack_linear_weights
+from .model import PackedLinear, can_prepack, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
@@ -117,23 +117,22 @@ class MedusaHeads(nn.Module):
             if lm_head is None:
                 raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
             if self.proposal_ids is not None:
-                rows, packed = self._proposal_weight(lm_head)
-                if packed is not None and z.dtype == rows.dtype and not (torch.is_grad_enabled() and z.requires_grad):
-                    return packed_linear(z, packed)
-                return z @ rows.T
+                return self._proposal_projection(lm_head)(z)
             return lm_head(z.to(lm_head.weight.dtype))
         return torch.stack([head[-1](z[..., i, :]) for i, head in enumerate(self.heads[: z.shape[-2]])], dim=-2)
 
-    def _proposal_weight(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """lm_head rows of the proposal tokens, gathered once (not on every step), and on CPU
-        the same rows pre-packed for oneDNN (see ``model.PackedLinear``)."""
+    def _proposal_projection(self, lm_head: nn.Module) -> nn.Module:
+        """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (not on
+        every step); on CPU pre-packed for oneDNN like the model (``model.PackedLinear``)."""
         w = lm_head.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
         if getattr(self, "_proposal_key", None) != key:
             rows = w[self.proposal_ids.to(w.device)].detach()
-            self._proposal_rows = (rows, pack_weight(rows) if can_prepack(rows) else None)
+            proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+            proj.weight = nn.Parameter(rows, requires_grad=False)
+            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if can_prepack(rows) else proj)  # not a submodule: no state_dict entry
             self._proposal_key = key
-        return self._proposal_rows
+        return self._proposal_proj
 
     @torch.no_grad()
     def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None) -> torch.Tensor:
