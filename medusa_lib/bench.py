@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .decoding import DecodeConfig, Decoder, _sync
+from .decoding import DecodeConfig, Decoder, _sync, new_cache
 from .distill import chat_prompt_ids, load_jsonl
 from .heads import load_heads
-from .model import PackedLinear, load_model
+from .model import body_and_lm_head, is_prepacked, load_model
 from .tree import get_tree
 
 ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail")
@@ -93,9 +93,6 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
 def forward_costs(model, *, sizes=(1, 2, 5, 9, 17, 33), prefix: int = 256, repeats: int = 20) -> list[dict]:
     """Median ms of one body forward of L new tokens after a cached prefix (causal 4D float mask,
     explicit positions, as in a tree step) and of the lm_head over those L rows."""
-    from .decoding import new_cache
-    from .model import body_and_lm_head
-
     body, lm_head = body_and_lm_head(model)
     device = model.get_input_embeddings().weight.device
     dtype = next(model.parameters()).dtype
@@ -177,13 +174,14 @@ def main(argv: list[str] | None = None) -> None:
         prompts = prompts[: args.limit]
 
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, prepack=not args.no_prepack, progress=lambda m: print(m, flush=True))
-    prepacked = any(isinstance(m, PackedLinear) for m in model.modules())
-    if args.forward_costs:
-        print(f"model {args.model} | {next(model.parameters()).dtype} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()}")
-        print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
-        return
+    prepacked = is_prepacked(model)
     dtype = next(model.parameters()).dtype
     device = model.get_input_embeddings().weight.device
+    setup = f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()}"
+    if args.forward_costs:
+        print(setup)
+        print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
+        return
     eos = model.generation_config.eos_token_id
     decoders = {}
     tree_name = None
@@ -205,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         return run_ours(decoders[method], ids)
 
     encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
-    print(f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
+    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
     for m in methods:  # warm-up: every code path once
         run(m, encoded[0][1][:32])
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .model import PackedLinear, can_prepack, prepack_linear_weights
+from .model import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
@@ -324,7 +324,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
         heads.check_fits(model)
         p = next(model.parameters())
         heads.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
-        if any(isinstance(m, PackedLinear) for m in model.modules()):  # pre-packed like the model (CPU)
+        if is_prepacked(model):  # pre-packed like the model (CPU)
             heads.requires_grad_(False)
             prepack_linear_weights(heads)
     heads.eval()

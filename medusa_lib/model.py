@@ -167,6 +167,11 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed=oneDNN"
 
 
+def is_prepacked(model: nn.Module) -> bool:
+    """True when :func:`prepack_linear_weights` swapped some of the model's linears."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
 def prepack_linear_weights(model: nn.Module) -> int:
     """Swap every CPU ``nn.Linear`` of a frozen model for a :class:`PackedLinear`; returns how many.
 
