@@ -1,7 +1,7 @@
 """Benchmark: Medusa against what a user would pick instead, on one model and one device.
 
     python -m medusa_lib.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
-    python -m medusa_lib.bench --forward-costs [--no-prepack]   # what a forward of L tokens costs
+    python -m medusa_lib.bench --forward-costs [--no-prepack] [--stock-attention]   # what a forward of L tokens costs
 
 Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-generate       ``model.generate(do_sample=False)``: what most users run
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=0.7, help="temperature of medusa-typical")
     ap.add_argument("--no-chat-template", action="store_true")
     ap.add_argument("--no-prepack", action="store_true", help="keep stock nn.Linear weights on CPU (every method; to measure what pre-packing gives)")
+    ap.add_argument("--stock-attention", action="store_true", help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)")
     ap.add_argument("--json", default=None, help="write all records to this JSON file")
     ap.add_argument("--forward-costs", action="store_true", help="only time one forward of 1..33 tokens after a 256-token prefix (what a tree step costs), then stop")
     args = ap.parse_args(argv)
@@ -173,11 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.limit:
         prompts = prompts[: args.limit]
 
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, prepack=not args.no_prepack, progress=lambda m: print(m, flush=True))
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, prepack=not args.no_prepack, packed_gqa=not args.stock_attention, progress=lambda m: print(m, flush=True))
     prepacked = is_prepacked(model)
+    attention = model.config._attn_implementation
     dtype = next(model.parameters()).dtype
     device = model.get_input_embeddings().weight.device
-    setup = f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | torch threads {torch.get_num_threads()}"
+    setup = f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | attention {attention} | torch threads {torch.get_num_threads()}"
     if args.forward_costs:
         print(setup)
         print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods))
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "records": records}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
 

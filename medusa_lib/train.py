@@ -105,6 +105,14 @@ class HiddenCache:
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
+    @classmethod
+    def concat(cls, caches: list["HiddenCache"]) -> "HiddenCache":
+        """One cache holding the positions of several, in order (seq_end shifted to the new offsets)."""
+        offsets = [0]
+        for c in caches[:-1]:
+            offsets.append(offsets[-1] + len(c))
+        return cls(torch.cat([c.hidden for c in caches]), torch.cat([c.next_ids for c in caches]), torch.cat([c.seq_end + o for c, o in zip(caches, offsets)]))
+
     def save(self, path: Path) -> None:
         torch.save({"hidden": self.hidden, "next_ids": self.next_ids, "seq_end": self.seq_end}, path)
 
@@ -270,6 +278,24 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     return {"steps": step, "best_loss": best, "history": history, "minutes": (time.perf_counter() - t0) / 60}
 
 
+def cached_hidden(model, records: list[dict], bounds: list[int], work: Path, split: str, num_heads: int) -> HiddenCache:
+    """The hidden-state cache of ``records``, from ``work/{split}_hidden_{N}x{K}.pt`` (N records).
+
+    When only the records of the first files are cached (an answers file was added after them),
+    only the new files' records are run through the model and appended.
+    """
+    path = lambda n: work / f"{split}_hidden_{n}x{num_heads}.pt"  # noqa: E731  (rebuilt when the data or K change)
+    if path(len(records)).exists():
+        return HiddenCache.load(path(len(records)))
+    done = next((n for n in reversed(bounds[:-1]) if path(n).exists()), 0)
+    parts = [HiddenCache.load(path(done))] if done else []
+    if done:
+        print(f"{split}: reusing the cache of the first {done} answers; running the other {len(records) - done}")
+    cache = HiddenCache.concat(parts + [HiddenCache.build(model, records[done:], num_heads=num_heads)])
+    cache.save(path(len(records)))
+    return cache
+
+
 def main(argv: list[str] | None = None) -> None:
     from .distill import main as distill_main
 
@@ -292,24 +318,19 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 
-    answers = {}
+    answers, bounds = {}, {}
     for split, prompts, given in (("train", args.train_prompts, args.train_answers), ("heldout", args.heldout_prompts, args.heldout_answers)):
         paths = [Path(g) for g in given] if given else [work / f"{split}_answers.jsonl"]
         if not given:
             distill_main(["--prompts", prompts, "--out", str(paths[0]), "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)])
-        answers[split] = [r for p in paths for r in load_jsonl(p)]
+        parts = [load_jsonl(p) for p in paths]
+        answers[split] = [r for part in parts for r in part]
+        bounds[split] = [sum(map(len, parts[: i + 1])) for i in range(len(parts))]  # record count after each file
         print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
 
     model, tok = load_model(args.model, dtype="auto", progress=print)
     model.requires_grad_(False)
-    caches = {}
-    for split in ("train", "heldout"):
-        p = work / f"{split}_hidden_{len(answers[split])}x{cfg.num_heads}.pt"  # rebuilt when the data or K change
-        if p.exists():
-            caches[split] = HiddenCache.load(p)
-        else:
-            caches[split] = HiddenCache.build(model, answers[split], num_heads=cfg.num_heads)
-            caches[split].save(p)
+    caches = {split: cached_hidden(model, answers[split], bounds[split], work, split, cfg.num_heads) for split in ("train", "heldout")}
     if args.prepare_only:
         print("caches ready: " + ", ".join(f"{s} {len(c)} positions" for s, c in caches.items()))
         return

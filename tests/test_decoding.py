@@ -5,6 +5,7 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
+from medusa_lib.attention import use_packed_gqa
 from medusa_lib.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
@@ -14,12 +15,20 @@ TREES = {
     "cartesian-3x2x2": build_tree(cartesian_choices([3, 2, 2])),
     "mc_sim_7b_63": get_tree("mc_sim_7b_63"),
 }
-ARCHS = ["llama", "qwen2", "gpt2"]
+ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.attention (as load_model sets up on CPU)
+
+
+def model_for(arch: str, attn: str = "sdpa"):
+    if arch.endswith("-packed"):
+        model = make_model(arch.removesuffix("-packed"), attn=attn)
+        assert use_packed_gqa(model) == (attn == "sdpa")
+        return model
+    return make_model(arch, attn=attn)
 
 
 @pytest.fixture(scope="module")
 def models():
-    return {arch: make_model(arch) for arch in ARCHS}
+    return {arch: model_for(arch) for arch in ARCHS}
 
 
 def plain_tokens(model, n=N_NEW, prompt=PROMPT):
@@ -30,7 +39,7 @@ def plain_tokens(model, n=N_NEW, prompt=PROMPT):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn):
-    model = make_model(arch, attn=attn)
+    model = model_for(arch, attn=attn)
     tree = TREES["mc_sim_7b_63"]
     body, lm_head = model.base_model, model.lm_head
     torch.manual_seed(3)

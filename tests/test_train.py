@@ -5,7 +5,7 @@ from conftest import make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
 from medusa_lib.calibrate import head_accuracy
-from medusa_lib.train import HiddenCache, TrainConfig, Trainer, frequent_tokens, train_heads
+from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, train_heads
 
 K = 3
 
@@ -39,6 +39,25 @@ def test_hidden_cache_targets_are_the_tokens_k_plus_one_ahead():
         for k in range(1, K + 1):
             want = s[t + k + 1] if t + k + 1 < len(s) else -1
             assert cache.next_ids[j, k - 1].item() == want
+
+
+def test_hidden_cache_of_an_added_answers_file_runs_only_the_new_answers(tmp_path, monkeypatch):
+    model = make_model("llama")
+    recs = records(5)
+    first = cached_hidden(model, recs[:3], [3], tmp_path, "train", K)
+    assert (tmp_path / f"train_hidden_3x{K}.pt").exists()
+    built = []
+    real_build = HiddenCache.build.__func__
+    monkeypatch.setattr(HiddenCache, "build", classmethod(lambda cls, m, r, **kw: built.append(len(r)) or real_build(cls, m, r, **kw)))
+    both = cached_hidden(model, recs, [3, 5], tmp_path, "train", K)
+    assert built == [2]  # only the added file's answers went through the model
+    rest = real_build(HiddenCache, model, recs[3:], num_heads=K, log=lambda m: None)
+    want = HiddenCache.concat([first, rest])
+    assert len(both) == len(first) + len(rest) == sum(len(r["answer_ids"]) + 1 for r in recs)
+    assert torch.equal(both.hidden, want.hidden) and torch.equal(both.next_ids, want.next_ids)
+    assert torch.equal(both.seq_end[len(first):], rest.seq_end + len(first))
+    again = cached_hidden(model, recs, [3, 5], tmp_path, "train", K)  # now cached whole: nothing runs
+    assert built == [2] and torch.equal(again.hidden, both.hidden)
 
 
 def test_frequent_tokens_keeps_eos_and_has_fixed_size():
