@@ -61,7 +61,7 @@ def packed_gqa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         else:
             mask = mask.reshape(Bm, H_kv, n_rep * L, K)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, is_causal=False)
-    return out.reshape(B, H, L, D).transpose(1, 2).contiguous(), None
+    return out.reshape(out.shape[0], H, L, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def register() -> str:

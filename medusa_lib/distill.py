@@ -11,8 +11,9 @@ Hand-written prompt sets run out of *content* long before they run out of forms:
 them memorise their topics. ``--self-instruct N`` adds N prompts the model writes itself
 (self-instruct): it samples the user's turn of its own chat template, started with the opening
 words of a seed prompt (so every category's forms stay represented), then answers it greedily
-like any other prompt. Prompts that mention a held-out topic (``--exclude-topics``) are dropped,
-so the held-out split stays unseen.
+like any other prompt. Prompts that contain a held-out topic's key phrase verbatim
+(``--exclude-topics``; any case, whole words) are dropped. That keeps the held-out topics out of the
+prompts, not every paraphrase of them ("the beekeeper" for "a beekeeper" passes), nor out of the answers.
 
     python -m medusa_lib.distill --self-instruct 4000 --out runs/train/self_answers.jsonl \
         --prompts assets/data/train_prompts.jsonl --exclude-topics assets/data/heldout_prompts.jsonl
@@ -120,21 +121,28 @@ def clean_prompt(text: str, *, min_words: int = 4, max_chars: int = 600) -> str 
 
 @torch.inference_mode()
 def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, batch_size: int = 64, max_prompt_tokens: int = 48,
-                  exclude: list[str] = (), seed: int = 0, temperature: float = 1.0, top_p: float = 0.95) -> Iterator[dict]:
+                  exclude: list[str] = (), seed: int = 0, first: int = 1, known: Iterable[str] = (), stats: dict | None = None,
+                  temperature: float = 1.0, top_p: float = 0.95) -> Iterator[dict]:
     """Yield up to n new prompts {"id", "category", "prompt"} sampled from the model's own user turn.
 
     Each starts with the opening words of a seed (picked uniformly) and goes on as the model
-    samples it, up to the end of the user's turn; kept only if complete, new and free of the
-    ``exclude`` phrases (whole words, any case).
+    samples it, up to the end of the user's turn; kept only if complete, new (also against
+    ``known`` prompts) and free of the ``exclude`` phrases (whole words, any case). Ids are
+    ``self-{seed}-{first}``, ``self-{seed}-{first + 1}``, ...; the sampling depends on (seed, first),
+    so a resumed run (first = answers so far + 1) draws new prompts. ``stats`` counts what was
+    dropped and why.
     """
-    rng = random.Random(seed)
+    rng = random.Random(f"self-instruct:{seed}:{first}")
+    stats = {} if stats is None else stats
+    for why in ("kept", "unfinished", "unclean", "duplicate", "excluded"):
+        stats.setdefault(why, 0)
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     stop = set(eos if isinstance(eos, list) else [eos])
     device = model.get_input_embeddings().weight.device
     banned = [re.compile(r"(?<!\w)" + re.escape(k) + r"(?!\w)", re.IGNORECASE) for k in exclude]
-    seen: set[str] = set()
+    seen = {" ".join(k.split()).lower() for k in known}
     made, rounds = 0, 0
     while made < n:
         rounds += 1
@@ -149,19 +157,22 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
         for i, ids in enumerate(rows):
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
-        torch.manual_seed(seed * 1_000_003 + rounds)
+        torch.manual_seed(rng.randrange(2**62))
         out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_prompt_tokens,
                              do_sample=True, temperature=temperature, top_p=top_p, top_k=None, pad_token_id=pad)
         for (_, category), start, row in zip(group, starts, out[:, width:].tolist()):
             end = next((j for j, t in enumerate(row) if t in stop), None)
             if end is None:
-                continue  # ran past max_prompt_tokens: cut off mid-sentence
+                stats["unfinished"] += 1  # ran past max_prompt_tokens: cut off mid-sentence
+                continue
             text = clean_prompt(tokenizer.decode(start + row[:end], skip_special_tokens=True))
-            if text is None or text.lower() in seen or any(b.search(text) for b in banned):
+            why = "unclean" if text is None else "duplicate" if text.lower() in seen else "excluded" if any(b.search(text) for b in banned) else "kept"
+            stats[why] += 1
+            if why != "kept":
                 continue
             seen.add(text.lower())
+            yield {"id": f"self-{seed}-{first + made:05d}", "category": category, "prompt": text}
             made += 1
-            yield {"id": f"self-{seed}-{made:05d}", "category": category, "prompt": text}
             if made == n:
                 return
 
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy")
     ap.add_argument("--shard", default="0/1", help="i/n: only prompts i, i+n, i+2n, ... (run n processes side by side)")
     ap.add_argument("--skip-done", action="append", default=[], help="also skip prompts answered in this JSONL file")
-    ap.add_argument("--self-instruct", type=int, default=0, metavar="N", help="answer N prompts the model writes itself, started from the opening words of --prompts")
+    ap.add_argument("--self-instruct", type=int, default=0, metavar="N", help="answer N prompts the model writes itself, started from the opening words of --prompts (--shard, --limit, --sample, --skip-done do not apply)")
     ap.add_argument("--exclude-topics", default=None, help="prompts JSONL whose 'topic' phrases self-instruct prompts must not contain (the held-out set)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -220,14 +231,15 @@ def self_instruct_main(args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_jsonl(out) if out.exists() else []
-    seed = args.seed + len(done)  # a resumed run samples new prompts, not the same ones again
     todo = args.self_instruct - len(done)
     print(f"{len(done)} self-instruct answers already in {out}; generating {max(todo, 0)} more", flush=True)
     if todo <= 0:
         return
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     t0, n_tok, n = time.perf_counter(), 0, 0
-    prompts = self_instruct(model, tokenizer, seeds, todo, batch_size=args.batch_size, exclude=exclude, seed=seed)
+    stats: dict = {}
+    prompts = self_instruct(model, tokenizer, seeds, todo, batch_size=args.batch_size, exclude=exclude, seed=args.seed, first=len(done) + 1,
+                            known=[r["prompt"] for r in done if "prompt" in r], stats=stats)
     with open(out, "a", encoding="utf-8") as f:
         while True:
             group = [p for _, p in zip(range(args.batch_size), prompts)]
@@ -241,6 +253,9 @@ def self_instruct_main(args) -> None:
             f.flush()
             dt = time.perf_counter() - t0
             print(f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s (prompts included)", flush=True)
+    print("sampled prompts: " + ", ".join(f"{v} {k}" for k, v in stats.items()), flush=True)
+    if n < todo:
+        print(f"stopped short: the model wrote only {n} usable prompts of {todo} (most of its user turns were unusable; see the counts above)", flush=True)
 
 
 if __name__ == "__main__":

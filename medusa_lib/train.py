@@ -285,10 +285,27 @@ def cached_hidden(model, records: list[dict], bounds: list[int], work: Path, spl
     only the new files' records are run through the model and appended.
     """
     path = lambda n: work / f"{split}_hidden_{n}x{num_heads}.pt"  # noqa: E731  (rebuilt when the data or K change)
-    if path(len(records)).exists():
-        return HiddenCache.load(path(len(records)))
-    done = next((n for n in reversed(bounds[:-1]) if path(n).exists()), 0)
-    parts = [HiddenCache.load(path(done))] if done else []
+    positions = lambda n: sum(len(r["answer_ids"]) + 1 for r in records[:n])  # noqa: E731  (last prompt token .. end)
+
+    def load(n: int) -> HiddenCache | None:
+        """The cache of the first n records, if there is one and it has their number of positions."""
+        if not path(n).exists():
+            return None
+        cache = HiddenCache.load(path(n))
+        if len(cache) != positions(n):
+            print(f"{path(n)} does not match these answers ({len(cache)} positions, not {positions(n)}): rebuilding")
+            return None
+        return cache
+
+    whole = load(len(records))
+    if whole is not None:
+        return whole
+    done, parts = 0, []
+    for n in reversed(bounds[:-1]):
+        cached = load(n)
+        if cached is not None:
+            done, parts = n, [cached]
+            break
     if done:
         print(f"{split}: reusing the cache of the first {done} answers; running the other {len(records) - done}")
     cache = HiddenCache.concat(parts + [HiddenCache.build(model, records[done:], num_heads=num_heads)])

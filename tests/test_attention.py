@@ -60,14 +60,35 @@ def test_same_logits_as_sdpa_for_prefill_tree_and_single_steps(arch, spy):
 
 
 @torch.inference_mode()
-def test_batched_generate_with_padding_is_unchanged():
+def test_batched_generate_with_padding_is_unchanged(spy):
     stock, packed = make_model("llama"), make_model("llama")
-    use_packed_gqa(packed)
+    assert use_packed_gqa(packed)
     ids = torch.randint(3, 300, (2, 9))
     att = torch.ones_like(ids)
     att[1, :4] = 0  # left padding
     kw = dict(attention_mask=att, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(packed.generate(ids, **kw), stock.generate(ids, **kw))
+    assert all(m is not None and m[:3] == (2, 1, q[2]) for q, _, m in spy)  # padded prefill and decode steps folded, with the mask tiled
+    assert sum(q[2] == 2 for q, _, _ in spy) == 11 * 2  # 11 one-token decode steps x 2 layers
+
+
+@pytest.mark.parametrize("mask_heads", [1, 4])  # one mask for all heads; one per query head
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.bool])
+def test_folded_attention_equals_repeated_kv_attention(mask_heads, mask_dtype):
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    g = torch.Generator().manual_seed(0)
+    B, H, H_kv, L, K, D = 2, 4, 2, 3, 11, 8
+    q, k, v = torch.randn(B, H, L, D, generator=g), torch.randn(B, H_kv, K, D, generator=g), torch.randn(B, H_kv, K, D, generator=g)
+    see = torch.rand(B, mask_heads, L, K, generator=g) < 0.7
+    see[..., 0] = True  # every row sees something
+    mask = see if mask_dtype == torch.bool else torch.zeros(see.shape).masked_fill(~see, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    module.num_key_value_groups = H // H_kv
+    got, _ = attention.packed_gqa_attention(module, q, k, v, mask, scaling=0.3)
+    want = F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask, scale=0.3).transpose(1, 2)
+    assert got.shape == (B, L, H, D)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 def test_models_without_gqa_or_sdpa_keep_their_attention():

@@ -36,8 +36,11 @@ def test_self_instruct_prompts_start_from_a_seed_and_avoid_excluded_topics():
     model, tok = make_model("llama"), tiny_tokenizer()
     model.generation_config.eos_token_id = 2
     seeds = [("w10 w11", "writing"), ("w20", "math")]
-    got = list(self_instruct(model, tok, seeds, 4, batch_size=16, max_prompt_tokens=200, exclude=["w5"], seed=3))
-    assert len(got) == 4
+    stats = {}
+    got = list(self_instruct(model, tok, seeds, 4, batch_size=16, max_prompt_tokens=200, exclude=["w5"], seed=3, stats=stats))
+    assert len(got) == 4 and stats["kept"] == 4
+    assert stats["excluded"] > 0  # the filter did reject prompts (w5 is one word of 320 in ~100-token samples)
+    assert [g["id"] for g in got] == [f"self-3-{i:05d}" for i in range(1, 5)]
     assert len({g["id"] for g in got}) == 4 and len({g["prompt"] for g in got}) == 4
     for g in got:
         words = g["prompt"].split()
@@ -45,6 +48,9 @@ def test_self_instruct_prompts_start_from_a_seed_and_avoid_excluded_topics():
         assert "w5" not in words and "</s>" not in words and len(words) >= 4
     again = list(self_instruct(model, tok, seeds, 4, batch_size=16, max_prompt_tokens=200, exclude=["w5"], seed=3))
     assert again == got  # seeded: the same data on a rerun
+    later = list(self_instruct(model, tok, seeds, 2, batch_size=16, max_prompt_tokens=200, seed=3, first=5, known=[g["prompt"] for g in got]))
+    assert [g["id"] for g in later] == ["self-3-00005", "self-3-00006"]  # a resumed run goes on numbering
+    assert not {g["prompt"] for g in later} & {g["prompt"] for g in got}
 
 
 def test_self_instruct_cli_answers_and_resumes(tmp_path, monkeypatch):
@@ -66,3 +72,4 @@ def test_self_instruct_cli_answers_and_resumes(tmp_path, monkeypatch):
     distill_main(args[:1] + ["5"] + args[2:])  # resume: two more, new ones
     rows2 = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows2[:3] == rows and len(rows2) == 5 and len({r["prompt"] for r in rows2}) == 5
+    assert sorted(r["id"] for r in rows2) == [f"self-0-{i:05d}" for i in range(1, 6)]  # written shortest prompt first within a batch

@@ -58,6 +58,11 @@ def test_hidden_cache_of_an_added_answers_file_runs_only_the_new_answers(tmp_pat
     assert torch.equal(both.seq_end[len(first):], rest.seq_end + len(first))
     again = cached_hidden(model, recs, [3, 5], tmp_path, "train", K)  # now cached whole: nothing runs
     assert built == [2] and torch.equal(again.hidden, both.hidden)
+    other = records(5, seed=1)
+    other[0]["answer_ids"] = other[0]["answer_ids"][:-3]  # another first file with 3 answers: a cache of 3 answers that does not fit
+    (tmp_path / f"train_hidden_5x{K}.pt").unlink()
+    rebuilt = cached_hidden(model, other, [3, 5], tmp_path, "train", K)
+    assert built == [2, 5] and len(rebuilt) == sum(len(r["answer_ids"]) + 1 for r in other)
 
 
 def test_frequent_tokens_keeps_eos_and_has_fixed_size():
