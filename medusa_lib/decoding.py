@@ -425,11 +425,19 @@ def compact_cache(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor, tre
     Gather first (source and target ranges overlap), then write, then crop (crop(-n) removes n).
     When ``nodes`` (on the host) are already 0..n-1, the entries are in place and only the crop runs:
     that is every step that accepts nothing, and every one that accepts only the first child.
+    When only the last one is out of place (e.g. [0, 2]: a later sibling accepted at the last
+    depth), that one slot is copied per layer instead of gathering all of them.
     """
     n = int(nodes.numel())
     in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
+    last_only = not in_place and nodes.device.type == "cpu" and n > 0 and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
+    if last_only:
+        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
+        for layer in cache.layers:
+            layer.keys[..., dst, :] = layer.keys[..., src, :]
+            layer.values[..., dst, :] = layer.values[..., src, :]
     keep_on: dict[torch.device, torch.Tensor] = {}
-    for layer in cache.layers if not in_place else ():
+    for layer in cache.layers if not (in_place or last_only) else ():
         dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
         if dev not in keep_on:
             keep_on[dev] = nodes.to(dev) + prefix_len

@@ -104,8 +104,13 @@ class MedusaHeads(nn.Module):
     def hidden(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """ResBlock outputs [..., K, d] for the first ``num_heads`` heads."""
         n = self.num_heads if num_heads is None else num_heads
-        L = self.config.num_layers
-        return torch.stack([head[:L](h) for head in self.heads[:n]], dim=-2)
+        outs = []
+        for i in range(n):  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
+            x, head = h, self.heads[i]
+            for j in range(self.config.num_layers):
+                x = head[j](x)
+            outs.append(x)
+        return torch.stack(outs, dim=-2)
 
     def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None) -> torch.Tensor:
         """Head logits [..., K, V'] from final hidden states [..., d].

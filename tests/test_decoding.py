@@ -143,7 +143,7 @@ def test_plain_sampling_is_seeded_and_respects_top_p(models):
 
 # ------------------------------------------------------------------ cache compaction
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("accepted", ["moved", "in-place-root", "in-place-first-child"])
+@pytest.mark.parametrize("accepted", ["moved", "last-moved", "in-place-root", "in-place-first-child"])
 def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models, arch, accepted):
     model = models[arch]
     tree = TREES["mc_sim_7b_63"]
@@ -153,7 +153,9 @@ def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models
     P = prompt.shape[1]
     row = tree.retrieve_indices[7]
     # root + 2 accepted that must move; or nodes already in place (only the crop runs)
-    nodes = {"moved": row[row >= 0][:3], "in-place-root": torch.tensor([0]), "in-place-first-child": torch.tensor([0, 1])}[accepted]
+    first_child_path = next(r for r in tree.retrieve_indices if r[1] == 1 and r[2] > 2)  # [0, 1, x]: only the last slot moves
+    nodes = {"moved": row[row >= 0][:3], "last-moved": first_child_path[:3],
+             "in-place-root": torch.tensor([0]), "in-place-first-child": torch.tensor([0, 1])}[accepted]
     n = len(nodes)
     with torch.no_grad():
         cache = new_cache()
