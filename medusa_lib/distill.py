@@ -51,6 +51,17 @@ def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> li
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [len(rows), longest]: each row right-aligned after ``pad`` ids, as generate wants."""
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention[i, width - len(ids) :] = 1
+    return input_ids, attention
+
+
 def batches(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -66,12 +77,8 @@ def generate_answers(model, tokenizer, prompts: Iterable[dict], *, max_new_token
     rows = [(p, chat_prompt_ids(tokenizer, p["prompt"])) for p in prompts]
     rows.sort(key=lambda r: len(r[1]))  # similar lengths together: less padding
     for group in batches(rows, batch_size):
-        width = max(len(ids) for _, ids in group)
-        input_ids = torch.full((len(group), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(group), width), dtype=torch.long)
-        for i, (_, ids) in enumerate(group):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
+        input_ids, attention = left_padded([ids for _, ids in group], pad)
+        width = input_ids.shape[1]
         if do_sample:
             torch.manual_seed(seed)
         out = model.generate(
@@ -150,13 +157,8 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
             break  # the model keeps writing unusable prompts: stop rather than loop forever
         group = [seeds[rng.randrange(len(seeds))] for _ in range(batch_size)]
         starts = [tokenizer(start, add_special_tokens=False)["input_ids"] for start, _ in group]
-        rows = [prefix + ids for ids in starts]
-        width = max(map(len, rows))
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, ids in enumerate(rows):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
+        input_ids, attention = left_padded([prefix + ids for ids in starts], pad)
+        width = input_ids.shape[1]
         torch.manual_seed(rng.randrange(2**62))
         out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_prompt_tokens,
                              do_sample=True, temperature=temperature, top_p=top_p, top_k=None, pad_token_id=pad)
