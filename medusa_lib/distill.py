@@ -25,12 +25,13 @@ import argparse
 import gzip
 import json
 import random
-import re
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
+
+from .prompts import key_pattern
 
 
 def load_jsonl(path: str | Path) -> list[dict]:
@@ -148,7 +149,7 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
     eos = model.generation_config.eos_token_id
     stop = set(eos if isinstance(eos, list) else [eos])
     device = model.get_input_embeddings().weight.device
-    banned = [re.compile(r"(?<!\w)" + re.escape(k) + r"(?!\w)", re.IGNORECASE) for k in exclude]
+    banned = [key_pattern(k) for k in exclude]  # the same whole-phrase match the held-out split is made with
     seen = {" ".join(k.split()).lower() for k in known}
     made, rounds = 0, 0
     while made < n:
@@ -247,9 +248,9 @@ def self_instruct_main(args) -> None:
             group = [p for _, p in zip(range(args.batch_size), prompts)]
             if not group:
                 break
+            text = {p["id"]: p["prompt"] for p in group}
             for rec in generate_answers(model, tokenizer, group, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
-                prompt = next(p["prompt"] for p in group if p["id"] == rec["id"])
-                f.write(json.dumps({**rec, "prompt": prompt}) + "\n")
+                f.write(json.dumps({**rec, "prompt": text[rec["id"]]}) + "\n")
                 n += 1
                 n_tok += len(rec["answer_ids"])
             f.flush()
