@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods))
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
 

@@ -235,6 +235,7 @@ class Decoder:
         self.model, self.method, self.config = model, method, config
         self.info = model_info(model)
         self.body, self.lm_head = body_and_lm_head(model)
+        self.embed = model.get_input_embeddings()  # root-conditioned heads read the root's embedding
         self.device = input_device(model)
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
@@ -355,7 +356,7 @@ class Decoder:
         t0 = _sync(dev)
         hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
         root = self._pick_root(self.lm_head(hidden), gen)
-        proposals = heads.propose(hidden, self.lm_head, topk=self.tree.topk, num_heads=depth)  # [depth, topk]
+        proposals = heads.propose(hidden, self.lm_head, topk=self.tree.topk, num_heads=depth, root_emb=heads.root_embedding(self.embed, root))  # [depth, topk]
         new, reason = self._finish([int(root)], 0, seq_len)
         t1 = _sync(dev)
         yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
@@ -394,7 +395,7 @@ class Decoder:
             accepted = tree_tokens[nodes.to(dev)][1:].tolist()
             new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
             if reason is None:  # seed the next tree from the last accepted node's hidden state
-                proposals = heads.propose(h[last], self.lm_head, topk=self.tree.topk, num_heads=depth)
+                proposals = heads.propose(h[last], self.lm_head, topk=self.tree.topk, num_heads=depth, root_emb=heads.root_embedding(self.embed, bonus))
             root = bonus
             t4 = _sync(dev)
 

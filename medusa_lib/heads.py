@@ -6,6 +6,16 @@ token t+k+1 (Medusa paper, arXiv 2401.10774, eq. 1):
     p_t^(k) = softmax(W_2^(k) . ResBlock^L(h_t)),   ResBlock(x) = x + SiLU(W_1 x + b_1)
 
 W_1 starts at zero, so a fresh head is the identity followed by the vocabulary projection.
+
+Root-conditioned heads (an option, ``root_conditioned``): every head also reads the token the
+base model has just chosen after h_t (the tree's root, x_{t+1}), through its input embedding:
+
+    ResBlock^L(h_t + R^(k) e(x_{t+1}))
+
+R^(k) is a [d, d] matrix that starts at zero (so a fresh head is a plain Medusa head). The root
+is known when the heads run (it is the base model's own pick at the last accepted node), so the
+tree, its verification and the outputs are unchanged; only the proposals get better. This is the
+first step of Hydra's sequentially dependent heads (arXiv 2402.05109), without their per-node cost.
 The projection W_2 is either the head's own ``Linear(d, V)`` (paper, Medusa-1 checkpoints) or
 the base model's shared ``lm_head`` (ResBlock-only heads, as in TGI's MedusaHeadV2): with a
 shared projection the K heads cost one [K, d] x [d, V] matmul.
@@ -15,6 +25,8 @@ Checkpoint formats read by :func:`load_heads` (see shared/reference/MEDUSA.md):
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
 3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head).
+Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary and
+``root.{i}.weight`` for the root projections of root-conditioned heads.
 The tensors decide the number of heads and layers; the config may understate them.
 """
 
@@ -63,6 +75,7 @@ class HeadsConfig:
     shared_lm_head: bool = True  # project with the base lm_head (ResBlock-only heads)
     num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
     base_model: str | None = None
+    root_conditioned: bool = False  # heads also read the root token's input embedding (see module doc)
 
 
 class MedusaHeads(nn.Module):
@@ -79,6 +92,11 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)], *([nn.Linear(d, out, bias=False)] if own else []))
             for _ in range(config.num_heads)
         )
+        # R^(k) of root-conditioned heads: zero at start, so they begin as plain Medusa heads.
+        self.root = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.num_heads)) if config.root_conditioned else None
+        if self.root is not None:
+            for r in self.root:
+                nn.init.zeros_(r.weight)
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
         # Token id of each output column when the heads predict into a pruned vocabulary.
@@ -101,23 +119,43 @@ class MedusaHeads(nn.Module):
         for head in self.heads:
             head[-1].weight.data.copy_(w.to(head[-1].weight.dtype))
 
-    def hidden(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """ResBlock outputs [..., K, d] for the first ``num_heads`` heads."""
+    @property
+    def root_conditioned(self) -> bool:
+        return self.root is not None
+
+    def root_embedding(self, embed: nn.Module, root: torch.Tensor) -> torch.Tensor | None:
+        """What ``root_emb`` must be for root tokens ``root`` [...]: rows of the base model's input
+        embedding matrix (``model.get_input_embeddings()``), or None for plain heads."""
+        if self.root is None:
+            return None
+        w = embed.weight
+        return w[root.to(w.device)]
+
+    def hidden(self, h: torch.Tensor, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
+        """ResBlock outputs [..., K, d] for the first ``num_heads`` heads.
+
+        ``root_emb`` [..., d]: the input embedding of the root token after each h, required by
+        root-conditioned heads (ignored by plain ones).
+        """
         n = self.num_heads if num_heads is None else num_heads
+        if self.root is not None and root_emb is None:
+            raise HeadsError("These heads are root-conditioned; pass the root token's embedding as root_emb.")
         outs = []
         for i in range(n):  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
             x, head = h, self.heads[i]
+            if self.root is not None:
+                x = x + self.root[i](root_emb.to(device=x.device, dtype=x.dtype))
             for j in range(self.config.num_layers):
                 x = head[j](x)
             outs.append(x)
         return torch.stack(outs, dim=-2)
 
-    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
         """Head logits [..., K, V'] from final hidden states [..., d].
 
         V' is the full vocabulary, or ``num_proposal_tokens`` columns (token ids in ``proposal_ids``).
         """
-        z = self.hidden(h, num_heads)
+        z = self.hidden(h, num_heads, root_emb)
         if self.config.shared_lm_head:
             if lm_head is None:
                 raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
@@ -140,9 +178,9 @@ class MedusaHeads(nn.Module):
         return self._proposal_proj
 
     @torch.no_grad()
-    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None) -> torch.Tensor:
+    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
         """Top-k token ids [K, topk] of each head at one hidden state h [d] (no softmax needed)."""
-        logits = self.forward(h, lm_head, num_heads)
+        logits = self.forward(h, lm_head, num_heads, root_emb)
         ids = torch.topk(logits, topk, dim=-1).indices
         if self.proposal_ids is not None:
             ids = self.proposal_ids[ids]
@@ -171,6 +209,8 @@ class MedusaHeads(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         state = {f"{k}": v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        if self.root is not None:
+            state.update({f"root.{k}": v.detach().contiguous().cpu() for k, v in self.root.state_dict().items()})
         if self.proposal_ids is not None:
             state["proposal_ids"] = self.proposal_ids.cpu()
         cfg = asdict(self.config)
@@ -182,6 +222,7 @@ class MedusaHeads(nn.Module):
             "vocab_size": cfg["vocab_size"],
             "shared_lm_head": cfg["shared_lm_head"],
             "num_proposal_tokens": cfg["num_proposal_tokens"],
+            "root_conditioned": cfg["root_conditioned"],
             "format": "medusa-playground-1",
             **extra,
         }
@@ -206,6 +247,7 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
     """Build heads from a reference-layout state dict (keys ``{i}.{j}.linear.*``, ``{i}.{L}.weight``)."""
     state = dict(state)
     proposal_ids = state.pop("proposal_ids", None)
+    root = {k[len("root."):]: state.pop(k) for k in [k for k in state if k.startswith("root.")]}  # R^(k) of root-conditioned heads
     heads: dict[int, dict[int, set[str]]] = {}
     for key in state:
         m = _KEY.match(key)
@@ -239,10 +281,13 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
         shared_lm_head=not own,
         num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None,
         base_model=base_model or (config or {}).get("base_model_name_or_path"),
+        root_conditioned=bool(root),
     )
     module = MedusaHeads(cfg)
     try:
         module.heads.load_state_dict(state, strict=True)
+        if root:
+            module.root.load_state_dict(root, strict=True)
     except RuntimeError as e:
         raise HeadsError(f"The Medusa heads checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
     if proposal_ids is not None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .distill import load_jsonl
-from .heads import HeadsConfig, MedusaHeads
+from .heads import HeadsConfig, MedusaHeads, load_heads
 from .model import body_and_lm_head, cpu_has_native_bf16, load_model
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
@@ -49,6 +49,7 @@ class TrainConfig:
     patience: int = 2  # evaluations without held-out improvement before stopping
     eval_every: int = 200  # steps
     seed: int = 0
+    root_conditioned: bool = False  # heads also read the root token x_{t+1} (heads.py)
 
 
 class HiddenCache:
@@ -105,6 +106,26 @@ class HiddenCache:
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
+    @torch.inference_mode()
+    def root_ids(self, lm_head: torch.nn.Module) -> torch.Tensor:
+        """x_{t+1} of every position: the root a root-conditioned head sees after h_t at decode time.
+
+        Inside a sequence it is the previous position's first target; at a sequence's first
+        position (the last prompt token) it is the base model's greedy pick from h_t, which is
+        what the distilled answer starts with. Past the end of a sequence: 0 (no head has a target there).
+        """
+        n = len(self)
+        roots = torch.zeros(n, dtype=torch.long)
+        roots[1:] = self.next_ids[:-1, 0]
+        first = torch.ones(n, dtype=torch.bool)
+        first[1:] = self.seq_end[:-1] == torch.arange(1, n)  # the previous position ended its sequence
+        idx = first.nonzero().squeeze(1)
+        w = lm_head.weight
+        for i in range(0, len(idx), 4096):
+            chunk = idx[i : i + 4096]
+            roots[chunk] = (self.hidden[chunk].to(device=w.device, dtype=w.dtype) @ w.T).argmax(-1).cpu()
+        return roots.clamp(min=0)
+
     @classmethod
     def concat(cls, caches: list["HiddenCache"]) -> "HiddenCache":
         """One cache holding the positions of several, in order (seq_end shifted to the new offsets)."""
@@ -153,6 +174,14 @@ class Trainer:
         self.column[ids.cpu()] = torch.arange(ids.numel())
         self.column = self.column.to(self.device)
         self.amp = dtype
+        # Root-conditioned heads: the frozen input embeddings and each cache's x_{t+1} (computed once per cache).
+        self.embed = model.get_input_embeddings().weight.detach().float().to(self.device) if heads.root_conditioned else None
+        self._roots: dict[int, torch.Tensor] = {}
+
+    def roots(self, cache: HiddenCache) -> torch.Tensor:
+        if id(cache) not in self._roots:
+            self._roots[id(cache)] = cache.root_ids(self.lm_head)
+        return self._roots[id(cache)]
 
     def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
         if own:
@@ -165,10 +194,11 @@ class Trainer:
         own = not self.heads.config.shared_lm_head
         dev = self.device
         h = cache.hidden[idx].to(dev).float()
+        root_emb = self.embed[self.roots(cache)[idx].to(dev)] if self.embed is not None else None
         total = torch.zeros((), device=dev)
         hits = torch.zeros(K, 3)
         with torch.autocast(dev.type, dtype=self.amp, enabled=self.amp != torch.float32):
-            z = self.heads.hidden(h)  # [B, K, d]
+            z = self.heads.hidden(h, root_emb=root_emb)  # [B, K, d]
             for k in range(K):
                 target = cache.next_ids[idx, k].to(dev)
                 col = torch.where(target >= 0, self.column[target.clamp(min=0)], torch.full_like(target, -1))
@@ -327,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--prepare-only", action="store_true", help="build the answers and hidden-state caches, then stop")
+    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout; root projections of root-conditioned heads start at zero)")
     for f, v in asdict(TrainConfig()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
     args = ap.parse_args(argv)
@@ -353,13 +384,34 @@ def main(argv: list[str] | None = None) -> None:
         return
     V = model.get_output_embeddings().weight.shape[0]
     d = model.config.hidden_size
-    heads = MedusaHeads(HeadsConfig(hidden_size=d, vocab_size=V, num_heads=cfg.num_heads, num_layers=cfg.num_layers, shared_lm_head=cfg.shared_lm_head, num_proposal_tokens=cfg.proposal_tokens or None))
-    if cfg.proposal_tokens:
+    heads = MedusaHeads(
+        HeadsConfig(
+            hidden_size=d,
+            vocab_size=V,
+            num_heads=cfg.num_heads,
+            num_layers=cfg.num_layers,
+            shared_lm_head=cfg.shared_lm_head,
+            num_proposal_tokens=cfg.proposal_tokens or None,
+            root_conditioned=cfg.root_conditioned,
+        )
+    )
+    if args.init_heads:
+        init = load_heads(args.init_heads, local_only=True)
+        try:
+            res = heads.load_state_dict(init.state_dict(), strict=False)
+            bad = [k for k in res.missing_keys if not k.startswith("root.")] + res.unexpected_keys
+        except RuntimeError:  # a shape differs
+            bad = ["shapes"]
+        if bad:
+            raise SystemExit(f"--init-heads {args.init_heads} has another layout than this run ({init.config}); give heads with the same heads, layers and projection.")
+        print(f"starting from the heads in {args.init_heads}")
+    elif cfg.proposal_tokens:
         eos = model.generation_config.eos_token_id
         heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=eos if isinstance(eos, list) else [eos]))
         coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
         print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
-    heads.init_from_lm_head(model.get_output_embeddings())
+    if not args.init_heads:
+        heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
     tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
     result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes)

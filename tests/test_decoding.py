@@ -343,3 +343,21 @@ def test_two_runs_never_share_state(models):
     interleaved_b += [t for s in b for t in s.tokens]
     assert interleaved_a == dec.run(PROMPT).tokens
     assert interleaved_b == dec.run(PROMPT[:4]).tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_medusa_greedy_equals_plain_greedy_with_root_conditioned_heads(models, arch):
+    model = models[arch]
+    heads = random_heads(4, shared=arch != "gpt2", root=True)
+    seen = []
+    real = heads.propose
+    heads.propose = lambda h, lm_head, **kw: seen.append(kw["root_emb"].clone()) or real(h, lm_head, **kw)
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
+    assert res.tokens == plain_tokens(model)
+    # every proposal read the embedding of the root of the tree it seeds: the last token emitted so far
+    emitted = [s.tokens for s in res.steps]
+    assert len(seen) == len(res.steps) - 1  # no proposals after the last step
+    W = model.get_input_embeddings().weight
+    for i, e in enumerate(seen):
+        so_far = [t for toks in emitted[: i + 1] for t in toks]
+        assert torch.equal(e, W[so_far[-1]])

@@ -12,6 +12,7 @@ from medusa_lib.model import PACKED_GQA, PackedLinear, default_gguf_path, resolv
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
+PLAIN_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"  # Medusa-1 heads that do not read the root
 pytestmark = pytest.mark.slow
 
 
@@ -48,11 +49,12 @@ def test_auto_dtype_is_the_fastest_that_works():
         resolve_dtype("float16", torch.device("cpu"))
 
 
-@pytest.mark.skipif(not (HEADS / "config.json").exists(), reason="trained heads not shipped yet")
-def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32):
+@pytest.mark.parametrize("folder", [HEADS, PLAIN_HEADS], ids=["default", "plain"])
+def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder):
     model, tok = default_fp32
-    heads = load_heads(HEADS, model=model)
-    config = json.loads((HEADS / "config.json").read_text())
+    heads = load_heads(folder, model=model)
+    config = json.loads((folder / "config.json").read_text())
+    assert heads.root_conditioned == (folder == HEADS)
     tree = get_tree(heads.default_tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     assert heads.default_tree == config["default_tree"] and heads.default_tree in heads.tree_presets
     prompts = load_jsonl(ROOT / "assets" / "data" / "bench_prompts.jsonl")[:3]

@@ -135,3 +135,30 @@ def test_bad_checkpoints_get_clear_messages(tmp_path, model):
         load_heads("./missing", model=model)
     with pytest.raises(HeadsError, match="Could not fetch Medusa heads 'nobody/no-such-heads'"):
         load_heads("nobody/no-such-heads", model=model)  # offline in tests
+
+
+def test_root_conditioned_heads_read_the_root_and_round_trip(tmp_path, model):
+    h, root = torch.randn(5, HIDDEN), torch.tensor([4, 9, 9, 200, 31])
+    emb = model.get_input_embeddings()
+    fresh = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, root_conditioned=True))
+    plain = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3))
+    # R starts at zero: a fresh root-conditioned head is a plain Medusa head
+    assert torch.equal(fresh(h, model.lm_head, root_emb=fresh.root_embedding(emb, root)), plain(h, model.lm_head))
+    assert plain.root_embedding(emb, root) is None
+    with pytest.raises(HeadsError, match="root-conditioned; pass the root token's embedding"):
+        fresh(h, model.lm_head)
+    src = random_heads(3, shared=True, root=True)
+    e = src.root_embedding(emb, root)
+    assert torch.equal(e, emb.weight[root])
+    z = src.hidden(h, root_emb=e)
+    x = h + src.root[1](e)  # head 2 by hand: ResBlocks on h + R2 e(root)
+    for j in range(src.config.num_layers):
+        x = x + torch.nn.functional.silu(src.heads[1][j].linear(x))
+    assert torch.allclose(z[:, 1], x, atol=1e-5)
+    # another root, other proposals, from the same hidden state
+    assert not torch.equal(src.propose(h[0], model.lm_head, topk=5, root_emb=e[0]), src.propose(h[0], model.lm_head, topk=5, root_emb=e[3]))
+    src.save(tmp_path, base_model="tiny-llama")
+    assert json.loads((tmp_path / "config.json").read_text())["root_conditioned"] is True
+    back = load_heads(tmp_path, model=model)
+    assert back.config == dataclasses.replace(src.config, base_model="tiny-llama") and back.root_conditioned
+    assert torch.allclose(back(h, model.lm_head, root_emb=e), src(h, model.lm_head, root_emb=e), atol=1e-6)

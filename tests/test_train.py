@@ -4,7 +4,7 @@ import torch
 from conftest import make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
-from medusa_lib.calibrate import head_accuracy
+from medusa_lib.calibrate import head_accuracy, pick_default
 from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, train_heads
 
 K = 3
@@ -105,3 +105,75 @@ def test_head_accuracy_of_identity_heads_is_the_lm_head_hit_rate():
             hits += int(pred[t] == s[t + 2])
             total += 1
     assert abs(acc[0, 0].item() - hits / total) < 1e-6
+
+
+def test_root_ids_are_the_next_tokens_and_the_greedy_pick_at_each_answer_start():
+    model = make_model("llama")
+    recs = records(3)
+    cache = HiddenCache.build(model, recs, num_heads=K, log=lambda m: None)
+    roots = cache.root_ids(model.lm_head)
+    assert roots.shape == (len(cache),)
+    offset = 0
+    for r in sorted(recs, key=lambda r: len(r["prompt_ids"]) + len(r["answer_ids"])):  # the cache's order
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        with torch.no_grad():
+            first = model(input_ids=torch.tensor([s[: start + 1]])).logits[0, -1].argmax().item()
+        got = roots[offset : offset + len(s) - start].tolist()
+        assert got[0] == first  # what the distilled answer would start with
+        assert got[1:-1] == s[start + 2 :]  # x_{t+1} inside the sequence
+        assert got[-1] == 0  # past the end: no head has a target there
+        offset += len(s) - start
+    assert offset == len(cache)
+
+
+def test_root_conditioned_training_uses_the_root_and_resumes_from_plain_heads(tmp_path):
+    # The answer token after x_{t+1} depends on x_{t+1} only: root-conditioned heads can learn
+    # head 1 exactly, so they must beat plain heads trained the same way.
+    model = make_model("llama")
+    model.requires_grad_(False)
+    g = torch.Generator().manual_seed(0)
+
+    def recs(n, seed):
+        g.manual_seed(seed)
+        out = []
+        for i in range(n):
+            a = torch.randint(10, 40, (30,), generator=g).tolist()
+            answer = [a[0]]
+            for j in range(1, 30):  # every other token is a function of the token before it
+                answer.append(a[j] if j % 2 else 10 + (answer[-1] * 7) % 30)
+            out.append({"id": str(i), "prompt_ids": [1, 5 + i], "answer_ids": answer})
+        return out
+
+    train, held = HiddenCache.build(model, recs(16, 0), num_heads=2, log=lambda m: None), HiddenCache.build(model, recs(4, 1), num_heads=2, log=lambda m: None)
+    results = {}
+    for root in (False, True):
+        heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=root))
+        cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, root_conditioned=root)
+        results[root] = train_heads(model, train, held, heads, cfg, out=tmp_path / str(root), log=lambda m: None)["history"][-1]
+    assert results[True]["top1"][0] > results[False]["top1"][0] + 0.1
+    back = load_heads(tmp_path / "True", model=model)
+    assert back.root_conditioned and any(r.weight.abs().sum() > 0 for r in back.root)
+
+
+def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
+    model = make_model("llama")
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=True))
+    seen = []
+    real = heads.propose
+    heads.propose = lambda h, lm_head, **kw: seen.append((h.shape[0], kw["root_emb"])) or real(h, lm_head, **kw)
+    recs = records(2)
+    head_accuracy(model, heads, recs)
+    W = model.get_input_embeddings().weight
+    for r, (n, emb) in zip(recs, seen):
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        assert n == len(s) - start and torch.equal(emb, W[torch.tensor(s[start + 1 :] + [0])])  # x_{t+1} after each h_t
+
+
+def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
+    nodes = {"calibrated-4": 5, "calibrated-5": 6, "calibrated-6": 7, "calibrated-8": 9}
+    speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the shipped heads' calibration
+    assert pick_default(speeds, nodes, 0.02) == "calibrated-5"
+    assert pick_default(speeds, nodes, 0.0) == "calibrated-6"  # no tolerance: the fastest
+    assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
