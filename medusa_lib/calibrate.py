@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
             "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
             "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2)} for n in built},
             "plain_tok_s": round(plain, 2),
+            "speed_prompts": len(speed_ids),
+            "repeats": args.repeats,
+            "tie": args.tie,
             "dtype": str(next(model.parameters()).dtype),
         }
         (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")

@@ -125,7 +125,9 @@ class MedusaHeads(nn.Module):
 
     def root_embedding(self, embed: nn.Module, root: torch.Tensor) -> torch.Tensor | None:
         """What ``root_emb`` must be for root tokens ``root`` [...]: rows of the base model's input
-        embedding matrix (``model.get_input_embeddings()``), or None for plain heads."""
+        embedding matrix (``model.get_input_embeddings()``), or None for plain heads. The raw rows,
+        not ``embed(root)``: training reads the same rows, whatever scaling a model's embedding
+        module applies in its forward."""
         if self.root is None:
             return None
         w = embed.weight
@@ -199,6 +201,12 @@ class MedusaHeads(nn.Module):
             raise HeadsError(
                 f"These Medusa heads predict a vocabulary of {self.config.vocab_size} tokens, but the model's has {V}; "
                 "load heads trained for this model and tokenizer."
+            )
+        emb = model.get_input_embeddings().weight.shape[1]
+        if self.root is not None and emb != self.config.hidden_size:
+            raise HeadsError(
+                f"These root-conditioned Medusa heads read token embeddings of width {self.config.hidden_size}, but the model's "
+                f"input embeddings have width {emb}; use plain Medusa heads with this model."
             )
 
     # ---------------------------------------------------------------- saving
@@ -370,6 +378,8 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
     heads.default_tree = config.get("default_tree")
+    if config.get("root_conditioned") and not heads.root_conditioned:
+        raise HeadsError(f"{folder}/config.json says the heads are root-conditioned, but the checkpoint holds no root.* tensors; the checkpoint is incomplete.")
     if model is not None:
         heads.check_fits(model)
         p = next(model.parameters())

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .distill import load_jsonl
-from .heads import HeadsConfig, MedusaHeads, load_heads
+from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
 from .model import body_and_lm_head, cpu_has_native_bf16, load_model
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
@@ -61,6 +61,7 @@ class HiddenCache:
 
     def __init__(self, hidden: torch.Tensor, next_ids: torch.Tensor, seq_end: torch.Tensor):
         self.hidden, self.next_ids, self.seq_end = hidden, next_ids, seq_end
+        self._roots: torch.Tensor | None = None  # root_ids(), computed on first use
 
     @classmethod
     @torch.inference_mode()
@@ -112,8 +113,12 @@ class HiddenCache:
 
         Inside a sequence it is the previous position's first target; at a sequence's first
         position (the last prompt token) it is the base model's greedy pick from h_t, which is
-        what the distilled answer starts with. Past the end of a sequence: 0 (no head has a target there).
+        what a greedy distilled answer starts with (the cache does not keep that first token; answers
+        sampled at a temperature may start otherwise). Past the end of a sequence: 0 (no head has a
+        target there). Computed once and kept on the cache.
         """
+        if self._roots is not None:
+            return self._roots
         n = len(self)
         roots = torch.zeros(n, dtype=torch.long)
         roots[1:] = self.next_ids[:-1, 0]
@@ -123,8 +128,9 @@ class HiddenCache:
         w = lm_head.weight
         for i in range(0, len(idx), 4096):
             chunk = idx[i : i + 4096]
-            roots[chunk] = (self.hidden[chunk].to(device=w.device, dtype=w.dtype) @ w.T).argmax(-1).cpu()
-        return roots.clamp(min=0)
+            roots[chunk] = lm_head(self.hidden[chunk].to(device=w.device, dtype=w.dtype)).argmax(-1).cpu()
+        self._roots = roots.clamp(min=0)
+        return self._roots
 
     @classmethod
     def concat(cls, caches: list["HiddenCache"]) -> "HiddenCache":
@@ -176,12 +182,6 @@ class Trainer:
         self.amp = dtype
         # Root-conditioned heads: the frozen input embeddings and each cache's x_{t+1} (computed once per cache).
         self.embed = model.get_input_embeddings().weight.detach().float().to(self.device) if heads.root_conditioned else None
-        self._roots: dict[int, torch.Tensor] = {}
-
-    def roots(self, cache: HiddenCache) -> torch.Tensor:
-        if id(cache) not in self._roots:
-            self._roots[id(cache)] = cache.root_ids(self.lm_head)
-        return self._roots[id(cache)]
 
     def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
         if own:
@@ -194,7 +194,7 @@ class Trainer:
         own = not self.heads.config.shared_lm_head
         dev = self.device
         h = cache.hidden[idx].to(dev).float()
-        root_emb = self.embed[self.roots(cache)[idx].to(dev)] if self.embed is not None else None
+        root_emb = self.embed[cache.root_ids(self.lm_head)[idx].to(dev)] if self.embed is not None else None
         total = torch.zeros((), device=dev)
         hits = torch.zeros(K, 3)
         with torch.autocast(dev.type, dtype=self.amp, enabled=self.amp != torch.float32):
@@ -240,7 +240,7 @@ class Trainer:
         return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
 
 
-def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None) -> dict:
+def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None, init: str | None = None) -> dict:
     """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``).
 
     The optimiser state goes to ``state_path`` (default ``out/train_state.pt``) at every evaluation;
@@ -257,6 +257,8 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     state_path = Path(state_path) if state_path is not None else out / "train_state.pt"
     run_key = {"config": asdict(cfg), "train_positions": len(train_cache), "heldout_positions": len(heldout_cache)}
+    if init:  # a run that started from other heads (--init-heads) is another run
+        run_key["init_heads"] = init
     step, best, bad, history = 0, float("inf"), 0, []
     if state_path.exists():  # resume
         st = torch.load(state_path, weights_only=False)
@@ -306,6 +308,26 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
             log("time budget reached")
             break
     return {"steps": step, "best_loss": best, "history": history, "minutes": (time.perf_counter() - t0) / 60}
+
+
+def start_from(heads: MedusaHeads, folder: str | Path) -> None:
+    """Copy trained heads of the same layout into ``heads`` (``--init-heads``). Plain heads may
+    seed root-conditioned ones: their root projections stay at zero, so they start as the plain heads."""
+    try:
+        init = load_heads(folder, local_only=True)
+    except HeadsError as e:
+        raise SystemExit(f"--init-heads: {e}") from None
+    ours, theirs = heads.state_dict(), init.state_dict()
+    missing = [k for k in ours if k not in theirs and not k.startswith("root.")]
+    extra = [k for k in theirs if k not in ours]
+    shapes = [k for k in ours if k in theirs and ours[k].shape != theirs[k].shape]
+    if missing or extra or shapes:
+        what = "; ".join(f"{name}: {', '.join(keys[:4])}" for name, keys in (("missing", missing), ("not in this run", extra), ("other shape", shapes)) if keys)
+        raise SystemExit(
+            f"--init-heads {folder} has another layout than this run ({what}); match --num-heads, --num-layers, "
+            "--shared-lm-head and --proposal-tokens to those heads (and --root-conditioned true if they read the root)."
+        )
+    heads.load_state_dict(theirs, strict=False)
 
 
 def cached_hidden(model, records: list[dict], bounds: list[int], work: Path, split: str, num_heads: int) -> HiddenCache:
@@ -396,14 +418,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     if args.init_heads:
-        init = load_heads(args.init_heads, local_only=True)
-        try:
-            res = heads.load_state_dict(init.state_dict(), strict=False)
-            bad = [k for k in res.missing_keys if not k.startswith("root.")] + res.unexpected_keys
-        except RuntimeError:  # a shape differs
-            bad = ["shapes"]
-        if bad:
-            raise SystemExit(f"--init-heads {args.init_heads} has another layout than this run ({init.config}); give heads with the same heads, layers and projection.")
+        start_from(heads, args.init_heads)
         print(f"starting from the heads in {args.init_heads}")
     elif cfg.proposal_tokens:
         eos = model.generation_config.eos_token_id
@@ -414,7 +429,8 @@ def main(argv: list[str] | None = None) -> None:
         heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
     tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
-    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes)
+    init = str(Path(args.init_heads).resolve()) if args.init_heads else None
+    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes, init=init)
     summary = {"config": asdict(cfg), "train_positions": len(caches["train"]), "heldout_positions": len(caches["heldout"]), **result}
     (work / f"train_summary-{tag}.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))

@@ -345,16 +345,20 @@ def test_two_runs_never_share_state(models):
     assert interleaved_b == dec.run(PROMPT[:4]).tokens
 
 
+@pytest.mark.parametrize("method", ["medusa-greedy", "medusa-typical"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_medusa_greedy_equals_plain_greedy_with_root_conditioned_heads(models, arch):
+def test_root_conditioned_heads_read_each_tree_root_and_greedy_stays_exact(models, arch, method):
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2", root=True)
     seen = []
     real = heads.propose
     heads.propose = lambda h, lm_head, **kw: seen.append(kw["root_emb"].clone()) or real(h, lm_head, **kw)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
-    assert res.tokens == plain_tokens(model)
-    # every proposal read the embedding of the root of the tree it seeds: the last token emitted so far
+    cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["cartesian-3x2x2"], config=cfg)
+    if method == "medusa-greedy":
+        assert res.tokens == plain_tokens(model)
+    # every proposal read the embedding of the root of the tree it seeds: the last token emitted so
+    # far (sampled, for typical acceptance at a temperature)
     emitted = [s.tokens for s in res.steps]
     assert len(seen) == len(res.steps) - 1  # no proposals after the last step
     W = model.get_input_embeddings().weight

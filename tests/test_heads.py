@@ -162,3 +162,17 @@ def test_root_conditioned_heads_read_the_root_and_round_trip(tmp_path, model):
     back = load_heads(tmp_path, model=model)
     assert back.config == dataclasses.replace(src.config, base_model="tiny-llama") and back.root_conditioned
     assert torch.allclose(back(h, model.lm_head, root_emb=e), src(h, model.lm_head, root_emb=e), atol=1e-6)
+
+
+def test_root_conditioned_heads_are_checked_against_config_and_model(tmp_path, model):
+    random_heads(2, shared=True).save(tmp_path)  # plain heads ...
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "root_conditioned": True}))  # ... whose config says otherwise
+    with pytest.raises(HeadsError, match="says the heads are root-conditioned, but the checkpoint holds no root"):
+        load_heads(tmp_path, model=model)
+    random_heads(2, shared=True, root=True).save(tmp_path / "root")
+    narrow = make_model("llama")
+    narrow.set_input_embeddings(torch.nn.Embedding(VOCAB, HIDDEN // 2))  # embeddings narrower than the hidden state
+    with pytest.raises(HeadsError, match="input embeddings have width 32; use plain Medusa heads"):
+        load_heads(tmp_path / "root", model=narrow)
+    load_heads(tmp_path / "root", model=model)  # fits

@@ -109,6 +109,19 @@ def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
         assert torch.equal(packed.propose(h[0], None, topk=4), plain.propose(h[0], None, topk=4))
 
 
+def test_prepacked_root_conditioned_heads_propose_the_same(tmp_path):
+    stock = make_model("llama").requires_grad_(False)
+    model = copy.deepcopy(stock)
+    prepack_linear_weights(model)
+    random_heads(3, shared=True, root=True).save(tmp_path)
+    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    assert sum(isinstance(m, PackedLinear) for m in packed.root.modules()) == 3  # the root projections are packed too
+    h, root = torch.randn(64), torch.tensor(17)
+    e = plain.root_embedding(stock.get_input_embeddings(), root)
+    with torch.no_grad():
+        assert torch.equal(packed.propose(h, model.lm_head, topk=4, root_emb=e), plain.propose(h, stock.lm_head, topk=4, root_emb=e))
+
+
 def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
     import medusa_lib.model as M
 

@@ -5,7 +5,7 @@ from conftest import make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
 from medusa_lib.calibrate import head_accuracy, pick_default
-from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, train_heads
+from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, start_from, train_heads
 
 K = 3
 
@@ -127,7 +127,7 @@ def test_root_ids_are_the_next_tokens_and_the_greedy_pick_at_each_answer_start()
     assert offset == len(cache)
 
 
-def test_root_conditioned_training_uses_the_root_and_resumes_from_plain_heads(tmp_path):
+def test_root_conditioned_heads_learn_what_plain_heads_cannot(tmp_path):
     # The answer token after x_{t+1} depends on x_{t+1} only: root-conditioned heads can learn
     # head 1 exactly, so they must beat plain heads trained the same way.
     model = make_model("llama")
@@ -177,3 +177,29 @@ def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
     assert pick_default(speeds, nodes, 0.02) == "calibrated-5"
     assert pick_default(speeds, nodes, 0.0) == "calibrated-6"  # no tolerance: the fastest
     assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
+
+
+def test_init_heads_seeds_root_conditioned_heads_with_plain_ones_and_refuses_other_layouts(tmp_path):
+    import pytest
+    from conftest import random_heads
+
+    plain = random_heads(3, shared=True, hidden=64, vocab=320)
+    plain.save(tmp_path / "plain")
+    root = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True))
+    for r in root.root:
+        torch.nn.init.normal_(r.weight)
+    start_from(root, tmp_path / "plain")
+    assert all(torch.equal(root.heads.state_dict()[k], v) for k, v in plain.heads.state_dict().items())
+    # the plain heads carry no root projections: R stays as it was built (zero in training; random here)
+    h = torch.randn(4, 64)
+    zero = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True))
+    start_from(zero, tmp_path / "plain")
+    assert torch.equal(zero.hidden(h, root_emb=torch.randn(4, 64)), plain.hidden(h))  # starts as the plain heads
+    deeper = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=2))
+    with pytest.raises(SystemExit, match=r"another layout than this run \(missing: heads.0.1.linear.weight"):
+        start_from(deeper, tmp_path / "plain")
+    pruned = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=64))
+    with pytest.raises(SystemExit, match="not in this run|missing: proposal_ids"):
+        start_from(pruned, tmp_path / "plain")
+    with pytest.raises(SystemExit, match="--init-heads: No Medusa heads found"):
+        start_from(plain, tmp_path / "nowhere")
