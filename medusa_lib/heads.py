@@ -7,6 +7,10 @@ token t+k+1 (Medusa paper, arXiv 2401.10774, eq. 1):
 
 W_1 starts at zero, so a fresh head is the identity followed by the vocabulary projection.
 
+The projection W_2 is either the head's own ``Linear(d, V)`` (paper, Medusa-1 checkpoints) or
+the base model's shared ``lm_head`` (ResBlock-only heads, as in TGI's MedusaHeadV2): with a
+shared projection the K heads cost one [K, d] x [d, V] matmul.
+
 Root-conditioned heads (an option, ``root_conditioned``): every head also reads the token the
 base model has just chosen after h_t (the tree's root, x_{t+1}), through its input embedding:
 
@@ -16,9 +20,6 @@ R^(k) is a [d, d] matrix that starts at zero (so a fresh head is a plain Medusa 
 is known when the heads run (it is the base model's own pick at the last accepted node), so the
 tree, its verification and the outputs are unchanged; only the proposals get better. This is the
 first step of Hydra's sequentially dependent heads (arXiv 2402.05109), without their per-node cost.
-The projection W_2 is either the head's own ``Linear(d, V)`` (paper, Medusa-1 checkpoints) or
-the base model's shared ``lm_head`` (ResBlock-only heads, as in TGI's MedusaHeadV2): with a
-shared projection the K heads cost one [K, d] x [d, V] matmul.
 
 Checkpoint formats read by :func:`load_heads` (see shared/reference/MEDUSA.md):
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with

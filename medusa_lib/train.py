@@ -180,7 +180,7 @@ class Trainer:
         self.column[ids.cpu()] = torch.arange(ids.numel())
         self.column = self.column.to(self.device)
         self.amp = dtype
-        # Root-conditioned heads: the frozen input embeddings and each cache's x_{t+1} (computed once per cache).
+        # Root-conditioned heads read these frozen input-embedding rows at each cache's x_{t+1} (HiddenCache.root_ids).
         self.embed = model.get_input_embeddings().weight.detach().float().to(self.device) if heads.root_conditioned else None
 
     def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
@@ -420,12 +420,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.init_heads:
         start_from(heads, args.init_heads)
         print(f"starting from the heads in {args.init_heads}")
-    elif cfg.proposal_tokens:
-        eos = model.generation_config.eos_token_id
-        heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=eos if isinstance(eos, list) else [eos]))
-        coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
-        print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
-    if not args.init_heads:
+    else:
+        if cfg.proposal_tokens:
+            eos = model.generation_config.eos_token_id
+            heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=eos if isinstance(eos, list) else [eos]))
+            coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
+            print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
         heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
     tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
