@@ -19,8 +19,9 @@ EXPLAIN = """
   **tokens/s** counts only the decode steps (the prompt's *prefill* is reported apart in the summary).
 
 **What is a tree?** Head *k* proposes its top-10 tokens for position *t+k*. (The embedded heads also read
-the tree's root, the base model's own next token, so head 1 guesses the token *after* a known one; plain
-Medusa heads see only the hidden state.) A tree is a list of
+the tree's root, the base model's own next token, so head 1 guesses the token *after* a known one, and
+each deeper head reads the guesses above it on its own branch, so a branch reads like a sentence; plain
+Medusa heads see only the hidden state, and every branch then gets the same guesses from head *k*.) A tree is a list of
 paths such as `[[0], [0, 0], [1]]`: `[0]` = head 1's best guess, `[0, 0]` = head 1's best guess followed by
 head 2's best guess, `[1]` = head 1's second guess. All paths go into the model as one sequence; the
 **tree attention mask** lets each node see the prompt (the *prefix* column), the root, its own ancestors
@@ -34,8 +35,8 @@ entropy of the base model's prediction: when the model is unsure (large H) more 
 differ; it is usually as fluent and accepts more tokens per step.
 
 **Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a
-one-token step: on this project's CPU about 1.1x in bfloat16 and 1.5x in float32 for the default 6-token
+one-token step: on this project's CPU about 1.2x in bfloat16 and 1.5x in float32 for the default 7-token
 tree, and more for bigger trees. Medusa wins when the heads are accurate enough that the extra tokens
-per step outweigh the extra cost per step (the embedded heads make about 1.8 tokens per step). With
+per step outweigh the extra cost per step (the embedded heads make about 1.95 tokens per step). With
 *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.
 """

@@ -3,10 +3,15 @@
     python -m medusa_lib.calibrate --heads assets/heads/smollm2-135m-instruct
 
 1. acc[k][r] = P(head k's rank-r token is the base model's next-but-k token), measured on the
-   base model's own greedy answers to calibration prompts the heads were not trained on.
+   base model's own greedy answers to calibration prompts the heads were not trained on
+   (path-conditioned heads read the answer's own tokens as their branch: acc[k][r] is then the
+   probability given a correct branch, which is what a tree path needs).
 2. For N in {4, 8, 16, 32, 64}: the greedy tree (grow from the root, always adding the frontier
    node with the largest product of accuracies) and its expected tokens/step
-   1 + sum over nodes of that product.
+   1 + sum over nodes of that product; and its *simulated* tokens/step: the accuracy answers walked
+   as greedy decoding would walk them, each step's tree drafted by the heads and accepted against
+   the answer's own next tokens (no independence assumption, no decoding; exact when the answers
+   are the model's greedy answers in the same dtype).
 3. Measure tokens/step and wall-clock tokens/s of Medusa greedy with each tree against plain
    greedy on held-out prompts, one after another on this device, and pick the default tree by
    measured speed, not by tokens/step alone.
@@ -31,20 +36,32 @@ from .tree import TOPK, build_tree, greedy_choices
 SIZES = (4, 8, 16, 32, 64)
 
 
+def _answer_states(model, records: list[dict]):
+    """(sequence, start, h) per record: h [n, d] are the final hidden states from the last prompt
+    position (it predicts the first answer token) to the end."""
+    body, _ = body_and_lm_head(model)
+    device = model.get_input_embeddings().weight.device
+    for r in records:
+        seq = list(r["prompt_ids"]) + list(r["answer_ids"])
+        start = len(r["prompt_ids"]) - 1
+        yield seq, start, body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]
+
+
 @torch.inference_mode()
 def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK) -> torch.Tensor:
     """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
-    body, lm_head = body_and_lm_head(model)
+    _, lm_head = body_and_lm_head(model)
     device = model.get_input_embeddings().weight.device
     K = heads.num_heads
     hits = torch.zeros(K, topk)
     counts = torch.zeros(K)
-    for r in records:
-        seq = list(r["prompt_ids"]) + list(r["answer_ids"])
-        start = len(r["prompt_ids"]) - 1  # the last prompt position predicts the first answer token
-        h = body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]
-        roots = torch.tensor(seq[start + 1 :] + [0], device=device)  # x_{t+1} after each h_t (root-conditioned heads)
-        ids = heads.propose(h, lm_head, topk=topk, root_emb=heads.root_embedding(model.get_input_embeddings(), roots)).cpu()  # [n, K, topk]
+    for seq, start, h in _answer_states(model, records):
+        after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)  # x_{t+1}, x_{t+2}, ... after each h_t
+        n_pos = h.shape[0]
+        roots = after[:n_pos]  # the root x_{t+1} (root-conditioned heads)
+        path = torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1) if heads.path_conditioned and K > 1 else None  # [n, K-1]: the true branch (teacher forcing)
+        embed = model.get_input_embeddings()
+        ids = heads.propose(h, lm_head, topk=topk, root_emb=heads.root_embedding(embed, roots), path_emb=None if path is None else embed.weight[path]).cpu()  # [n, K, topk]
         for k in range(1, K + 1):
             n = len(seq) - start - k - 1  # positions t with a target x_{t+k+1}
             if n <= 0:
@@ -54,6 +71,50 @@ def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int =
             hits[k - 1] += match.float().sum(0)
             counts[k - 1] += n
     return hits / counts.clamp(min=1)[:, None]
+
+
+@torch.inference_mode()
+def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict]) -> dict[str, list[torch.Tensor]]:
+    """Per tree, per record: the candidates greedy verification would accept at every answer position.
+
+    At position t (root x_{t+1}, the answer's next token) the heads draft the tree from h_t, and a
+    root-to-leaf path is accepted as far as its tokens are x_{t+2}, x_{t+3}, ... (the base model's
+    own greedy continuation, for greedy answers); the longest run over the paths counts.
+    """
+    _, lm_head = body_and_lm_head(model)
+    embed = model.get_input_embeddings()
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in trees}
+    for seq, start, h in _answer_states(model, records):
+        answer = torch.tensor(seq[start + 1 :], dtype=torch.long)  # x_{t+1} of each position t from start on
+        n = answer.numel()
+        for name, tree in trees.items():
+            D = tree.depth
+            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]  # [n, D]: x_{t+2} .. x_{t+D+1}
+            tokens = heads.draft(h[:n], lm_head, tree, answer.to(h.device), embed).cpu()  # [n, L]
+            ri = tree.retrieve_indices.cpu()
+            path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
+            match = (path == truth[:, None, :]) & (ri[:, 1:] >= 0)
+            out[name].append(match.long().cumprod(-1).sum(-1).max(-1).values)
+    return out
+
+
+def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict]) -> dict[str, float]:
+    """Tokens/step of greedy Medusa on the answers, simulated: walk each answer as decoding would
+    (the prefill gives its first token; a step rooted at answer position i accepts
+    :func:`simulated_accepts` [i] candidates plus the bonus token, and the next step is rooted
+    where that leaves off), then decoded tokens over steps, as ``RunResult.tokens_per_step``.
+    (Averaging 1 + accepts over *all* positions instead would overstate it: easy stretches give
+    long runs but are visited by few steps.)"""
+    out = {}
+    for name, per_record in simulated_accepts(model, heads, trees, records).items():
+        tokens = steps = 0
+        for a in per_record:
+            a, n, i = a.tolist(), len(a), 0
+            while i < n - 1:
+                emitted = min(a[i] + 1, n - 1 - i)
+                tokens, steps, i = tokens + emitted, steps + 1, i + emitted
+        out[name] = tokens / steps if steps else 1.0
+    return out
 
 
 def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1) -> dict:
@@ -121,14 +182,15 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
+    simulated = simulated_tokens_per_step(model, heads, built, records)
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
     results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     plain = results["plain"]["tok_s"]
-    print(f"\n{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
-    print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
+    print(f"\n{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
+    print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
     for name, t in built.items():
         r = results[name]
-        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['tok_s'] / plain:>9.2f}x")
+        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{simulated[name]:>11.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['tok_s'] / plain:>9.2f}x")
     fastest = max(built, key=lambda n: results[n]["tok_s"])
     best = pick_default({n: results[n]["tok_s"] for n in built}, {n: t.num_nodes for n, t in built.items()}, args.tie)
     print(f"\nfastest on this device: {fastest}; default (smallest tree within {args.tie:.0%} of it): {best}")
@@ -141,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
             "accuracy_top5": [round(x, 4) for x in acc[:, :5].sum(1).tolist()],
             "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
-            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2)} for n in built},
+            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "simulated_tokens_per_step": round(simulated[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2)} for n in built},
             "plain_tok_s": round(plain, 2),
             "speed_prompts": len(speed_ids),
             "repeats": args.repeats,

@@ -7,7 +7,8 @@
   accept iff p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T).
 
 One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward:
-  propose  tree tokens = [root, head-1 top-k, head-2 top-k, ...][tree_indices]
+  propose  tree tokens = [root, head-1 top-k, head-2 top-k, ...][tree_indices] (path-conditioned
+           heads fill the tree level by level instead: ``MedusaHeads.draft``)
   verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
   accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
   commit   gather the accepted tree slots of every cache layer to the front of the tree
@@ -235,7 +236,7 @@ class Decoder:
         self.model, self.method, self.config = model, method, config
         self.info = model_info(model)
         self.body, self.lm_head = body_and_lm_head(model)
-        self.embed = model.get_input_embeddings()  # root-conditioned heads read the root's embedding
+        self.embed = model.get_input_embeddings()  # root- and path-conditioned heads read token embeddings
         self.device = input_device(model)
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
@@ -352,11 +353,11 @@ class Decoder:
         cache = new_cache()
         seq_len = ids.shape[1]
 
-        # Prefill: the prompt's KV, the root (first new token) and the heads' first proposals.
+        # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree.
         t0 = _sync(dev)
         hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
         root = self._pick_root(self.lm_head(hidden), gen)
-        proposals = heads.propose(hidden, self.lm_head, topk=self.tree.topk, num_heads=depth, root_emb=heads.root_embedding(self.embed, root))  # [depth, topk]
+        drafted = heads.draft(hidden, self.lm_head, self.tree_out, root, self.embed)  # [L] tokens of the full tree
         new, reason = self._finish([int(root)], 0, seq_len)
         t1 = _sync(dev)
         yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
@@ -371,8 +372,7 @@ class Decoder:
             L = tree.num_nodes
 
             t0 = _sync(dev)
-            candidates = torch.cat([root.view(1).to(dev), proposals.flatten().to(dev)])  # [root, head1 top-k, head2 top-k, ...]
-            tree_tokens = candidates[tree.tree_indices] if full else root.view(1).to(dev)
+            tree_tokens = drafted.to(dev) if full else root.view(1).to(dev)
             t1 = _sync(dev)
 
             # Every node sees the whole prefix, then the root, its ancestors and itself.
@@ -394,8 +394,8 @@ class Decoder:
             bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
             accepted = tree_tokens[nodes.to(dev)][1:].tolist()
             new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
-            if reason is None:  # seed the next tree from the last accepted node's hidden state
-                proposals = heads.propose(h[last], self.lm_head, topk=self.tree.topk, num_heads=depth, root_emb=heads.root_embedding(self.embed, bonus))
+            if reason is None:  # draft the next tree from the last accepted node's hidden state
+                drafted = heads.draft(h[last], self.lm_head, self.tree_out, bonus, self.embed)
             root = bonus
             t4 = _sync(dev)
 

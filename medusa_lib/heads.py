@@ -21,13 +21,23 @@ is known when the heads run (it is the base model's own pick at the last accepte
 tree, its verification and the outputs are unchanged; only the proposals get better. This is the
 first step of Hydra's sequentially dependent heads (arXiv 2402.05109), without their per-node cost.
 
+Path-conditioned heads (``path_conditioned``, root-conditioned too) are Hydra's sequential heads:
+head k also reads the tokens of its own branch above it, x_{t+2} .. x_{t+k}:
+
+    ResBlock^L(h_t + R^(k) e(x_{t+1}) + sum_{j=1}^{k-1} P^(k,j) e(x_{t+j+1}))
+
+P^(k,j) [d, d] start at zero (a fresh path head is a root-conditioned one). In a tree the
+branch tokens are the node's ancestors, so proposals are made level by level (``draft``): one
+batched head call per tree level, with one row per node that has children at that level.
+
 Checkpoint formats read by :func:`load_heads` (see shared/reference/MEDUSA.md):
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
 3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head).
-Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary and
-``root.{i}.weight`` for the root projections of root-conditioned heads.
+Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary,
+``root.{i}.weight`` for the root projections of root-conditioned heads and ``path.{i}.{j}.weight``
+for the branch projections P^(i+1, j+1) of path-conditioned heads.
 The tensors decide the number of heads and layers; the config may understate them.
 """
 
@@ -77,6 +87,7 @@ class HeadsConfig:
     num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
     base_model: str | None = None
     root_conditioned: bool = False  # heads also read the root token's input embedding (see module doc)
+    path_conditioned: bool = False  # head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned)
 
 
 class MedusaHeads(nn.Module):
@@ -95,9 +106,12 @@ class MedusaHeads(nn.Module):
         )
         # R^(k) of root-conditioned heads: zero at start, so they begin as plain Medusa heads.
         self.root = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.num_heads)) if config.root_conditioned else None
-        if self.root is not None:
-            for r in self.root:
-                nn.init.zeros_(r.weight)
+        if config.path_conditioned and not config.root_conditioned:
+            raise HeadsError("Path-conditioned heads read the root token too; set root_conditioned=True as well.")
+        # P^(k,j) of path-conditioned heads: head i (0-based) reads the i branch tokens above it.
+        self.path = nn.ModuleList(nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(i)) for i in range(config.num_heads)) if config.path_conditioned else None
+        for m in [*(self.root or []), *(p for ps in (self.path or []) for p in ps)]:
+            nn.init.zeros_(m.weight)
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
         # Token id of each output column when the heads predict into a pruned vocabulary.
@@ -124,6 +138,10 @@ class MedusaHeads(nn.Module):
     def root_conditioned(self) -> bool:
         return self.root is not None
 
+    @property
+    def path_conditioned(self) -> bool:
+        return self.path is not None
+
     def root_embedding(self, embed: nn.Module, root: torch.Tensor) -> torch.Tensor | None:
         """What ``root_emb`` must be for root tokens ``root`` [...]: rows of the base model's input
         embedding matrix (``model.get_input_embeddings()``), or None for plain heads. The raw rows,
@@ -134,38 +152,53 @@ class MedusaHeads(nn.Module):
         w = embed.weight
         return w[root.to(w.device)]
 
-    def hidden(self, h: torch.Tensor, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(self, h: torch.Tensor, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
         """ResBlock outputs [..., K, d] for the first ``num_heads`` heads.
 
         ``root_emb`` [..., d]: the input embedding of the root token after each h, required by
-        root-conditioned heads (ignored by plain ones).
+        root-conditioned heads (ignored by plain ones). ``path_emb`` [..., K-1, d]: the embeddings
+        of x_{t+2}..x_{t+K} (teacher forcing: the true branch), required by path-conditioned heads
+        from the second head on.
         """
         n = self.num_heads if num_heads is None else num_heads
         if self.root is not None and root_emb is None:
             raise HeadsError("These heads are root-conditioned; pass the root token's embedding as root_emb.")
-        outs = []
-        for i in range(n):  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
-            x, head = h, self.heads[i]
-            if self.root is not None:
-                x = x + self.root[i](root_emb.to(device=x.device, dtype=x.dtype))
-            for j in range(self.config.num_layers):
-                x = head[j](x)
-            outs.append(x)
-        return torch.stack(outs, dim=-2)
+        if self.path is not None and n > 1 and (path_emb is None or path_emb.shape[-2] < n - 1):
+            raise HeadsError(f"These heads are path-conditioned; pass the embeddings of the {n - 1} branch tokens after the root as path_emb [..., {n - 1}, d].")
+        return torch.stack([self._head(i, h, root_emb, path_emb) for i in range(n)], dim=-2)
 
-    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def _head(self, i: int, h: torch.Tensor, root_emb: torch.Tensor | None, path_emb: torch.Tensor | None) -> torch.Tensor:
+        """ResBlock output of head i (0-based) at h [..., d]; path_emb [..., >= i, d] its branch tokens."""
+        x, head = h, self.heads[i]  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
+        if self.root is not None:
+            x = x + self.root[i](root_emb.to(device=x.device, dtype=x.dtype))
+        if self.path is not None:
+            for j in range(i):
+                x = x + self.path[i][j](path_emb[..., j, :].to(device=x.device, dtype=x.dtype))
+        for j in range(self.config.num_layers):
+            x = head[j](x)
+        return x
+
+    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
         """Head logits [..., K, V'] from final hidden states [..., d].
 
         V' is the full vocabulary, or ``num_proposal_tokens`` columns (token ids in ``proposal_ids``).
         """
-        z = self.hidden(h, num_heads, root_emb)
+        z = self.hidden(h, num_heads, root_emb, path_emb)
         if self.config.shared_lm_head:
-            if lm_head is None:
-                raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
-            if self.proposal_ids is not None:
-                return self._proposal_projection(lm_head)(z)
-            return lm_head(z.to(lm_head.weight.dtype))
-        return torch.stack([head[-1](z[..., i, :]) for i, head in enumerate(self.heads[: z.shape[-2]])], dim=-2)
+            return self._project(z, lm_head)
+        return torch.stack([self._project(z[..., i, :], lm_head, i) for i in range(z.shape[-2])], dim=-2)
+
+    def _project(self, z: torch.Tensor, lm_head: nn.Module | None, i: int | None = None) -> torch.Tensor:
+        """Logits of ResBlock outputs z: through the shared lm_head (rows of the proposal tokens),
+        or head i's own projection."""
+        if not self.config.shared_lm_head:
+            return self.heads[i][-1](z)
+        if lm_head is None:
+            raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
+        if self.proposal_ids is not None:
+            return self._proposal_projection(lm_head)(z)
+        return lm_head(z.to(lm_head.weight.dtype))
 
     def _proposal_projection(self, lm_head: nn.Module) -> nn.Module:
         """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (not on
@@ -181,13 +214,39 @@ class MedusaHeads(nn.Module):
         return self._proposal_proj
 
     @torch.no_grad()
-    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None, root_emb: torch.Tensor | None = None) -> torch.Tensor:
-        """Top-k token ids [K, topk] of each head at one hidden state h [d] (no softmax needed)."""
-        logits = self.forward(h, lm_head, num_heads, root_emb)
-        ids = torch.topk(logits, topk, dim=-1).indices
-        if self.proposal_ids is not None:
-            ids = self.proposal_ids[ids]
-        return ids
+    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
+        """Top-k token ids [..., K, topk] of each head at hidden states h [..., d] (no softmax needed)."""
+        logits = self.forward(h, lm_head, num_heads, root_emb, path_emb)
+        return self._token_ids(torch.topk(logits, topk, dim=-1).indices)
+
+    def _token_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.proposal_ids is None else self.proposal_ids[columns]
+
+    @torch.no_grad()
+    def draft(self, h: torch.Tensor, lm_head: nn.Module | None, tree, root: torch.Tensor, embed: nn.Module | None = None) -> torch.Tensor:
+        """Token ids [..., L] of every node of ``tree`` (a ``MedusaTree``) after hidden states h [..., d]
+        whose roots are ``root`` [...] (one tree per hidden state; decoding drafts one).
+
+        Plain and root-conditioned heads: one call of the heads, then [root, head-1 top-k,
+        head-2 top-k, ...][tree_indices] (the reference). Path-conditioned heads: level by level,
+        head k at the nodes of depth k - 1 that have children, reading the tokens of their branch.
+        ``embed`` is ``model.get_input_embeddings()`` (needed by root- and path-conditioned heads).
+        """
+        root = root.to(h.device).reshape(h.shape[:-1] + (1,))
+        if self.path is None:
+            proposals = self.propose(h, lm_head, topk=tree.topk, num_heads=tree.depth, root_emb=self.root_embedding(embed, root[..., 0]))
+            return torch.cat([root, proposals.flatten(-2).to(root.device)], dim=-1)[..., tree.tree_indices.to(root.device)]
+        w = embed.weight
+        tokens = torch.empty(h.shape[:-1] + (tree.num_nodes,), dtype=torch.long, device=h.device)
+        tokens[..., 0] = root[..., 0]
+        root_emb = w[root.to(w.device)]  # [..., 1, d]
+        for k, level in enumerate(tree.levels):  # head k (0-based) proposes the nodes of depth k + 1
+            m = level.ancestors.shape[0]
+            path_emb = w[tokens[..., level.ancestors.to(h.device)].to(w.device)]  # [..., m, k, d]: the branch above each parent
+            z = self._head(k, h.unsqueeze(-2).expand(*h.shape[:-1], m, h.shape[-1]), root_emb.expand(*h.shape[:-1], m, h.shape[-1]), path_emb)
+            top = torch.topk(self._project(z, lm_head, k), level.topk, dim=-1).indices  # [..., m, topk]
+            tokens[..., level.nodes.to(h.device)] = self._token_ids(top[..., level.rows.to(top.device), level.ranks.to(top.device)]).to(h.device)
+        return tokens
 
     def check_fits(self, model: nn.Module) -> None:
         """Refuse heads whose hidden size or vocabulary does not match the base model."""
@@ -206,20 +265,24 @@ class MedusaHeads(nn.Module):
         emb = model.get_input_embeddings().weight.shape[1]
         if self.root is not None and emb != self.config.hidden_size:
             raise HeadsError(
-                f"These root-conditioned Medusa heads read token embeddings of width {self.config.hidden_size}, but the model's "
+                f"These {'path' if self.path is not None else 'root'}-conditioned Medusa heads read token embeddings of width {self.config.hidden_size}, but the model's "
                 f"input embeddings have width {emb}; use plain Medusa heads with this model."
             )
 
     # ---------------------------------------------------------------- saving
-    def save(self, folder: str | Path, *, base_model: str | None = None, **extra) -> Path:
-        """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`)."""
+    def save(self, folder: str | Path, *, base_model: str | None = None, dtype: torch.dtype | None = None, **extra) -> Path:
+        """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`);
+        ``dtype`` stores the weights in another float type (e.g. bfloat16, half the size)."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        state = {f"{k}": v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        cast = lambda v: v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()  # noqa: E731
+        state = {f"{k}": cast(v) for k, v in self.heads.state_dict().items()}
         if self.root is not None:
-            state.update({f"root.{k}": v.detach().contiguous().cpu() for k, v in self.root.state_dict().items()})
+            state.update({f"root.{k}": cast(v) for k, v in self.root.state_dict().items()})
+        if self.path is not None:
+            state.update({f"path.{k}": cast(v) for k, v in self.path.state_dict().items()})
         if self.proposal_ids is not None:
             state["proposal_ids"] = self.proposal_ids.cpu()
         cfg = asdict(self.config)
@@ -232,6 +295,7 @@ class MedusaHeads(nn.Module):
             "shared_lm_head": cfg["shared_lm_head"],
             "num_proposal_tokens": cfg["num_proposal_tokens"],
             "root_conditioned": cfg["root_conditioned"],
+            "path_conditioned": cfg["path_conditioned"],
             "format": "medusa-playground-1",
             **extra,
         }
@@ -257,6 +321,7 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
     state = dict(state)
     proposal_ids = state.pop("proposal_ids", None)
     root = {k[len("root."):]: state.pop(k) for k in [k for k in state if k.startswith("root.")]}  # R^(k) of root-conditioned heads
+    path = {k[len("path."):]: state.pop(k) for k in [k for k in state if k.startswith("path.")]}  # P^(k,j) of path-conditioned heads
     heads: dict[int, dict[int, set[str]]] = {}
     for key in state:
         m = _KEY.match(key)
@@ -291,12 +356,17 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
         num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None,
         base_model=base_model or (config or {}).get("base_model_name_or_path"),
         root_conditioned=bool(root),
+        path_conditioned=bool(path),
     )
+    if path and not root:
+        raise HeadsError("The checkpoint has branch (path.*) tensors but no root.* tensors; path-conditioned heads need both, so the checkpoint is damaged.")
     module = MedusaHeads(cfg)
     try:
         module.heads.load_state_dict(state, strict=True)
         if root:
             module.root.load_state_dict(root, strict=True)
+        if path:
+            module.path.load_state_dict(path, strict=True)
     except RuntimeError as e:
         raise HeadsError(f"The Medusa heads checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
     if proposal_ids is not None:
@@ -379,8 +449,9 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
     heads.default_tree = config.get("default_tree")
-    if config.get("root_conditioned") and not heads.root_conditioned:
-        raise HeadsError(f"{folder}/config.json says the heads are root-conditioned, but the checkpoint holds no root.* tensors; the checkpoint is incomplete.")
+    for kind in ("root", "path"):
+        if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):
+            raise HeadsError(f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete.")
     if model is not None:
         heads.check_fits(model)
         p = next(model.parameters())

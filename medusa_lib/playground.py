@@ -319,7 +319,11 @@ class Playground:
             except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 raise HeadsError(f"Could not read the Medusa heads at {shown} ({type(e).__name__}: {first}); check the files or train new heads.") from None
-            note = f"trained heads from {shown}" + (" (root-conditioned: they also read the tree's root token)" if h.root_conditioned else "")
+            note = f"trained heads from {shown}" + (
+                " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)" if h.path_conditioned
+                else " (root-conditioned: they also read the tree's root token)" if h.root_conditioned
+                else ""
+            )
         else:
             h = untrained_heads(m)
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"

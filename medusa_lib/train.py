@@ -13,6 +13,8 @@ at t+k as a soft target (Hinton-style distillation; the hard label is its argmax
 answers). Early stopping on held-out loss; per-head top-1/top-5 on held-out prompts.
 By default K = 4 ResBlock heads share the base ``lm_head`` (a few MB), projected only onto the
 most frequent answer tokens (``--proposal-tokens``), which cuts the per-step cost on CPU.
+``--root-conditioned true`` heads also read x_{t+1}; ``--path-conditioned true`` heads (Hydra)
+also read x_{t+2}..x_{t+k}, the true tokens of their branch (teacher forcing); see ``heads.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class TrainConfig:
     eval_every: int = 200  # steps
     seed: int = 0
     root_conditioned: bool = False  # heads also read the root token x_{t+1} (heads.py)
+    path_conditioned: bool = False  # head k also reads x_{t+2}..x_{t+k}, teacher-forced (Hydra; implies root_conditioned)
+    save_dtype: str = "float32"  # float type of the saved weights: float32 or bfloat16 (half the size)
 
 
 class HiddenCache:
@@ -195,10 +199,13 @@ class Trainer:
         dev = self.device
         h = cache.hidden[idx].to(dev).float()
         root_emb = self.embed[cache.root_ids(self.lm_head)[idx].to(dev)] if self.embed is not None else None
+        # Path-conditioned heads read the true branch x_{t+2}..x_{t+K}: the targets of heads 1..K-1
+        # (teacher forcing; -1 past a sequence's end, where the later heads have no target either).
+        path_emb = self.embed[cache.next_ids[idx, : K - 1].clamp(min=0).to(dev)] if self.heads.path_conditioned else None
         total = torch.zeros((), device=dev)
         hits = torch.zeros(K, 3)
         with torch.autocast(dev.type, dtype=self.amp, enabled=self.amp != torch.float32):
-            z = self.heads.hidden(h, root_emb=root_emb)  # [B, K, d]
+            z = self.heads.hidden(h, root_emb=root_emb, path_emb=path_emb)  # [B, K, d]
             for k in range(K):
                 target = cache.next_ids[idx, k].to(dev)
                 col = torch.where(target >= 0, self.column[target.clamp(min=0)], torch.full_like(target, -1))
@@ -296,7 +303,7 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
             log(f"held-out loss {ev['loss']:.4f} top1 {[round(x, 3) for x in ev['top1']]} top5 {[round(x, 3) for x in ev['top5']]}")
             if ev["loss"] < best - 1e-4:
                 best, bad = ev["loss"], 0
-                heads.save(out, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+                heads.save(out, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", dtype=getattr(torch, cfg.save_dtype))
             else:
                 bad += 1
                 if bad >= cfg.patience:
@@ -312,20 +319,21 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
 
 def start_from(heads: MedusaHeads, folder: str | Path) -> None:
     """Copy trained heads of the same layout into ``heads`` (``--init-heads``). Plain heads may
-    seed root-conditioned ones: their root projections stay at zero, so they start as the plain heads."""
+    seed root-conditioned ones, and root-conditioned heads path-conditioned ones: the projections
+    they lack stay at zero, so the new heads start as the given ones."""
     try:
         init = load_heads(folder, local_only=True)
     except HeadsError as e:
         raise SystemExit(f"--init-heads: {e}") from None
     ours, theirs = heads.state_dict(), init.state_dict()
-    missing = [k for k in ours if k not in theirs and not k.startswith("root.")]
+    missing = [k for k in ours if k not in theirs and not k.startswith(("root.", "path."))]
     extra = [k for k in theirs if k not in ours]
     shapes = [k for k in ours if k in theirs and ours[k].shape != theirs[k].shape]
     if missing or extra or shapes:
         what = "; ".join(f"{name}: {', '.join(keys[:4])}" for name, keys in (("missing", missing), ("not in this run", extra), ("other shape", shapes)) if keys)
         raise SystemExit(
             f"--init-heads {folder} has another layout than this run ({what}); match --num-heads, --num-layers, "
-            "--shared-lm-head and --proposal-tokens to those heads (and --root-conditioned true if they read the root)."
+            "--shared-lm-head and --proposal-tokens to those heads (and --root-conditioned / --path-conditioned true if they read the root / their branch)."
         )
     heads.load_state_dict(theirs, strict=False)
 
@@ -379,11 +387,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--prepare-only", action="store_true", help="build the answers and hidden-state caches, then stop")
-    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout; root projections of root-conditioned heads start at zero)")
+    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout; root or branch projections they lack start at zero)")
     for f, v in asdict(TrainConfig()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
     args = ap.parse_args(argv)
     cfg = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
+    if cfg.save_dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"--save-dtype must be float32 or bfloat16 (got {cfg.save_dtype!r}).")
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
             num_layers=cfg.num_layers,
             shared_lm_head=cfg.shared_lm_head,
             num_proposal_tokens=cfg.proposal_tokens or None,
-            root_conditioned=cfg.root_conditioned,
+            root_conditioned=cfg.root_conditioned or cfg.path_conditioned,
+            path_conditioned=cfg.path_conditioned,
         )
     )
     if args.init_heads:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import json
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -26,6 +26,27 @@ PRESETS_FILE = Path(__file__).with_name("trees.json")
 
 class TreeError(ValueError):
     """An impossible tree. The message is one sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class TreeLevel:
+    """The nodes of one depth k, for heads that propose level by level (path-conditioned heads).
+
+    Head k runs once per *parent* (a node of depth k - 1 with children; the root for k = 1) and
+    its rank-r token becomes the child with last rank r.
+
+    ancestors [m, k-1]  tree positions of each parent's branch below the root (depth 1 .. k-1)
+    nodes     [n]       tree positions of the nodes of depth k
+    rows      [n]       which parent (row of ``ancestors``) each node hangs from
+    ranks     [n]       the node's rank among its parent head's top tokens
+    topk                ranks read from each parent's head (max rank + 1)
+    """
+
+    ancestors: torch.Tensor
+    nodes: torch.Tensor
+    rows: torch.Tensor
+    ranks: torch.Tensor
+    topk: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +78,27 @@ class MedusaTree:
     def depth(self) -> int:
         """Deepest node = number of Medusa heads the tree needs."""
         return max((len(c) for c in self.choices), default=0)
+
+    @cached_property
+    def levels(self) -> tuple[TreeLevel, ...]:
+        """One :class:`TreeLevel` per depth 1 .. D, on the device of the tree's buffers."""
+        dev = self.tree_indices.device
+        index = {c: j + 1 for j, c in enumerate(self.choices)}
+        out = []
+        for k in range(1, self.depth + 1):
+            level = [c for c in self.choices if len(c) == k]
+            parents = sorted({c[:-1] for c in level}, key=lambda p: index.get(p, 0))
+            row = {p: i for i, p in enumerate(parents)}
+            out.append(
+                TreeLevel(
+                    ancestors=torch.tensor([[index[p[:d]] for d in range(1, k)] for p in parents], dtype=torch.long, device=dev).view(len(parents), k - 1),
+                    nodes=torch.tensor([index[c] for c in level], dtype=torch.long, device=dev),
+                    rows=torch.tensor([row[c[:-1]] for c in level], dtype=torch.long, device=dev),
+                    ranks=torch.tensor([c[-1] for c in level], dtype=torch.long, device=dev),
+                    topk=max(c[-1] for c in level) + 1,
+                )
+            )
+        return tuple(out)
 
     @property
     def path_valid(self) -> torch.Tensor:

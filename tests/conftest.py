@@ -46,10 +46,10 @@ def make_model(arch: str, *, attn: str = "sdpa", seed: int = 0, **overrides):
     return cls(cfg).eval()
 
 
-def random_heads(num_heads: int = 4, *, shared: bool = False, seed: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB, root: bool = False) -> MedusaHeads:
-    """Heads with random weights everywhere: their proposals are mostly wrong."""
+def random_heads(num_heads: int = 4, *, shared: bool = False, seed: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB, root: bool = False, path: bool = False) -> MedusaHeads:
+    """Heads with random weights everywhere: their proposals are mostly wrong. ``path`` implies ``root``."""
     torch.manual_seed(seed)
-    heads = MedusaHeads(HeadsConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, shared_lm_head=shared, root_conditioned=root))
+    heads = MedusaHeads(HeadsConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, shared_lm_head=shared, root_conditioned=root or path, path_conditioned=path))
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return heads.eval()
@@ -71,7 +71,9 @@ class OracleHeads(MedusaHeads):
         self.vocab = model.get_output_embeddings().weight.shape[0]
 
     @torch.no_grad()
-    def propose(self, h, lm_head, *, topk, num_heads=None, root_emb=None):
+    def propose(self, h, lm_head, *, topk, num_heads=None, root_emb=None, path_emb=None):
+        if h.dim() > 1:  # a batch of hidden states (calibration)
+            return torch.stack([self.propose(x, lm_head, topk=topk, num_heads=num_heads) for x in h])
         n = self.num_heads if num_heads is None else num_heads
         t = int((self.recorded - h.float()).norm(dim=-1).argmin())
         out = torch.empty(n, topk, dtype=torch.long)

@@ -365,3 +365,26 @@ def test_root_conditioned_heads_read_each_tree_root_and_greedy_stays_exact(model
     for i, e in enumerate(seen):
         so_far = [t for toks in emitted[: i + 1] for t in toks]
         assert torch.equal(e, W[so_far[-1]])
+
+
+@pytest.mark.parametrize("method", ["medusa-greedy", "medusa-typical"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_exact(models, arch, method):
+    model = models[arch]
+    heads = random_heads(4, shared=arch != "gpt2", path=True)
+    drafts = []
+    real = heads.draft
+    heads.draft = lambda h, lm_head, tree, root, embed: drafts.append((int(root), tree.num_nodes, real(h, lm_head, tree, root, embed))) or drafts[-1][2]
+    cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    tree = TREES["cartesian-3x2x2"]
+    res = run_method(model, PROMPT, method=method, heads=heads, tree=tree, config=cfg)
+    if method == "medusa-greedy":
+        assert res.tokens == plain_tokens(model)
+    # one draft of the whole tree per step, rooted at the last token emitted so far, and verified as drafted
+    assert len(drafts) == len(res.steps) - 1
+    emitted = []
+    for step, (root, nodes, tokens) in zip(res.steps, drafts):
+        emitted += step.tokens
+        assert root == emitted[-1] and nodes == tree.num_nodes
+    for step, (_, _, tokens) in zip(res.steps[1:], drafts):
+        assert step.tree_token_ids == tokens.tolist()

@@ -12,7 +12,7 @@ from medusa_lib.model import PACKED_GQA, PackedLinear, default_gguf_path, resolv
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
-PLAIN_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"  # Medusa-1 heads that do not read the root
+PLAIN_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"  # Medusa-1 heads that read neither the root nor their branch
 pytestmark = pytest.mark.slow
 
 
@@ -54,7 +54,7 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
     model, tok = default_fp32
     heads = load_heads(folder, model=model)
     config = json.loads((folder / "config.json").read_text())
-    assert heads.root_conditioned == (folder == HEADS)
+    assert heads.root_conditioned == heads.path_conditioned == (folder == HEADS)  # the default heads read the root and their branch
     tree = get_tree(heads.default_tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     assert heads.default_tree == config["default_tree"] and heads.default_tree in heads.tree_presets
     prompts = load_jsonl(ROOT / "assets" / "data" / "bench_prompts.jsonl")[:3]

@@ -176,3 +176,103 @@ def test_root_conditioned_heads_are_checked_against_config_and_model(tmp_path, m
     with pytest.raises(HeadsError, match="input embeddings have width 32; use plain Medusa heads"):
         load_heads(tmp_path / "root", model=narrow)
     load_heads(tmp_path / "root", model=model)  # fits
+
+
+def test_path_conditioned_heads_read_their_branch_and_round_trip(tmp_path, model):
+    h, root = torch.randn(5, HIDDEN), torch.tensor([4, 9, 9, 200, 31])
+    branch = torch.randint(0, VOCAB, (5, 2), generator=torch.Generator().manual_seed(0))  # x_{t+2}, x_{t+3}
+    emb = model.get_input_embeddings()
+    W = emb.weight
+    with pytest.raises(HeadsError, match="Path-conditioned heads read the root token too"):
+        MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, path_conditioned=True))
+    # P starts at zero: fresh path heads carrying root heads' weights are those root heads
+    rooted = random_heads(3, shared=True, root=True)
+    fresh = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, root_conditioned=True, path_conditioned=True))
+    fresh.load_state_dict(rooted.state_dict(), strict=False)
+    e = rooted.root_embedding(emb, root)
+    assert torch.equal(fresh(h, model.lm_head, root_emb=e, path_emb=W[branch]), rooted(h, model.lm_head, root_emb=e))
+    with pytest.raises(HeadsError, match=r"path-conditioned; pass the embeddings of the 2 branch tokens after the root as path_emb \[..., 2, d\]"):
+        fresh(h, model.lm_head, root_emb=e)
+    assert fresh.hidden(h, num_heads=1, root_emb=e).shape == (5, 1, HIDDEN)  # head 1 has no branch above it
+    src = random_heads(3, shared=True, path=True)
+    assert [len(p) for p in src.path] == [0, 1, 2]
+    z = src.hidden(h, root_emb=e, path_emb=W[branch])
+    x = h + src.root[2](e) + src.path[2][0](W[branch[:, 0]]) + src.path[2][1](W[branch[:, 1]])  # head 3 by hand
+    for j in range(src.config.num_layers):
+        x = x + torch.nn.functional.silu(src.heads[2][j].linear(x))
+    assert torch.allclose(z[:, 2], x, atol=1e-5)
+    other = branch.clone()
+    other[:, 1] = (other[:, 1] + 1) % VOCAB  # another x_{t+3}: only head 3 reads it
+    z2 = src.hidden(h, root_emb=e, path_emb=W[other])
+    assert torch.equal(z2[:, :2], z[:, :2]) and not torch.allclose(z2[:, 2], z[:, 2])
+    src.save(tmp_path, base_model="tiny-llama")
+    meta = json.loads((tmp_path / "config.json").read_text())
+    assert meta["root_conditioned"] is True and meta["path_conditioned"] is True
+    back = load_heads(tmp_path, model=model)
+    assert back.config == dataclasses.replace(src.config, base_model="tiny-llama") and back.path_conditioned
+    assert torch.allclose(back(h, model.lm_head, root_emb=e, path_emb=W[branch]), src(h, model.lm_head, root_emb=e, path_emb=W[branch]), atol=1e-6)
+
+
+def test_path_conditioned_checkpoints_are_checked(tmp_path, model):
+    from safetensors.torch import load_file
+
+    random_heads(2, shared=True, root=True).save(tmp_path)  # root heads ...
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "path_conditioned": True}))  # ... whose config says path
+    with pytest.raises(HeadsError, match="says the heads are path-conditioned, but the checkpoint holds no path"):
+        load_heads(tmp_path, model=model)
+    random_heads(2, shared=True, path=True).save(tmp_path / "p")
+    state = load_file(tmp_path / "p" / "medusa_lm_head.safetensors")
+    save_file({k: v for k, v in state.items() if not k.startswith("root.")}, tmp_path / "p" / "medusa_lm_head.safetensors")
+    with pytest.raises(HeadsError, match=r"branch \(path.\*\) tensors but no root.\* tensors"):
+        load_heads(tmp_path / "p", model=model)
+
+
+@pytest.mark.parametrize("kind", ["plain", "root", "path"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_draft_gives_every_node_its_parent_head_rank_reading_the_branch_above(model, kind, shared):
+    from medusa_lib.tree import build_tree
+
+    heads = random_heads(3, shared=shared, root=kind == "root", path=kind == "path")
+    tree = build_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 3], [0, 0, 0], [0, 0, 4], [1, 0, 2], [0, 1, 0]])
+    emb = model.get_input_embeddings()
+    W = emb.weight
+    h, root = torch.randn(HIDDEN), torch.tensor(7)
+    with torch.no_grad():
+        got = heads.draft(h, model.lm_head, tree, root, emb)
+        token = {(): 7}
+        for c in tree.choices:  # parents first: by hand, one node at a time
+            branch = [token[c[:d]] for d in range(1, len(c))] + [0] * (3 - len(c))  # x_{t+2}.. of this node, padded
+            ids = heads.propose(h, model.lm_head, topk=10, root_emb=heads.root_embedding(emb, root), path_emb=W[torch.tensor(branch)] if kind == "path" else None)
+            token[c] = int(ids[len(c) - 1, c[-1]])
+    assert got.tolist() == [7] + [token[c] for c in tree.choices]
+    hs, roots = torch.stack([torch.randn(HIDDEN), h, torch.randn(HIDDEN)]), torch.tensor([3, 7, 250])
+    with torch.no_grad():  # a batch of trees (calibration) is the trees one at a time
+        batch = heads.draft(hs, model.lm_head, tree, roots, emb)
+        assert batch.shape == (3, tree.num_nodes) and torch.equal(batch[1], got)
+        assert all(torch.equal(batch[i], heads.draft(hs[i], model.lm_head, tree, roots[i], emb)) for i in (0, 2))
+    if kind != "path":  # the reference layout: [root, head-1 top-k, head-2 top-k, ...][tree_indices]
+        ids = heads.propose(h, model.lm_head, topk=10, num_heads=3, root_emb=heads.root_embedding(emb, root))
+        assert torch.equal(got, torch.cat([root.view(1), ids.flatten()])[tree.tree_indices])
+    else:  # the same rank of the same head, under different branches, is another token
+        assert token[(0, 0)] != token[(1, 0)] or token[(0, 0, 0)] != token[(0, 1, 0)]
+
+
+def test_heads_can_be_saved_in_bfloat16_at_half_the_size(tmp_path, model):
+    from safetensors import safe_open
+
+    src = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, num_proposal_tokens=VOCAB // 2, root_conditioned=True, path_conditioned=True))
+    for p in src.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    src.proposal_ids.copy_(torch.arange(0, VOCAB, 2))  # a pruned vocabulary: its ids stay integers
+    src.save(tmp_path / "f32")
+    src.save(tmp_path / "bf16", dtype=torch.bfloat16)
+    with safe_open(str(tmp_path / "bf16" / "medusa_lm_head.safetensors"), framework="pt") as f:
+        dtypes = {k: f.get_tensor(k).dtype for k in f.keys()}
+    assert dtypes.pop("proposal_ids") == torch.int64 and set(dtypes.values()) == {torch.bfloat16}
+    size = lambda name: (tmp_path / name / "medusa_lm_head.safetensors").stat().st_size  # noqa: E731
+    assert size("bf16") < 0.55 * size("f32")
+    back = load_heads(tmp_path / "bf16", model=model)  # loaded in the model's dtype
+    assert next(back.parameters()).dtype == torch.float32 and torch.equal(back.proposal_ids, src.proposal_ids)
+    for k, v in src.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v), k

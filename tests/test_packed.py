@@ -133,3 +133,18 @@ def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
     model = make_model("llama")
     assert prepack_linear_weights(model) == 0
     assert any(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def test_prepacked_path_conditioned_heads_draft_the_same(tmp_path):
+    from medusa_lib import build_tree
+
+    stock = make_model("llama").requires_grad_(False)
+    model = copy.deepcopy(stock)
+    prepack_linear_weights(model)
+    random_heads(3, shared=True, path=True).save(tmp_path)
+    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    assert sum(isinstance(m, PackedLinear) for m in packed.path.modules()) == 3  # the branch projections are packed too
+    tree = build_tree([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    with torch.no_grad():
+        h = torch.randn(64)
+        assert torch.equal(packed.draft(h, model.lm_head, tree, torch.tensor(17), model.get_input_embeddings()), plain.draft(h, stock.lm_head, tree, torch.tensor(17), stock.get_input_embeddings()))

@@ -127,25 +127,26 @@ def test_root_ids_are_the_next_tokens_and_the_greedy_pick_at_each_answer_start()
     assert offset == len(cache)
 
 
+def alternating_records(n: int, seed: int) -> list[dict]:
+    """Answers of 30 tokens in which every other token is random and the others are a function of
+    the token before them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        a = torch.randint(10, 40, (30,), generator=g).tolist()
+        answer = [a[0]]
+        for j in range(1, 30):
+            answer.append(a[j] if j % 2 else 10 + (answer[-1] * 7) % 30)
+        out.append({"id": str(i), "prompt_ids": [1, 5 + i], "answer_ids": answer})
+    return out
+
+
 def test_root_conditioned_heads_learn_what_plain_heads_cannot(tmp_path):
     # The answer token after x_{t+1} depends on x_{t+1} only: root-conditioned heads can learn
     # head 1 exactly, so they must beat plain heads trained the same way.
     model = make_model("llama")
     model.requires_grad_(False)
-    g = torch.Generator().manual_seed(0)
-
-    def recs(n, seed):
-        g.manual_seed(seed)
-        out = []
-        for i in range(n):
-            a = torch.randint(10, 40, (30,), generator=g).tolist()
-            answer = [a[0]]
-            for j in range(1, 30):  # every other token is a function of the token before it
-                answer.append(a[j] if j % 2 else 10 + (answer[-1] * 7) % 30)
-            out.append({"id": str(i), "prompt_ids": [1, 5 + i], "answer_ids": answer})
-        return out
-
-    train, held = HiddenCache.build(model, recs(16, 0), num_heads=2, log=lambda m: None), HiddenCache.build(model, recs(4, 1), num_heads=2, log=lambda m: None)
+    train, held = (HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None) for n, seed in ((16, 0), (4, 1)))
     results = {}
     for root in (False, True):
         heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=root))
@@ -154,6 +155,40 @@ def test_root_conditioned_heads_learn_what_plain_heads_cannot(tmp_path):
     assert results[True]["top1"][0] > results[False]["top1"][0] + 0.1
     back = load_heads(tmp_path / "True", model=model)
     assert back.root_conditioned and any(r.weight.abs().sum() > 0 for r in back.root)
+
+
+def test_path_conditioned_heads_learn_what_root_conditioned_heads_cannot(tmp_path):
+    # Every other answer token is a function of the token before it, and the others are random:
+    # head 2 (x_{t+3}) can only get the dependent ones right by reading x_{t+2}, its branch token.
+    model = make_model("llama")
+    model.requires_grad_(False)
+    train, held = (HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None) for n, seed in ((16, 0), (4, 1)))
+    results = {}
+    for path in (False, True):
+        heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=True, path_conditioned=path))
+        cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, root_conditioned=True, path_conditioned=path)
+        results[path] = train_heads(model, train, held, heads, cfg, out=tmp_path / str(path), log=lambda m: None)["history"][-1]
+    assert results[True]["top1"][1] > results[False]["top1"][1] + 0.2
+    back = load_heads(tmp_path / "True", model=model)
+    assert back.path_conditioned and back.path[1][0].weight.abs().sum() > 0
+
+
+def test_head_accuracy_gives_path_conditioned_heads_the_true_branch():
+    model = make_model("llama")
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True))
+    seen = []
+    real = heads.propose
+    heads.propose = lambda h, lm_head, **kw: seen.append((kw["root_emb"], kw["path_emb"])) or real(h, lm_head, **kw)
+    recs = records(2)
+    head_accuracy(model, heads, recs)
+    W = model.get_input_embeddings().weight
+    for r, (root, path) in zip(recs, seen):
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        after = s[start + 1 :] + [0, 0, 0]
+        n = len(s) - start
+        assert torch.equal(root, W[torch.tensor(after[:n])])  # x_{t+1}
+        assert path.shape == (n, 2, 64) and torch.equal(path, W[torch.tensor([[after[i + 1], after[i + 2]] for i in range(n)])])  # x_{t+2}, x_{t+3}
 
 
 def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
@@ -203,3 +238,50 @@ def test_init_heads_seeds_root_conditioned_heads_with_plain_ones_and_refuses_oth
         start_from(pruned, tmp_path / "plain")
     with pytest.raises(SystemExit, match="--init-heads: No Medusa heads found"):
         start_from(plain, tmp_path / "nowhere")
+    # root-conditioned heads seed path-conditioned ones, which start as them (P = 0)
+    for r in zero.root:
+        torch.nn.init.normal_(r.weight)
+    zero.save(tmp_path / "root")
+    path = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True))
+    start_from(path, tmp_path / "root")
+    e, branch = torch.randn(4, 64), torch.randn(4, 2, 64)
+    assert torch.equal(path.hidden(h, root_emb=e, path_emb=branch), zero.hidden(h, root_emb=e))
+
+
+def test_train_cli_refuses_an_unknown_save_dtype(tmp_path):
+    import pytest
+
+    from medusa_lib.train import main
+
+    with pytest.raises(SystemExit, match="--save-dtype must be float32 or bfloat16 \\(got 'int8'\\)"):
+        main(["--save-dtype", "int8", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
+
+
+def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
+    from conftest import OracleHeads
+
+    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib.calibrate import simulated_accepts, simulated_tokens_per_step
+
+    model = make_model("llama")
+    prompt = [1, 17, 33, 250, 99]
+    answer = run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=60, stop_on_eos=False)).tokens
+    heads = OracleHeads(model, prompt + answer)  # proposes the greedy future, at rank 1 now and then
+    tree = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]])
+    record = {"id": "r", "prompt_ids": prompt, "answer_ids": answer}
+    sim = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
+    assert sim.shape == (len(answer),) and sim.max() == 3 and sim.min() == 0  # long runs, and the end of the answer
+    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=60, stop_on_eos=False))
+    assert res.tokens == answer
+    emitted, checked = len(res.steps[0].tokens), 0
+    for step in res.steps[1:-1]:  # (the last step is cut at max_new_tokens)
+        root = emitted - 1  # the step's root is answer[root]: the simulation's position root
+        if root + tree.depth < len(answer) - 1:
+            assert step.accept_length == int(sim[root]), step.index
+            checked += 1
+        emitted += len(step.tokens)
+    assert checked >= 10
+    import pytest
+
+    walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
+    assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())

@@ -169,3 +169,21 @@ def test_greedy_tree_construction_and_expectation():
     validate_choices(choices, num_heads=2)
     big, _ = greedy_choices(acc, 64)
     assert max(len(c) for c in big) <= 2 and len(big) == 3 + 9  # all nodes that exist
+
+
+def test_levels_group_each_depth_by_parent_for_level_by_level_drafting():
+    t = build_tree([[0], [1], [2], [0, 0], [0, 1], [2, 3], [0, 0, 5], [2, 3, 0], [2, 3, 1]])
+    pos = {c: j + 1 for j, c in enumerate(t.choices)}
+    assert len(t.levels) == t.depth == 3
+    one, two, three = t.levels
+    assert one.ancestors.shape == (1, 0) and one.nodes.tolist() == [1, 2, 3] and one.rows.tolist() == [0, 0, 0] and one.ranks.tolist() == [0, 1, 2] and one.topk == 3
+    # depth 2: parents [0] and [2] (in tree order); [2, 3] is rank 3 under the second
+    assert two.ancestors.tolist() == [[pos[(0,)]], [pos[(2,)]]]
+    assert two.nodes.tolist() == [pos[(0, 0)], pos[(0, 1)], pos[(2, 3)]] and two.rows.tolist() == [0, 0, 1] and two.ranks.tolist() == [0, 1, 3] and two.topk == 4
+    # depth 3: each parent's whole branch below the root, parent last
+    assert three.ancestors.tolist() == [[pos[(0,)], pos[(0, 0)]], [pos[(2,)], pos[(2, 3)]]]
+    assert three.nodes.tolist() == [pos[(0, 0, 5)], pos[(2, 3, 0)], pos[(2, 3, 1)]] and three.rows.tolist() == [0, 1, 1] and three.ranks.tolist() == [5, 0, 1]
+    # every node appears once, on the device of the tree's buffers
+    assert sorted(n for lv in t.levels for n in lv.nodes.tolist()) == list(range(1, t.num_nodes))
+    moved = t.to("meta")
+    assert all(lv.nodes.device.type == "meta" for lv in moved.levels) and moved.levels[2].ranks.shape == (3,)
