@@ -10,8 +10,8 @@
    node with the largest product of accuracies) and its expected tokens/step
    1 + sum over nodes of that product; and its *simulated* tokens/step: the accuracy answers walked
    as greedy decoding would walk them, each step's tree drafted by the heads and accepted against
-   the answer's own next tokens (no independence assumption, no decoding; exact when the answers
-   are the model's greedy answers in the same dtype).
+   the answer's own next tokens (no independence assumption, no decoding; step for step what
+   decoding does wherever decoding reproduces the answer, which a test checks in float32).
 3. Measure tokens/step and wall-clock tokens/s of Medusa greedy with each tree against plain
    greedy on held-out prompts, one after another on this device, and pick the default tree by
    measured speed, not by tokens/step alone.
@@ -36,31 +36,35 @@ from .tree import TOPK, build_tree, greedy_choices
 SIZES = (4, 8, 16, 32, 64)
 
 
-def _answer_states(model, records: list[dict]):
+@torch.inference_mode()
+def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torch.Tensor]]:
     """(sequence, start, h) per record: h [n, d] are the final hidden states from the last prompt
-    position (it predicts the first answer token) to the end."""
+    position ``start`` (it predicts the first answer token) to the end. Computed once and shared by
+    :func:`head_accuracy` and :func:`simulated_accepts` (pass it as ``states``)."""
     body, _ = body_and_lm_head(model)
     device = model.get_input_embeddings().weight.device
+    out = []
     for r in records:
         seq = list(r["prompt_ids"]) + list(r["answer_ids"])
         start = len(r["prompt_ids"]) - 1
-        yield seq, start, body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]
+        out.append((seq, start, body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]))
+    return out
 
 
 @torch.inference_mode()
-def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK) -> torch.Tensor:
+def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK, states: list | None = None) -> torch.Tensor:
     """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
     _, lm_head = body_and_lm_head(model)
     device = model.get_input_embeddings().weight.device
     K = heads.num_heads
     hits = torch.zeros(K, topk)
     counts = torch.zeros(K)
-    for seq, start, h in _answer_states(model, records):
+    embed = model.get_input_embeddings()
+    for seq, start, h in states if states is not None else answer_states(model, records):
         after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)  # x_{t+1}, x_{t+2}, ... after each h_t
         n_pos = h.shape[0]
         roots = after[:n_pos]  # the root x_{t+1} (root-conditioned heads)
         path = torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1) if heads.path_conditioned and K > 1 else None  # [n, K-1]: the true branch (teacher forcing)
-        embed = model.get_input_embeddings()
         ids = heads.propose(h, lm_head, topk=topk, root_emb=heads.root_embedding(embed, roots), path_emb=None if path is None else embed.weight[path]).cpu()  # [n, K, topk]
         for k in range(1, K + 1):
             n = len(seq) - start - k - 1  # positions t with a target x_{t+k+1}
@@ -74,7 +78,7 @@ def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int =
 
 
 @torch.inference_mode()
-def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict]) -> dict[str, list[torch.Tensor]]:
+def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None) -> dict[str, list[torch.Tensor]]:
     """Per tree, per record: the candidates greedy verification would accept at every answer position.
 
     At position t (root x_{t+1}, the answer's next token) the heads draft the tree from h_t, and a
@@ -84,7 +88,7 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
     _, lm_head = body_and_lm_head(model)
     embed = model.get_input_embeddings()
     out: dict[str, list[torch.Tensor]] = {name: [] for name in trees}
-    for seq, start, h in _answer_states(model, records):
+    for seq, start, h in states if states is not None else answer_states(model, records):
         answer = torch.tensor(seq[start + 1 :], dtype=torch.long)  # x_{t+1} of each position t from start on
         n = answer.numel()
         for name, tree in trees.items():
@@ -98,7 +102,7 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
     return out
 
 
-def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict]) -> dict[str, float]:
+def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None) -> dict[str, float]:
     """Tokens/step of greedy Medusa on the answers, simulated: walk each answer as decoding would
     (the prefill gives its first token; a step rooted at answer position i accepts
     :func:`simulated_accepts` [i] candidates plus the bonus token, and the next step is rooted
@@ -106,7 +110,7 @@ def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: l
     (Averaging 1 + accepts over *all* positions instead would overstate it: easy stretches give
     long runs but are visited by few steps.)"""
     out = {}
-    for name, per_record in simulated_accepts(model, heads, trees, records).items():
+    for name, per_record in simulated_accepts(model, heads, trees, records, states=states).items():
         tokens = steps = 0
         for a in per_record:
             a, n, i = a.tolist(), len(a), 0
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         records = [by_id[p["id"]] for p in acc_prompts if p["id"] in by_id]
     else:
         records = list(generate_answers(model, tok, acc_prompts, max_new_tokens=args.max_new_tokens, batch_size=32))
-    acc = head_accuracy(model, heads, records)
+    states = answer_states(model, records)
+    acc = head_accuracy(model, heads, records, states=states)
     print(f"head accuracy on {len(records)} held-out answers (rank 0..4):")
     for k in range(acc.shape[0]):
         print(f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks {[round(x, 3) for x in acc[k, :5].tolist()]}")
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
-    simulated = simulated_tokens_per_step(model, heads, built, records)
+    simulated = simulated_tokens_per_step(model, heads, built, records, states=states)
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
     results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     plain = results["plain"]["tok_s"]

@@ -208,7 +208,7 @@ def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
 
 def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
     nodes = {"calibrated-4": 5, "calibrated-5": 6, "calibrated-6": 7, "calibrated-8": 9}
-    speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the shipped heads' calibration
+    speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the root-only heads' calibration (session 4)
     assert pick_default(speeds, nodes, 0.02) == "calibrated-5"
     assert pick_default(speeds, nodes, 0.0) == "calibrated-6"  # no tolerance: the fastest
     assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
@@ -283,5 +283,8 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     assert checked >= 10
     import pytest
 
+    from medusa_lib.calibrate import answer_states
+
+    assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
     walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
     assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())
