@@ -94,12 +94,17 @@ def test_proposals_through_packed_rows_equal_the_plain_matmul(dtype):
         assert torch.equal(heads.propose(h, model.lm_head, topk=5), heads.proposal_ids[want.topk(5, -1).indices])
 
 
-def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
+def packed_and_stock(tmp_path, heads):
+    """(stock model, pre-packed copy, heads loaded for the packed one, the same heads loaded for the stock one)."""
     stock = make_model("llama").requires_grad_(False)
     model = copy.deepcopy(stock)
     prepack_linear_weights(model)
-    random_heads(3, shared=False).save(tmp_path)  # own projections: 3 ResBlocks + 3 Linear(d, V)
-    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    heads.save(tmp_path)
+    return stock, model, load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+
+
+def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
+    stock, model, packed, plain = packed_and_stock(tmp_path, random_heads(3, shared=False))  # own projections: 3 ResBlocks + 3 Linear(d, V)
     assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 6
     assert not any(isinstance(m, PackedLinear) for m in plain.modules())
     assert list(packed.state_dict()) == list(plain.state_dict())
@@ -110,11 +115,7 @@ def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
 
 
 def test_prepacked_root_conditioned_heads_propose_the_same(tmp_path):
-    stock = make_model("llama").requires_grad_(False)
-    model = copy.deepcopy(stock)
-    prepack_linear_weights(model)
-    random_heads(3, shared=True, root=True).save(tmp_path)
-    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    stock, model, packed, plain = packed_and_stock(tmp_path, random_heads(3, shared=True, root=True))
     assert sum(isinstance(m, PackedLinear) for m in packed.root.modules()) == 3  # the root projections are packed too
     h, root = torch.randn(64), torch.tensor(17)
     e = plain.root_embedding(stock.get_input_embeddings(), root)
@@ -138,11 +139,7 @@ def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
 def test_prepacked_path_conditioned_heads_draft_the_same(tmp_path):
     from medusa_lib import build_tree
 
-    stock = make_model("llama").requires_grad_(False)
-    model = copy.deepcopy(stock)
-    prepack_linear_weights(model)
-    random_heads(3, shared=True, path=True).save(tmp_path)
-    packed, plain = load_heads(tmp_path, model=model), load_heads(tmp_path, model=stock)
+    stock, model, packed, plain = packed_and_stock(tmp_path, random_heads(3, shared=True, path=True))
     assert sum(isinstance(m, PackedLinear) for m in packed.path.modules()) == 3  # the branch projections are packed too
     tree = build_tree([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     with torch.no_grad():

@@ -141,35 +141,34 @@ def alternating_records(n: int, seed: int) -> list[dict]:
     return out
 
 
-def test_root_conditioned_heads_learn_what_plain_heads_cannot(tmp_path):
-    # The answer token after x_{t+1} depends on x_{t+1} only: root-conditioned heads can learn
-    # head 1 exactly, so they must beat plain heads trained the same way.
+def train_on_alternating_records(tmp_path, **conditioning) -> tuple[dict, MedusaHeads]:
+    """Two heads trained on :func:`alternating_records` with ``conditioning`` (root_conditioned /
+    path_conditioned): their last held-out evaluation, and the saved heads read back."""
     model = make_model("llama")
     model.requires_grad_(False)
     train, held = (HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None) for n, seed in ((16, 0), (4, 1)))
-    results = {}
-    for root in (False, True):
-        heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=root))
-        cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, root_conditioned=root)
-        results[root] = train_heads(model, train, held, heads, cfg, out=tmp_path / str(root), log=lambda m: None)["history"][-1]
-    assert results[True]["top1"][0] > results[False]["top1"][0] + 0.1
-    back = load_heads(tmp_path / "True", model=model)
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, **conditioning))
+    cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, **conditioning)
+    out = tmp_path / "-".join(f"{k}={v}" for k, v in conditioning.items())
+    last = train_heads(model, train, held, heads, cfg, out=out, log=lambda m: None)["history"][-1]
+    return last, load_heads(out, model=model)
+
+
+def test_root_conditioned_heads_learn_what_plain_heads_cannot(tmp_path):
+    # The answer token after x_{t+1} depends on x_{t+1} only: root-conditioned heads can learn
+    # head 1 exactly, so they must beat plain heads trained the same way.
+    plain, _ = train_on_alternating_records(tmp_path, root_conditioned=False)
+    root, back = train_on_alternating_records(tmp_path, root_conditioned=True)
+    assert root["top1"][0] > plain["top1"][0] + 0.1
     assert back.root_conditioned and any(r.weight.abs().sum() > 0 for r in back.root)
 
 
 def test_path_conditioned_heads_learn_what_root_conditioned_heads_cannot(tmp_path):
     # Every other answer token is a function of the token before it, and the others are random:
     # head 2 (x_{t+3}) can only get the dependent ones right by reading x_{t+2}, its branch token.
-    model = make_model("llama")
-    model.requires_grad_(False)
-    train, held = (HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None) for n, seed in ((16, 0), (4, 1)))
-    results = {}
-    for path in (False, True):
-        heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=True, path_conditioned=path))
-        cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, root_conditioned=True, path_conditioned=path)
-        results[path] = train_heads(model, train, held, heads, cfg, out=tmp_path / str(path), log=lambda m: None)["history"][-1]
-    assert results[True]["top1"][1] > results[False]["top1"][1] + 0.2
-    back = load_heads(tmp_path / "True", model=model)
+    root, _ = train_on_alternating_records(tmp_path, root_conditioned=True, path_conditioned=False)
+    path, back = train_on_alternating_records(tmp_path, root_conditioned=True, path_conditioned=True)
+    assert path["top1"][1] > root["top1"][1] + 0.2
     assert back.path_conditioned and back.path[1][0].weight.abs().sum() > 0
 
 
