@@ -35,8 +35,9 @@ entropy of the base model's prediction: when the model is unsure (large H) more 
 differ; it is usually as fluent and accepts more tokens per step.
 
 **Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a
-one-token step: on this project's CPU about 1.2x in bfloat16 and 1.5x in float32 for the default 7-token
-tree, and more for bigger trees. Medusa wins when the heads are accurate enough that the extra tokens
-per step outweigh the extra cost per step (the embedded heads make about 1.95 tokens per step). With
+one-token step: on this project's CPU about 1.2x in bfloat16 for the default 6-token tree (about 1.5x in
+float32 for a 7-token one), and more for bigger trees. Medusa wins when the heads are accurate enough that
+the extra tokens per step outweigh the extra cost per step (the embedded heads make about 1.85-1.9 tokens
+per step). With
 *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.
 """

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -319,14 +320,17 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
 
 def start_from(heads: MedusaHeads, folder: str | Path) -> None:
     """Copy trained heads of the same layout into ``heads`` (``--init-heads``). Plain heads may
-    seed root-conditioned ones, and root-conditioned heads path-conditioned ones: the projections
-    they lack stay at zero, so the new heads start as the given ones."""
+    seed root-conditioned ones, root-conditioned heads path-conditioned ones, and heads with L
+    ResBlocks deeper ones: the projections and blocks they lack stay at zero (a zero ResBlock is
+    the identity), so the new heads start as the given ones."""
     try:
         init = load_heads(folder, local_only=True)
     except HeadsError as e:
         raise SystemExit(f"--init-heads: {e}") from None
     ours, theirs = heads.state_dict(), init.state_dict()
-    missing = [k for k in ours if k not in theirs and not k.startswith(("root.", "path."))]
+    n_layers = init.config.num_layers
+    deeper = lambda k: (m := re.fullmatch(r"heads\.\d+\.(\d+)\.linear\.(weight|bias)", k)) is not None and int(m[1]) >= n_layers  # noqa: E731
+    missing = [k for k in ours if k not in theirs and not k.startswith(("root.", "path.")) and not (heads.config.shared_lm_head and deeper(k))]
     extra = [k for k in theirs if k not in ours]
     shapes = [k for k in ours if k in theirs and ours[k].shape != theirs[k].shape]
     if missing or extra or shapes:
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--prepare-only", action="store_true", help="build the answers and hidden-state caches, then stop")
-    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout; root or branch projections they lack start at zero)")
+    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout, or more ResBlocks with a shared lm_head; root or branch projections and blocks they lack start at zero)")
     for f, v in asdict(TrainConfig()).items():
         ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
     args = ap.parse_args(argv)

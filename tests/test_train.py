@@ -4,7 +4,7 @@ import torch
 from conftest import make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
-from medusa_lib.calibrate import head_accuracy, pick_default
+from medusa_lib.calibrate import head_accuracy, pick_default, split_prompts
 from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, start_from, train_heads
 
 K = 3
@@ -205,6 +205,23 @@ def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
         assert n == len(s) - start and torch.equal(emb, W[torch.tensor(s[start + 1 :] + [0])])  # x_{t+1} after each h_t
 
 
+def test_calibration_splits_a_category_sorted_prompt_set_into_disjoint_representative_parts():
+    from collections import Counter
+
+    # like assets/data/heldout_prompts.jsonl: sorted by category, categories of unequal size
+    sizes = {"writing": 70, "roleplay": 70, "math": 60, "coding": 70, "stem": 70, "qa": 60, "translation": 70, "extraction": 60}
+    prompts = [{"id": f"{c}-{i}", "category": c} for c, n in sizes.items() for i in range(n)]
+    acc, speed = split_prompts(prompts, 300, 8)
+    assert len(acc) == 300 and len(speed) == 8
+    assert not {p["id"] for p in acc} & {p["id"] for p in speed}
+    assert Counter(p["category"] for p in speed) == Counter(sizes.keys())  # one speed prompt per category
+    counts = Counter(p["category"] for p in acc)
+    for c, n in sizes.items():  # every category in proportion (300 of 530)
+        assert abs(counts[c] - n * 300 / 530) <= 1.5, (c, counts[c])
+    acc, speed = split_prompts(prompts[:20], 300, 30)  # fewer prompts than asked: all of them, still disjoint
+    assert len(speed) == 20 and acc == []
+
+
 def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
     nodes = {"calibrated-4": 5, "calibrated-5": 6, "calibrated-6": 7, "calibrated-8": 9}
     speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the root-only heads' calibration (session 4)
@@ -213,7 +230,7 @@ def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
     assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
 
 
-def test_init_heads_seeds_root_conditioned_heads_with_plain_ones_and_refuses_other_layouts(tmp_path):
+def test_init_heads_seeds_root_conditioned_and_deeper_heads_with_plain_ones_and_refuses_other_layouts(tmp_path):
     import pytest
     from conftest import random_heads
 
@@ -229,9 +246,18 @@ def test_init_heads_seeds_root_conditioned_heads_with_plain_ones_and_refuses_oth
     zero = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True))
     start_from(zero, tmp_path / "plain")
     assert torch.equal(zero.hidden(h, root_emb=torch.randn(4, 64)), plain.hidden(h))  # starts as the plain heads
-    deeper = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=2))
+    # deeper heads (shared lm_head) start as the given ones: the blocks they add are zero, the identity
+    deeper = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=3))
+    start_from(deeper, tmp_path / "plain")
+    assert torch.equal(deeper.hidden(h), plain.hidden(h))
+    assert all(torch.count_nonzero(deeper.heads[i][j].linear.weight) == 0 for i in range(3) for j in (1, 2))
+    deeper.save(tmp_path / "deeper")
+    with pytest.raises(SystemExit, match=r"another layout than this run \(not in this run: heads.0.1.linear.weight"):
+        start_from(plain, tmp_path / "deeper")  # never shallower
+    own = random_heads(3, shared=False, hidden=64, vocab=320)
+    own.save(tmp_path / "own")
     with pytest.raises(SystemExit, match=r"another layout than this run \(missing: heads.0.1.linear.weight"):
-        start_from(deeper, tmp_path / "plain")
+        start_from(MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=2, shared_lm_head=False)), tmp_path / "own")  # own projections sit after the blocks
     pruned = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=64))
     with pytest.raises(SystemExit, match="not in this run|missing: proposal_ids"):
         start_from(pruned, tmp_path / "plain")
@@ -287,3 +313,25 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
     walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
     assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())
+
+
+def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
+    from types import SimpleNamespace
+
+    import medusa_lib.calibrate as cal
+
+    # tokens/s by (decoder, prompt): the tree is 3x plain on the short prompt and 1.5x on the long one
+    rates = {("plain", 1): 10.0, ("plain", 2): 40.0, ("tree", 1): 30.0, ("tree", 2): 60.0}
+
+    class FakeDecoder:
+        def __init__(self, model, *, method, config, heads=None, tree=None):
+            self.name = "plain" if method == "plain" else "tree"
+
+        def run(self, ids):
+            return SimpleNamespace(tokens_per_second=rates.get((self.name, len(ids)), 1.0), tokens_per_step=1.0 if self.name == "plain" else 2.5)
+
+    monkeypatch.setattr(cal, "Decoder", FakeDecoder)
+    out = cal.measure(None, None, {"tree": None}, [[7], [7, 8]], max_new_tokens=4, repeats=2)
+    assert out["plain"]["speedup"] == 1.0 and out["tree"]["tokens_per_step"] == 2.5
+    assert out["tree"]["speedup"] == 2.25  # median of 3.0, 3.0, 1.5, 1.5 (a ratio of medians would say 45 / 25 = 1.8)
+    assert out["tree"]["tok_s"] == 45.0
