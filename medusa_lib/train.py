@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from .distill import load_jsonl
 from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from .model import body_and_lm_head, cpu_has_native_bf16, load_model
+from .model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, load_model
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
 
@@ -248,11 +248,12 @@ class Trainer:
         return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
 
 
-def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None, init: str | None = None) -> dict:
+def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None, init: str | None = None, base_model: str | None = None) -> dict:
     """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``).
 
     The optimiser state goes to ``state_path`` (default ``out/train_state.pt``) at every evaluation;
     a later call with the same config and data resumes from it, one with another config starts afresh.
+    ``base_model`` (the Hub id or folder of ``model``) is written to the heads' config.
     """
     torch.manual_seed(cfg.seed)
     amp = torch.bfloat16 if (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or cpu_has_native_bf16() else torch.float32
@@ -304,7 +305,7 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
             log(f"held-out loss {ev['loss']:.4f} top1 {[round(x, 3) for x in ev['top1']]} top5 {[round(x, 3) for x in ev['top5']]}")
             if ev["loss"] < best - 1e-4:
                 best, bad = ev["loss"], 0
-                heads.save(out, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", dtype=getattr(torch, cfg.save_dtype))
+                heads.save(out, base_model=base_model, dtype=getattr(torch, cfg.save_dtype))
             else:
                 bad += 1
                 if bad >= cfg.patience:
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     heads.float()
     tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
     init = str(Path(args.init_heads).resolve()) if args.init_heads else None
-    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes, init=init)
+    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes, init=init, base_model=DEFAULT_HUB_ID if args.model == DEFAULT_MODEL else args.model)
     summary = {"config": asdict(cfg), "train_positions": len(caches["train"]), "heldout_positions": len(caches["heldout"]), **result}
     (work / f"train_summary-{tag}.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))

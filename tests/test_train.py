@@ -80,12 +80,13 @@ def test_training_lowers_held_out_loss_and_saves_the_best_heads(tmp_path):
     heads.proposal_ids.copy_(frequent_tokens(records(8, 0), 64, 320))
     cfg = TrainConfig(num_heads=K, proposal_tokens=64, batch_size=64, epochs=25, eval_every=25, patience=50, lr=1e-2, soft_weight=0.0)
     before = Trainer(model, heads, cfg, dtype=torch.float32).evaluate(held)
-    result = train_heads(model, train, held, heads, cfg, out=tmp_path, log=lambda m: None)
+    result = train_heads(model, train, held, heads, cfg, out=tmp_path, log=lambda m: None, base_model="tiny/llama")
     after = result["history"][-1]
     assert after["loss"] < before["loss"] * 0.7
     assert after["top1"][0] > before["top1"][0]
     back = load_heads(tmp_path, model=model)
     assert back.num_heads == K and back.config.num_proposal_tokens == 64
+    assert back.config.base_model == "tiny/llama"  # the model trained on, not a fixed name
     assert (tmp_path / "train_state.pt").exists()
 
 
