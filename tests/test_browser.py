@@ -79,9 +79,10 @@ def test_run_an_example_and_inspect_it(page):
 
 
 def test_race_replay_then_stop(page):
-    page.get_by_label("2x").check()
+    # the slowest replay (about 4x the runs' ~4 s), so Stop lands before it ends on a slow machine too
+    page.get_by_label("0.25x").check()
     page.click("#replay-btn")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Race replay at 2x')", timeout=30_000)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Race replay at 0.25x')", timeout=30_000)
     page.click("#stop-btn")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
     assert page.get_attribute("#out-plain .method-col", "data-state") in ("replay", "done")
