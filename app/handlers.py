@@ -160,19 +160,24 @@ class Handlers:
             return
         factor = float(str(speed).rstrip("x") or 1)
         total = max(r.elapsed for r in records.values())
-        start = time.perf_counter()
+        start, t = time.perf_counter(), 0.0
         while True:
-            t = (time.perf_counter() - start) * factor
             cols = {}
             for m in METHODS:
                 rec = records[m]
                 k = visible_steps(rec, t)
                 part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
                 cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
-            yield out(status=f"Race replay at {speed}: t = {min(t, total):.2f} s of {total:.2f} s", timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **cols)
+            # The status is written on the first and the last frame only: a frame still in flight
+            # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
+            status = {}
+            if t == 0 or t >= total:
+                status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
+            yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
             if t >= total:
                 break
             time.sleep(1 / REPLAY_FPS)
+            t = (time.perf_counter() - start) * factor
 
     # ---------------------------------------------------------------- API
     def compare(self, prompt: str, settings: Settings) -> dict:
