@@ -17,6 +17,7 @@ from .render import METHOD_COLORS
 
 FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=15)
 ACCEPTED, REJECTED, ROOT, BONUS = "#009E73", "#B8B8B8", "#222222", "#555555"
+LOOKUP = "#CC79A7"  # Okabe-Ito reddish purple: the lookup branch's rejected nodes
 
 
 def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
@@ -82,6 +83,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
         ("accepted candidate", lambda n: n["kind"] == "candidate" and n["accepted"], ACCEPTED, 16, "circle", 1.0),
         ("root (base model's token)", lambda n: n["kind"] == "root", ROOT, 16, "square", 1.0),
         ("bonus (base model's next token)", lambda n: n["kind"] == "bonus", BONUS, 15, "diamond-open", 1.0),
+        ("lookup branch, rejected", lambda n: n["kind"] == "lookup" and not n["accepted"], LOOKUP, 11, "triangle-right-open", 0.8),
+        ("lookup branch, accepted", lambda n: n["kind"] == "lookup" and n["accepted"], ACCEPTED, 16, "triangle-right", 1.0),
     ]
     for name, pick, color, size, symbol, opacity in groups:
         sel = [n for n in nodes if pick(n)]
@@ -97,14 +100,15 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
     depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
-    fig.update_xaxes(tickvals=list(range(depth + 1)), ticktext=["root"] + [f"head {k}" for k in range(1, depth + 1)],
+    level = "depth" if any(n["kind"] == "lookup" for n in nodes) else "head"  # the lookup branch is no head's
+    fig.update_xaxes(tickvals=list(range(depth + 1)), ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
                      range=[-0.3, x_max + 0.9], showgrid=False, zeroline=False, side="top")
     fig.update_yaxes(visible=False, range=[-leaves + 0.4, 0.6])
     return _layout(fig, title=title, height=int(min(900, max(340, 28 * leaves + 120))), legend=dict(orientation="h", y=-0.02, x=0, yanchor="top"))
 
 
 def _hover(n: dict) -> str:
-    where = "root" if n["kind"] == "root" else "bonus token" if n["kind"] == "bonus" else f"head {n['depth']}, rank {n['rank']}"
+    where = {"root": "root", "bonus": "bonus token", "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}"}.get(n["kind"], f"head {n['depth']}, rank {n['rank']}")
     return f"node {n['node']}: {html.escape(n['label'])} (id {n['token_id']})<br>{where}"
 
 

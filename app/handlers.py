@@ -76,12 +76,12 @@ class Handlers:
         self.pg = playground
 
     # ---------------------------------------------------------------- settings
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template) -> Settings:
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
         as_int = int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) and float(max_new_tokens).is_integer() else max_new_tokens
         if isinstance(custom_tree, list):  # an API caller may send the paths themselves
             custom_tree = json.dumps(custom_tree)
         return Settings(max_new_tokens=as_int, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree or self.pg.default_tree_name(),
-                        custom_tree=custom_tree or "", chat_template=bool(chat_template))
+                        custom_tree=custom_tree or "", chat_template=bool(chat_template), lookup=self.pg.default_lookup() if lookup_branch else 0)
 
     def threshold(self, epsilon: float, delta: float):
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
@@ -113,10 +113,10 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, insp_label) -> Iterator[tuple]:
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label) -> Iterator[tuple]:
         """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column."""
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
-        settings = self.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template)
+        settings = self.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
         records: dict[str, RunRecord] = {}
         yield out(status="Checking the settings&hellip;", col_plain=column_html("plain", None), col_greedy=column_html("medusa-greedy", None),
                   col_typical=column_html("medusa-typical", None), timeline=timeline_figure({}), badge=badge_html(None), summary=empty_summary(), session=None)

@@ -21,8 +21,8 @@ def tokens_html(pieces: Sequence[Piece]) -> str:
     for p in pieces:
         if not p.text:
             continue
-        cls = f"tok head h{p.step % 2}" if p.origin == "head" else "tok base"
-        what = "accepted head proposal" if p.origin == "head" else "base model's own token"
+        cls = {"head": f"tok head h{p.step % 2}", "lookup": f"tok lookup l{p.step % 2}"}.get(p.origin, "tok base")
+        what = {"head": "accepted head proposal", "lookup": "accepted lookup-branch token (n-gram from the context)"}.get(p.origin, "base model's own token")
         out.append(f'<span class="{cls}" title="step {p.step}: {what} (id {p.token_id})">{html.escape(p.text)}</span>')
     return "".join(out)
 
@@ -77,7 +77,9 @@ LEGEND_HTML = (
     '<div class="legend">'
     '<span class="tok base">plain text</span> = the base model&#39;s own token (one per step: the root / bonus token) &nbsp; '
     '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = head proposals the base model accepted in that step '
-    "(the shade alternates from step to step, so each multi-token step shows as one block)"
+    "(the shade alternates from step to step, so each multi-token step shows as one block) &nbsp; "
+    '<span class="tok lookup l0">under</span><span class="tok lookup l1">lined</span> = lookup-branch tokens the base model accepted '
+    "(what followed an earlier occurrence of the last few tokens)"
     "</div>"
 )
 

@@ -15,6 +15,10 @@ EXPLAIN = """
   same step. After the accepted guesses, the step always adds one more token of the base model's own
   (the *bonus* token, which becomes the *root* of the next tree). The highlight alternates between two
   shades from step to step, so `[guess guess] own` is one step that produced three tokens.
+- An **underlined** run came from the *lookup branch* (checkbox in the settings): beside the heads' tree,
+  each step also tries the tokens that followed the last earlier place where the text's last 2-4 tokens
+  appeared (in the prompt or the answer so far). Answers repeat names, phrases and patterns; there this
+  copy is often right where the heads are not. It is checked exactly like the heads' guesses.
 - **tokens/step** is the average number of tokens a step produced (1.0 for plain decoding).
   **tokens/s** counts only the decode steps (the prompt's *prefill* is reported apart in the summary).
 
@@ -26,7 +30,7 @@ paths such as `[[0], [0, 0], [1]]`: `[0]` = head 1's best guess, `[0, 0]` = head
 head 2's best guess, `[1]` = head 1's second guess. All paths go into the model as one sequence; the
 **tree attention mask** lets each node see the prompt (the *prefix* column), the root, its own ancestors
 and itself, never a sibling branch. The step inspector draws the tree (accepted path in green, rejected
-guesses greyed out) and the mask (green = cells on the accepted path).
+guesses greyed out; the lookup branch as triangles) and the mask (green = cells on the accepted path).
 
 **Greedy vs typical acceptance.** *Medusa greedy* accepts a guess only if it is exactly the base model's
 top choice, so its text must be identical to plain greedy decoding (the badge checks this token by token).
@@ -37,7 +41,7 @@ differ; it is usually as fluent and accepts more tokens per step.
 **Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a
 one-token step: on this project's CPU about 1.2x in bfloat16 for the default 6-token tree (about 1.5x in
 float32 for a 7-token one), and more for bigger trees. Medusa wins when the heads are accurate enough that
-the extra tokens per step outweigh the extra cost per step (the embedded heads make about 1.85-1.9 tokens
-per step). With
+the extra tokens per step outweigh the extra cost per step (the embedded heads make about 1.8-1.9 tokens
+per step, about 2.2 with the lookup branch). With
 *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.
 """

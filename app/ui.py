@@ -64,7 +64,9 @@ def build_demo(
                     thr_plot = gr.Plot(h.threshold(DEFAULTS.epsilon, DEFAULTS.delta), show_label=False, elem_id="threshold-plot", min_width=240)
                 with gr.Row():
                     tree = gr.Dropdown(pg.tree_names(), value=pg.default_tree_name(), label="Tree preset", elem_id="tree-preset")
-                    chat = gr.Checkbox(value=True, label="Use the chat template")
+                    with gr.Column(min_width=160):
+                        chat = gr.Checkbox(value=True, label="Use the chat template")
+                        lookup = gr.Checkbox(value=pg.default_lookup() > 0, label=f"Lookup branch ({max(pg.default_lookup(), 1)} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
                 custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
         gr.HTML(LEGEND_HTML, elem_id="legend")
@@ -94,7 +96,7 @@ def build_demo(
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
-        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat]
+        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup]
         run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
         submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
@@ -114,10 +116,11 @@ def build_demo(
 
         @on_gpu
         def compare(prompt: str, max_new_tokens: int = 64, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.epsilon,
-                    delta: float = DEFAULTS.delta, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True) -> dict:
+                    delta: float = DEFAULTS.delta, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True, lookup_branch: bool = True) -> dict:
             """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
-            statistics (tokens/s, tokens/step, steps, prefill and wall time), the greedy-equality check and the summary rows."""
-            return h.compare(prompt, h.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template))
+            statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
+            check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree."""
+            return h.compare(prompt, h.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch))
 
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

@@ -7,7 +7,8 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-generate       ``model.generate(do_sample=False)``: what most users run
   baseline          our plain autoregressive loop (the same code path the Medusa loop uses)
   hf-prompt-lookup  ``model.generate(prompt_lookup_num_tokens=10)``: draft-free n-gram speculation
-  medusa-greedy     Medusa heads + tree attention, exact greedy
+  medusa-greedy     Medusa heads + tree attention (+ the lookup branch, --lookup), exact greedy
+  medusa-heads-only Medusa greedy with the heads' tree alone (no lookup branch)
   medusa-typical    Medusa typical acceptance (epsilon, delta; T = --temperature)
   medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
 Timing: a warm-up run first; device-synchronised timestamps; the methods run one after another
@@ -30,10 +31,11 @@ import torch
 from .decoding import DecodeConfig, Decoder, _sync, new_cache
 from .distill import chat_prompt_ids, load_jsonl
 from .heads import load_heads
+from .lookup import DEFAULT_LOOKUP
 from .model import body_and_lm_head, is_prepacked, load_model
 from .tree import get_tree
 
-ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail")
+ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "data" / "bench_prompts.jsonl"
 DEFAULT_HEADS = Path(__file__).resolve().parents[1] / "assets" / "heads" / "smollm2-135m-instruct"
@@ -86,6 +88,7 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
         "prefill_seconds": res.prefill_seconds,
         "decode_seconds": res.decode_seconds,
         "phase_seconds": dict(phases),
+        "lookup_tokens": res.lookup_tokens,
     }
 
 
@@ -143,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)}")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
+    ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, else 4; 0 = heads only)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--heads", default=str(DEFAULT_HEADS))
     ap.add_argument("--device", default="auto")
@@ -186,15 +190,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     eos = model.generation_config.eos_token_id
     decoders = {}
-    tree_name = None
+    tree_name, lookup = None, 0
     if any(m.startswith("medusa") for m in methods):
         heads = load_heads(args.heads, model=model)
         tree_name = args.tree or heads.default_tree or "mc_sim_7b_63"
         tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
-        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens)
+        lookup = args.lookup if args.lookup is not None else heads.lookup if heads.lookup is not None else DEFAULT_LOOKUP
+        tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
+        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=lookup)
         decoders["medusa-greedy"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
-        decoders["medusa-greedy-nodetail"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False))
-        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
+        decoders["medusa-heads-only"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens))
+        decoders["medusa-greedy-nodetail"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False, lookup=lookup))
+        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, lookup=lookup))
     decoders["baseline"] = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=args.max_new_tokens))
 
     def run(method: str, ids: list[int]) -> dict:
@@ -221,14 +228,15 @@ def main(argv: list[str] | None = None) -> None:
             med = sorted(runs, key=lambda r: r["prefill_seconds"] + r["decode_seconds"])[len(runs) // 2]
             rec = {"method": m, "id": p["id"], "category": p.get("category", ""), **{k: med[k] for k in ("output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds")}}
             rec["total_seconds_runs"] = [r["prefill_seconds"] + r["decode_seconds"] for r in runs]
-            if "phase_seconds" in med:
-                rec["phase_seconds"] = med["phase_seconds"]
+            for k in ("phase_seconds", "lookup_tokens"):
+                if k in med:
+                    rec[k] = med[k]
             records.append(rec)
         print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} tok/s" for m in methods), flush=True)
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods))
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
 
@@ -275,6 +283,13 @@ def report(records: list[dict], methods: list[str]) -> str:
                 for k, v in r.get("phase_seconds", {}).items():
                     tot[k] += v
             lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in ("propose", "verify", "accept", "commit")))
+
+    lookup_rows = [m for m in methods if any(r.get("lookup_tokens") for r in by[m])]
+    if lookup_rows:
+        lines += ["", "tokens accepted from the lookup branch (share of all new tokens)"]
+        for m in lookup_rows:
+            n = sum(r.get("lookup_tokens", 0) for r in by[m])
+            lines.append(f"  {m:<24}{n:>6} ({n / max(sum(r['new_tokens'] for r in by[m]), 1):.1%})")
 
     if by.get("hf-generate"):
         ref = {r["id"]: r["output_token_ids"] for r in by["hf-generate"]}

@@ -15,7 +15,11 @@
 3. Measure tokens/step and wall-clock tokens/s of Medusa greedy with each tree against plain
    greedy on held-out prompts, one after another on this device, and pick the default tree by
    measured speed-up over plain on the same prompts (``measure``), not by tokens/step alone.
-The trees are written to ``trees.json`` beside the heads and the choice to its ``config.json``.
+   With ``--lookup N`` (default 4; 0 = heads only) every tree step also verifies the lookup
+   branch (``lookup.py``), in the simulation and the measurement; the heads-only simulation is
+   printed beside it.
+The trees are written to ``trees.json`` beside the heads, the choice and the lookup length to its
+``config.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from .decoding import DecodeConfig, Decoder
 from .distill import chat_prompt_ids, generate_answers, load_jsonl
 from .heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
+from .lookup import DEFAULT_LOOKUP, ngram_proposal
 from .model import body_and_lm_head, load_model
 from .tree import TOPK, build_tree, greedy_choices
 
@@ -78,12 +83,14 @@ def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int =
 
 
 @torch.inference_mode()
-def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None) -> dict[str, list[torch.Tensor]]:
+def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0) -> dict[str, list[torch.Tensor]]:
     """Per tree, per record: the candidates greedy verification would accept at every answer position.
 
     At position t (root x_{t+1}, the answer's next token) the heads draft the tree from h_t, and a
     root-to-leaf path is accepted as far as its tokens are x_{t+2}, x_{t+3}, ... (the base model's
-    own greedy continuation, for greedy answers); the longest run over the paths counts.
+    own greedy continuation, for greedy answers); the longest run over the paths counts. With
+    ``lookup`` > 0 the lookup branch (``lookup.ngram_proposal`` over the prompt and the answer up to
+    the root) is one more path.
     """
     _, lm_head = body_and_lm_head(model)
     embed = model.get_input_embeddings()
@@ -91,6 +98,7 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
     for seq, start, h in states if states is not None else answer_states(model, records):
         answer = torch.tensor(seq[start + 1 :], dtype=torch.long)  # x_{t+1} of each position t from start on
         n = answer.numel()
+        chain = lookup_accepts(seq, start, lookup) if lookup else None
         for name, tree in trees.items():
             D = tree.depth
             truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]  # [n, D]: x_{t+2} .. x_{t+D+1}
@@ -98,11 +106,26 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
             ri = tree.retrieve_indices.cpu()
             path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
             match = (path == truth[:, None, :]) & (ri[:, 1:] >= 0)
-            out[name].append(match.long().cumprod(-1).sum(-1).max(-1).values)
+            accepts = match.long().cumprod(-1).sum(-1).max(-1).values
+            out[name].append(torch.maximum(accepts, chain) if chain is not None else accepts)
     return out
 
 
-def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None) -> dict[str, float]:
+def lookup_accepts(seq: list[int], start: int, length: int) -> torch.Tensor:
+    """[n]: at each answer position (root seq[start + 1 + i]), how many leading tokens of the lookup
+    branch's proposal are the sequence's own next tokens."""
+    full = torch.tensor(seq, dtype=torch.long)
+    out = torch.zeros(len(seq) - start - 1, dtype=torch.long)
+    for i in range(out.numel()):
+        root = start + 1 + i
+        prop = ngram_proposal(full[: root + 1], length=length)
+        truth = full[root + 1 : root + 1 + prop.numel()]
+        m = prop[: truth.numel()] == truth
+        out[i] = int(m.long().cumprod(0).sum())
+    return out
+
+
+def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0) -> dict[str, float]:
     """Tokens/step of greedy Medusa on the answers, simulated: walk each answer as decoding would
     (the prefill gives its first token; a step rooted at answer position i accepts
     :func:`simulated_accepts` [i] candidates plus the bonus token, and the next step is rooted
@@ -110,7 +133,7 @@ def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: l
     (Averaging 1 + accepts over *all* positions instead would overstate it: easy stretches give
     long runs but are visited by few steps.)"""
     out = {}
-    for name, per_record in simulated_accepts(model, heads, trees, records, states=states).items():
+    for name, per_record in simulated_accepts(model, heads, trees, records, states=states, lookup=lookup).items():
         tokens = steps = 0
         for a in per_record:
             a, n, i = a.tolist(), len(a), 0
@@ -121,12 +144,12 @@ def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: l
     return out
 
 
-def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1) -> dict:
+def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1, lookup: int = 0) -> dict:
     """Per decoder (plain and each tree): median tokens/s, mean tokens/step, and ``speedup``, the
     median over runs of its tokens/s over plain's on the same prompt in the same round. The pairing
     keeps out what differs between prompts (answer length, how predictable) and slow drifts of a
     shared machine, which a ratio of medians over different prompts keeps in."""
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False)
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup)
     decoders = {"plain": Decoder(model, method="plain", config=cfg)}
     decoders.update({name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg) for name, t in trees.items()})
     decoders["plain"].run(prompt_ids[0][:16])  # warm-up
@@ -179,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--acc-prompts", type=int, default=200, help="prompts used to measure head accuracy")
     ap.add_argument("--speed-prompts", type=int, default=8, help="prompts used for wall-clock speed")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP, help="length of the lookup branch verified with every tree (0 = heads only)")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--repeats", type=int, default=1, help="runs of each speed prompt per tree (median over all)")
     ap.add_argument("--tie", type=float, default=0.02, help="trees within this fraction of the fastest count as a tie; the smallest of them is the default")
@@ -206,15 +230,18 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
-    simulated = simulated_tokens_per_step(model, heads, built, records, states=states)
+    heads_only = simulated_tokens_per_step(model, heads, built, records, states=states)
+    simulated = simulated_tokens_per_step(model, heads, built, records, states=states, lookup=args.lookup) if args.lookup else heads_only
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
-    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats, lookup=args.lookup)
     plain = results["plain"]["tok_s"]
-    print(f"\n{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
-    print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
+    with_lookup = f" + lookup-{args.lookup}" if args.lookup else ""
+    print(f"\ntrees{with_lookup}; expected and heads-only: the heads' tree alone; simulated and measured: as decoded")
+    print(f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
+    print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>12.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
     for name, t in built.items():
         r = results[name]
-        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{simulated[name]:>11.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['speedup']:>9.2f}x")
+        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{heads_only[name]:>12.2f}{simulated[name]:>11.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['speedup']:>9.2f}x")
     print("(vs plain: median over runs of tokens/s over plain's on the same prompt)")
     fastest = max(built, key=lambda n: results[n]["speedup"])
     best = pick_default({n: results[n]["speedup"] for n in built}, {n: t.num_nodes for n, t in built.items()}, args.tie)
@@ -224,19 +251,21 @@ def main(argv: list[str] | None = None) -> None:
         (folder / TREES_FILE).write_text(json.dumps(trees, indent=None) + "\n")
         cfg = json.loads((folder / CONFIG_FILE).read_text())
         cfg["default_tree"] = best
+        cfg["lookup"] = args.lookup
         cfg["calibration"] = {
             "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
             "accuracy_top5": [round(x, 4) for x in acc[:, :5].sum(1).tolist()],
             "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
-            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "simulated_tokens_per_step": round(simulated[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2), "speedup": round(results[n]["speedup"], 3)} for n in built},
+            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "heads_only_simulated_tokens_per_step": round(heads_only[n], 3), "simulated_tokens_per_step": round(simulated[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2), "speedup": round(results[n]["speedup"], 3)} for n in built},
             "plain_tok_s": round(plain, 2),
             "speed_prompts": len(speed_ids),
             "repeats": args.repeats,
             "tie": args.tie,
+            "lookup": args.lookup,
             "dtype": str(next(model.parameters()).dtype),
         }
         (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        print(f"wrote {folder / TREES_FILE} and default_tree={best}")
+        print(f"wrote {folder / TREES_FILE}, default_tree={best} and lookup={args.lookup}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@
 
 One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward:
   propose  tree tokens = [root, head-1 top-k, head-2 top-k, ...][tree_indices] (path-conditioned
-           heads fill the tree level by level instead: ``MedusaHeads.draft``)
+           heads fill the tree level by level instead: ``MedusaHeads.draft``); with
+           ``DecodeConfig.lookup`` > 0, plus a lookup branch under the root: the tokens that
+           followed an earlier occurrence of the context's last few tokens (``lookup.py``,
+           ``tree.with_lookup``), verified and accepted like any other path
   verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
   accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
   commit   gather the accepted tree slots of every cache layer to the front of the tree
@@ -29,8 +32,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from .heads import MedusaHeads
+from .lookup import MAX_LOOKUP, ngram_proposal
 from .model import ModelError, ModelInfo, body_and_lm_head, check_supported, input_device
-from .tree import MedusaTree, root_only_tree
+from .tree import MedusaTree, root_only_tree, with_lookup
 
 METHODS = ("plain", "medusa-greedy", "medusa-typical")
 
@@ -50,6 +54,7 @@ class DecodeConfig:
     sample_root: bool = False  # typical: sample the root/bonus token instead of argmax
     stop_on_eos: bool = True
     record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
+    lookup: int = 0  # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
 
     def check(self) -> None:
         if not (1 <= self.max_new_tokens <= 32768):
@@ -62,6 +67,8 @@ class DecodeConfig:
             raise DecodeError(f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold}).")
         if not (0 <= self.posterior_alpha <= 1):
             raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_LOOKUP:
+            raise DecodeError(f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +79,8 @@ class Step:
     tokens: tuple[int, ...]  # new token ids committed by this step
     seconds: float  # wall time of the step, device-synchronised
     phases: Mapping[str, float] = field(default_factory=dict)  # propose / verify / accept / commit (or prefill)
-    accept_length: int = 0  # head candidates accepted (tokens = accept_length + 1)
+    accept_length: int = 0  # candidates accepted (tokens = accept_length + 1)
+    lookup_accepted: int = 0  # of those, candidates from the lookup branch (0, or all of them)
     tree: MedusaTree | None = None  # the tree verified in this step (Medusa, record_detail)
     tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
     best_path: int | None = None  # row of tree.retrieve_indices that was accepted
@@ -137,6 +145,11 @@ class RunResult:
     @property
     def tokens_per_step(self) -> float:
         return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def lookup_tokens(self) -> int:
+        """Accepted candidates that came from the lookup branch."""
+        return sum(s.lookup_accepted for s in self.steps)
 
     @property
     def finish_reason(self) -> str | None:
@@ -247,14 +260,16 @@ class Decoder:
             heads.check_fits(model)
             if tree.depth > heads.num_heads:
                 raise DecodeError(f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}.")
-            self.tree = tree.to(self.device)
-            self.tree_out = tree.to(self.out_device)  # acceptance runs where the logits are
-            self.tree_bias = tree_attention_bias(self.tree, self.dtype)
-            self.tree_cpu = tree.to("cpu")  # what the step records hold
-            self.root_tree = root_only_tree().to(self.device)
-            self.root_out = root_only_tree().to(self.out_device)
-            self.root_cpu = root_only_tree()
-            self.root_bias = tree_attention_bias(self.root_tree, self.dtype)
+            self.tree, self.tree_out, self.tree_cpu, self.tree_bias = self._buffers(tree)
+            self.root_tree, self.root_out, self.root_cpu, self.root_bias = self._buffers(root_only_tree())
+            # The tree plus a lookup branch of each possible length (the proposal may be shorter than config.lookup).
+            self.lookup_trees = {c: self._buffers(with_lookup(tree, c)) for c in range(1, config.lookup + 1)}
+
+    def _buffers(self, tree: MedusaTree) -> tuple[MedusaTree, MedusaTree, MedusaTree, torch.Tensor]:
+        """(tree on the input device, on the logits' device (acceptance runs there), on the CPU (what
+        the step records hold), float attention bias)."""
+        on_device = tree.to(self.device)
+        return on_device, tree.to(self.out_device), tree.to("cpu"), tree_attention_bias(on_device, self.dtype)
 
     # ------------------------------------------------------------------ helpers
     def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -352,6 +367,9 @@ class Decoder:
         gen = self._generator()
         cache = new_cache()
         seq_len = ids.shape[1]
+        history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
+        history[:seq_len] = ids[0].cpu()
+        no_chain = history[:0]
 
         # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree.
         t0 = _sync(dev)
@@ -359,6 +377,7 @@ class Decoder:
         root = self._pick_root(self.lm_head(hidden), gen)
         drafted = heads.draft(hidden, self.lm_head, self.tree_out, root, self.embed)  # [L] tokens of the full tree
         new, reason = self._finish([int(root)], 0, seq_len)
+        history[seq_len] = new[0]
         t1 = _sync(dev)
         yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
         produced, seq_len, index = len(new), seq_len + len(new), 1
@@ -369,10 +388,13 @@ class Decoder:
             full = seq_len + depth + 1 <= self.info.context_limit
             tree, tree_out, tree_host, bias = (self.tree, self.tree_out, self.tree_cpu, self.tree_bias) if full else (self.root_tree, self.root_out, self.root_cpu, self.root_bias)
             prefix_len = seq_len - 1  # every token but the root is in the cache
-            L = tree.num_nodes
-
             t0 = _sync(dev)
-            tree_tokens = drafted.to(dev) if full else root.view(1).to(dev)
+            chain = ngram_proposal(history[:seq_len], length=cfg.lookup) if full and cfg.lookup else no_chain
+            chain = chain[: max(0, self.info.context_limit - seq_len - 1)]  # the chain's last node must fit in the context too
+            if chain.numel():
+                tree, tree_out, tree_host, bias = self.lookup_trees[chain.numel()]
+            L = tree.num_nodes
+            tree_tokens = (torch.cat([drafted.to(dev), chain.to(dev)]) if chain.numel() else drafted.to(dev)) if full else root.view(1).to(dev)
             t1 = _sync(dev)
 
             # Every node sees the whole prefix, then the root, its ancestors and itself.
@@ -394,6 +416,7 @@ class Decoder:
             bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
             accepted = tree_tokens[nodes.to(dev)][1:].tolist()
             new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
+            history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
             if reason is None:  # draft the next tree from the last accepted node's hidden state
                 drafted = heads.draft(h[last], self.lm_head, self.tree_out, bonus, self.embed)
             root = bonus
@@ -406,7 +429,8 @@ class Decoder:
                 t4 - t0,
                 MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
                 accept_length=min(n_acc, len(new) - 1) if new else 0,
-                tree=(self.tree_cpu if full else root_only_tree()) if detail else None,
+                lookup_accepted=min(int((nodes[1:] >= L - chain.numel()).sum()), len(new) - 1) if chain.numel() and new else 0,
+                tree=tree_host if detail else None,
                 tree_tokens=tree_tokens if detail else None,
                 best_path=best if detail else None,
                 finish_reason=reason,

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .lookup import MAX_LOOKUP
 from .model import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
@@ -114,6 +115,7 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(m.weight)
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
+        self.lookup: int | None = None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -449,6 +451,9 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
     heads.default_tree = config.get("default_tree")
+    heads.lookup = config.get("lookup")
+    if heads.lookup is not None and (isinstance(heads.lookup, bool) or not isinstance(heads.lookup, int) or not 0 <= heads.lookup <= MAX_LOOKUP):
+        raise HeadsError(f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
     for kind in ("root", "path"):
         if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):
             raise HeadsError(f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete.")

@@ -46,9 +46,14 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
         return []
     tree, ids, accepted = step.tree, step.tree_token_ids, set(step.accepted_nodes)
     y = tree_layout(tree.parents)
+    first_lookup = tree.num_nodes - tree.lookup  # the lookup branch's nodes come last
+
+    def kind(j: int) -> str:
+        return "root" if j == 0 else "lookup" if j >= first_lookup else "candidate"
+
     nodes = [
         {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
-         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if j else None, "accepted": j in accepted, "kind": "root" if j == 0 else "candidate"}
+         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j)}
         for j in range(tree.num_nodes)
     ]
     if len(step.tokens) > step.accept_length and step.accepted_nodes:
@@ -73,7 +78,7 @@ def mask_data(view: StepView, tokenizer) -> tuple[list[list[int]], list[str], li
     return z, [f"prefix ({view.prefix_len} tokens)"] + labels, labels
 
 
-PATH_COLUMNS = ["step", "root token", "accepted tokens", "accept length", "tokens", "verify (ms)"]
+PATH_COLUMNS = ["step", "root token", "accepted tokens", "drafted by", "accept length", "tokens", "verify (ms)"]
 
 
 def path_rows(record: RunRecord, tokenizer) -> list[dict]:
@@ -84,5 +89,6 @@ def path_rows(record: RunRecord, tokenizer) -> list[dict]:
         ids = s.tree_token_ids
         rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
                      "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
+                     "drafted by": ("lookup" if s.lookup_accepted else "heads") if s.accept_length else "",
                      "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
     return rows

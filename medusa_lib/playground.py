@@ -23,11 +23,12 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .decoding import METHODS, DecodeConfig, Decoder, DecodeError, RunResult, Step
+from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step
 from .distill import chat_prompt_ids
 from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from .model import load_model
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
+from .lookup import DEFAULT_LOOKUP, MAX_LOOKUP
+from .model import load_model
 from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
@@ -54,6 +55,7 @@ class Settings:
     custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
     chat_template: bool = True  # wrap the prompt in the model's chat template
     seed: int = 0
+    lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         def number(x) -> bool:
@@ -67,6 +69,8 @@ class Settings:
             raise PlaygroundError(f"Epsilon must be between 0 and 1 (got {self.epsilon}).")
         if not number(self.delta) or not 0 <= self.delta <= 1:
             raise PlaygroundError(f"Delta must be between 0 and 1 (got {self.delta}).")
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_LOOKUP:
+            raise PlaygroundError(f"The lookup branch's length must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
 
     def config(self, method: str) -> DecodeConfig:
         typical = method == "medusa-typical"
@@ -76,6 +80,7 @@ class Settings:
             seed=int(self.seed),
             posterior_threshold=float(self.epsilon),
             posterior_alpha=float(self.delta),
+            lookup=0 if method == "plain" else int(self.lookup),
         )
 
 
@@ -85,7 +90,7 @@ class Piece:
 
     token_id: int
     text: str  # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
-    origin: str  # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head proposal
+    origin: str  # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head proposal; "lookup": an accepted lookup-branch token
     step: int
 
 
@@ -142,6 +147,7 @@ class RunRecord:
             "tokens_per_second": round(r.tokens_per_second, 2),
             "tokens_per_step": round(r.tokens_per_step, 3),
             "steps": r.decode_steps,
+            "lookup_tokens": r.lookup_tokens,
             "finish_reason": r.finish_reason,
         }
 
@@ -181,10 +187,11 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def origins(step: Step) -> list[str]:
-    """Per token of a step: its accepted head proposals first, then the base model's bonus token."""
+    """Per token of a step: its accepted candidates first (head proposals, or the lookup branch's
+    tokens when that path won), then the base model's bonus token."""
     n = len(step.tokens)
-    heads = min(step.accept_length, n)
-    return ["head"] * heads + ["base"] * (n - heads)
+    accepted = min(step.accept_length, n)
+    return ["lookup" if step.lookup_accepted else "head"] * accepted + ["base"] * (n - accepted)
 
 
 @dataclass(frozen=True)
@@ -340,6 +347,11 @@ class Playground:
         if default and default in self.tree_names():
             return default
         return DEFAULT_TREE if get_tree(DEFAULT_TREE).depth <= self.heads.num_heads else f"chain-{min(self.heads.num_heads, 4)}"
+
+    def default_lookup(self) -> int:
+        """The lookup-branch length the heads' default tree was calibrated with, else DEFAULT_LOOKUP."""
+        n = getattr(self.heads, "lookup", None)
+        return DEFAULT_LOOKUP if n is None else n
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads

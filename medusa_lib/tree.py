@@ -58,6 +58,9 @@ class MedusaTree:
     position_ids     [L]  depth of each node (root 0); add the cache length at run time
     retrieve_indices [P, D+1]  one root-to-leaf path per row, tree positions, -1 padded
     attn_mask        [L, L]  1 where node i may attend node j (root, ancestors, itself)
+    lookup           the last ``lookup`` nodes are a lookup branch (:func:`with_lookup`): a chain
+                     under the root filled with an n-gram match from the context, not by the heads;
+                     their choices hold rank ``LOOKUP_RANK`` and their tree_indices 0
     """
 
     choices: tuple[tuple[int, ...], ...]
@@ -68,6 +71,7 @@ class MedusaTree:
     topk: int = TOPK
     name: str = "custom"
     parents: tuple[int, ...] = field(default=())  # parent node of each node (root: -1)
+    lookup: int = 0  # trailing lookup-branch nodes (not drafted by the heads)
 
     @property
     def num_nodes(self) -> int:
@@ -83,10 +87,11 @@ class MedusaTree:
     def levels(self) -> tuple[TreeLevel, ...]:
         """One :class:`TreeLevel` per depth 1 .. D, on the device of the tree's buffers."""
         dev = self.tree_indices.device
-        index = {c: j + 1 for j, c in enumerate(self.choices)}
+        drafted = self.choices[: len(self.choices) - self.lookup]  # the heads fill these
+        index = {c: j + 1 for j, c in enumerate(drafted)}
         out = []
-        for k in range(1, self.depth + 1):
-            level = [c for c in self.choices if len(c) == k]
+        for k in range(1, max((len(c) for c in drafted), default=0) + 1):
+            level = [c for c in drafted if len(c) == k]
             parents = sorted({c[:-1] for c in level}, key=lambda p: index.get(p, 0))
             row = {p: i for i, p in enumerate(parents)}
             out.append(
@@ -115,6 +120,7 @@ class MedusaTree:
             topk=self.topk,
             name=self.name,
             parents=self.parents,
+            lookup=self.lookup,
         )
 
     def __repr__(self) -> str:
@@ -203,6 +209,43 @@ def root_only_tree() -> MedusaTree:
         attn_mask=torch.ones(1, 1, dtype=torch.long),
         name="root",
         parents=(-1,),
+    )
+
+
+LOOKUP_RANK = -1  # the "rank" of a lookup-branch node in MedusaTree.choices
+
+
+def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
+    """``tree`` plus a lookup branch: a chain of ``length`` nodes under the root, appended after the
+    tree's own nodes (their positions do not move), for tokens proposed by an n-gram match in the
+    context (``lookup.ngram_proposal``). Each chain node sees the root, the chain above it and
+    itself; it adds one root-to-leaf path (the last row of ``retrieve_indices``, so ties between
+    equally long paths go to the heads' paths)."""
+    if length < 1:
+        return tree
+    L = tree.num_nodes
+    n = L + length
+    attn_mask = torch.zeros(n, n, dtype=torch.long, device=tree.attn_mask.device)
+    attn_mask[:L, :L] = tree.attn_mask
+    chain = torch.arange(L, n, device=attn_mask.device)
+    attn_mask[L:, 0] = 1
+    attn_mask[L:, L:] = torch.tril(torch.ones(length, length, dtype=torch.long, device=attn_mask.device))
+    ri = tree.retrieve_indices
+    width = max(ri.shape[1], length + 1)
+    retrieve = torch.full((ri.shape[0] + 1, width), -1, dtype=torch.long, device=ri.device)
+    retrieve[:-1, : ri.shape[1]] = ri
+    retrieve[-1, 0] = 0
+    retrieve[-1, 1 : length + 1] = chain.to(ri.device)
+    return MedusaTree(
+        choices=tree.choices + tuple((LOOKUP_RANK,) * d for d in range(1, length + 1)),
+        tree_indices=torch.cat([tree.tree_indices, torch.zeros(length, dtype=torch.long, device=tree.tree_indices.device)]),
+        position_ids=torch.cat([tree.position_ids, torch.arange(1, length + 1, device=tree.position_ids.device)]),
+        retrieve_indices=retrieve,
+        attn_mask=attn_mask,
+        topk=tree.topk,
+        name=f"{tree.name}+lookup-{length}",
+        parents=tree.parents + (0,) + tuple(range(L, n - 1)),
+        lookup=length,
     )
 
 

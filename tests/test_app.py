@@ -66,7 +66,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, "Medusa greedy", api_name="/run")
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, "Medusa greedy", api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3
@@ -86,7 +86,7 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 
     h = Handlers(tiny_playground(oracle=False))
     with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning
-        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, "Medusa greedy"))
+        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, "Medusa greedy"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
     with pytest.warns(UserWarning, match="Run the three methods first"):

@@ -8,7 +8,7 @@ from conftest import make_model, random_heads, tiny_tokenizer
 
 from medusa_lib import bench
 
-METHODS = ["hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-typical", "medusa-greedy-nodetail"]
+METHODS = ["hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail"]
 PROMPTS = [
     {"id": "a-1", "category": "alpha", "prompt": "w10 w11 w12 w13"},
     {"id": "a-2", "category": "alpha", "prompt": "w20 w21 w22 w20 w21 w22"},
@@ -34,7 +34,7 @@ def test_bench_writes_one_record_per_method_and_prompt_and_prints_the_tables(sav
                 "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "16", "--repeats", "2", "--json", str(out)])
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert data["dtype"] == "torch.float32" and data["tree"] == "chain-3" and data["repeats"] == 2
+    assert data["dtype"] == "torch.float32" and data["tree"] == "chain-3 + lookup-4" and data["lookup"] == 4 and data["repeats"] == 2
     recs = data["records"]
     assert sorted((r["method"], r["id"]) for r in recs) == sorted((m, p["id"]) for m in METHODS for p in PROMPTS)
     for r in recs:
@@ -45,7 +45,8 @@ def test_bench_writes_one_record_per_method_and_prompt_and_prints_the_tables(sav
     by = {(r["method"], r["id"]): r["output_token_ids"] for r in recs}
     for p in PROMPTS:  # float32: our loops are exact against model.generate
         ref = by[("hf-generate", p["id"])]
-        assert by[("baseline", p["id"])] == by[("medusa-greedy", p["id"])] == by[("medusa-greedy-nodetail", p["id"])] == ref
+        assert by[("baseline", p["id"])] == by[("medusa-greedy", p["id"])] == by[("medusa-heads-only", p["id"])] == by[("medusa-greedy-nodetail", p["id"])] == ref
+    assert all(r.get("lookup_tokens", 0) == 0 for r in recs if r["method"] == "medusa-heads-only")
     # The printed tables: one row per method, per category, per phase, and the equality count.
     for m in METHODS:
         assert re.search(rf"^{re.escape(m)}\s+\d+\.\d\s+\d+\.\d\d\s", printed, re.M), m

@@ -59,6 +59,7 @@ def page(url):
 
 
 def test_run_an_example_and_inspect_it(page):
+    assert page.is_checked("#lookup-branch input")  # the shipped heads were calibrated with the lookup branch on
     page.get_by_role("button", name="Explanation").first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('sky is blue')", timeout=30_000)
     page.click("#run-btn")

@@ -7,6 +7,7 @@ from conftest import OracleHeads, make_model, random_heads
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
 from medusa_lib.attention import use_packed_gqa
 from medusa_lib.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
+from medusa_lib.tree import with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
@@ -36,11 +37,12 @@ def plain_tokens(model, n=N_NEW, prompt=PROMPT):
 
 
 # ------------------------------------------------------------------ tree forward maths
+@pytest.mark.parametrize("lookup", [0, 4])  # 4: the tree plus a lookup branch of 4 nodes (tree.with_lookup)
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn):
+def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn, lookup):
     model = model_for(arch, attn=attn)
-    tree = TREES["mc_sim_7b_63"]
+    tree = with_lookup(TREES["mc_sim_7b_63"], lookup)
     body, lm_head = model.base_model, model.lm_head
     torch.manual_seed(3)
     tree_tokens = torch.randint(3, 300, (tree.num_nodes,))

@@ -65,8 +65,11 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
         cfg = DecodeConfig(max_new_tokens=48)
         plain = run_method(model, ids, method="plain", config=cfg)
         medusa = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
+        # as shipped: with the lookup branch the heads were calibrated with (the default heads: 4 tokens)
+        shipped = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0))
         gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
-        assert medusa.tokens == plain.tokens == gen, p["id"]
+        assert medusa.tokens == shipped.tokens == plain.tokens == gen, p["id"]
         steps += medusa.decode_steps
         tokens += medusa.decode_tokens
     assert tokens / steps > 1.5  # trained heads: several tokens accepted per step on average
+    assert heads.lookup == config.get("lookup") and (heads.lookup == 4) == (folder == HEADS)

@@ -49,8 +49,8 @@ CASES = [
     ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
     ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
 ]
-API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template"]
-API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True}
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch"]
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True}
 
 
 def api_args(prompt: str, overrides: dict) -> list:
@@ -134,7 +134,7 @@ def test_ui_handler_shows_each_sentence_and_the_next_run_works():
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
         assert str(warned[-1].message) == message, case
         assert outs[0][RUN_OUTPUTS.index("session")] is None  # the first update clears the session: no half-run is kept for replay
-    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}
 
 
@@ -162,7 +162,7 @@ def test_sliding_window_model_refuses_prompts_beyond_the_window():
         pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
     assert pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1  # inside the window: runs
 
@@ -340,7 +340,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
         assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run")
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -403,7 +403,7 @@ def test_four_page_sessions_at_once_see_only_their_own_text(served):
     _, url, client = served
     prompts = [f"w{100 + i} w{130 + i}" for i in range(4)]
     alone = [client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, api_name="/compare")["methods"] for p in prompts]
-    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run") for p in prompts]
+    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run") for p in prompts]
     for job, ref in zip(jobs, alone):
         updates = list(job)
         assert job.result()[0].startswith("Done")
@@ -419,7 +419,7 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     stop = [d for d in client.config["dependencies"] if d.get("cancels")]
     assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
     stats = count_runs(monkeypatch, pg)
-    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy", api_name="/run")
+    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run")
     for out in job:
         if "Running" in str(out[0]):
             break
@@ -440,14 +440,14 @@ def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
 
     pg = tiny_playground(oracle=False)
     stats = count_runs(monkeypatch, pg)
-    gen = Handlers(pg).run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy")
+    gen = Handlers(pg).run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy")
     for out in gen:
         if stats["steps"] >= 3:
             break
     steps = stats["steps"]
     gen.close()  # what gradio does on Stop
     assert stats["closed"] == 1 and stats["active"] == 0 and stats["steps"] == steps
-    outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, "Medusa greedy"))
+    outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
     assert outs[-1][0].startswith("Done")
 
 

@@ -1,7 +1,7 @@
 """Training and calibration pipeline on a tiny random model: targets, loss, early stopping, accuracy."""
 
 import torch
-from conftest import make_model
+from conftest import make_model, random_heads
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
 from medusa_lib.calibrate import head_accuracy, pick_default, split_prompts
@@ -314,6 +314,34 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
     walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
     assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())
+
+
+def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
+    import pytest
+
+    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib.calibrate import simulated_accepts, simulated_tokens_per_step
+
+    model = make_model("llama")
+    prompt = [5, 6, 7, 8, 5, 6, 7]  # the tiny model's answer soon repeats itself
+    answer = run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=80, stop_on_eos=False)).tokens
+    heads = random_heads(4, shared=True)  # untrained: nearly everything accepted comes from the lookup branch
+    tree = build_tree([[0], [1], [0, 0]])
+    record = {"id": "r", "prompt_ids": prompt, "answer_ids": answer}
+    alone = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
+    sim = simulated_accepts(model, heads, {"t": tree}, [record], lookup=4)["t"][0]
+    assert (sim >= alone).all() and sim.max() == 4 and sim.sum() > alone.sum()
+    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=80, stop_on_eos=False, lookup=4))
+    assert res.tokens == answer and res.lookup_tokens > 0
+    emitted, checked = len(res.steps[0].tokens), 0
+    for step in res.steps[1:-1]:
+        root = emitted - 1
+        if root + 4 < len(answer) - 1:
+            assert step.accept_length == int(sim[root]), step.index
+            checked += 1
+        emitted += len(step.tokens)
+    assert checked >= 10
+    assert simulated_tokens_per_step(model, heads, {"t": tree}, [record], lookup=4)["t"] == pytest.approx(res.tokens_per_step)
 
 
 def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
