@@ -81,7 +81,7 @@ class Handlers:
         if isinstance(custom_tree, list):  # an API caller may send the paths themselves
             custom_tree = json.dumps(custom_tree)
         return Settings(max_new_tokens=as_int, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree or self.pg.default_tree_name(),
-                        custom_tree=custom_tree or "", chat_template=bool(chat_template), lookup=self.pg.default_lookup() if lookup_branch else 0)
+                        custom_tree=custom_tree or "", chat_template=bool(chat_template), lookup=self.pg.default_lookup() if bool(lookup_branch) else 0)
 
     def threshold(self, epsilon: float, delta: float):
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)

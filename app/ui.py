@@ -66,7 +66,7 @@ def build_demo(
                     tree = gr.Dropdown(pg.tree_names(), value=pg.default_tree_name(), label="Tree preset", elem_id="tree-preset")
                     with gr.Column(min_width=160):
                         chat = gr.Checkbox(value=True, label="Use the chat template")
-                        lookup = gr.Checkbox(value=pg.default_lookup() > 0, label=f"Lookup branch ({max(pg.default_lookup(), 1)} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
+                        lookup = gr.Checkbox(value=pg.lookup_on_by_default(), label=f"Lookup branch ({pg.default_lookup()} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
                 custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
         gr.HTML(LEGEND_HTML, elem_id="legend")

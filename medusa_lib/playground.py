@@ -349,9 +349,13 @@ class Playground:
         return DEFAULT_TREE if get_tree(DEFAULT_TREE).depth <= self.heads.num_heads else f"chain-{min(self.heads.num_heads, 4)}"
 
     def default_lookup(self) -> int:
-        """The lookup-branch length the heads' default tree was calibrated with, else DEFAULT_LOOKUP."""
-        n = getattr(self.heads, "lookup", None)
-        return DEFAULT_LOOKUP if n is None else n
+        """The lookup branch's length when it is on: the one the heads' default tree was calibrated
+        with, else (no calibration, or calibrated without the branch) DEFAULT_LOOKUP."""
+        return getattr(self.heads, "lookup", None) or DEFAULT_LOOKUP
+
+    def lookup_on_by_default(self) -> bool:
+        """On unless the heads were calibrated without the branch (``lookup: 0`` in their config)."""
+        return getattr(self.heads, "lookup", None) != 0
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads

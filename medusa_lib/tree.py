@@ -219,8 +219,9 @@ def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
     """``tree`` plus a lookup branch: a chain of ``length`` nodes under the root, appended after the
     tree's own nodes (their positions do not move), for tokens proposed by an n-gram match in the
     context (``lookup.ngram_proposal``). Each chain node sees the root, the chain above it and
-    itself; it adds one root-to-leaf path (the last row of ``retrieve_indices``, so ties between
-    equally long paths go to the heads' paths)."""
+    itself; it adds one root-to-leaf path (the last row of ``retrieve_indices``, so under greedy
+    acceptance ties between equally long paths go to the heads' paths; typical acceptance breaks
+    ties by log-probability)."""
     if length < 1:
         return tree
     L = tree.num_nodes

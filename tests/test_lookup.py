@@ -5,12 +5,20 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, build_tree, chain_choices, get_tree, run_method
+from medusa_lib.attention import use_packed_gqa
 from medusa_lib.lookup import ngram_proposal
 from medusa_lib.tree import LOOKUP_RANK, with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
-ARCHS = ["llama", "qwen2", "gpt2"]
+ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.attention (load_model's CPU default)
+
+
+def model_for(arch: str):
+    model = make_model(arch.removesuffix("-packed"))
+    if arch.endswith("-packed"):
+        assert use_packed_gqa(model)
+    return model
 
 
 def t(*ids):
@@ -64,7 +72,7 @@ def test_with_lookup_appends_a_chain_under_the_root_and_leaves_the_tree_as_it_wa
 # ------------------------------------------------------------------ decoding
 @pytest.mark.parametrize("arch", ARCHS)
 def test_medusa_greedy_with_lookup_equals_plain_greedy_and_uses_the_branch(arch):
-    model = make_model(arch)
+    model = model_for(arch)
     plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)).tokens
     heads = random_heads(4, shared=arch != "gpt2")
     res, without = (run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=build_tree(chain_choices(2)),
@@ -78,25 +86,30 @@ def test_medusa_greedy_with_lookup_equals_plain_greedy_and_uses_the_branch(arch)
         on_branch = [j for j in s.accepted_nodes[1:] if j in lookup_nodes]
         assert s.lookup_accepted == len(on_branch) and s.lookup_accepted in (0, s.accept_length)
         assert [s.tree_token_ids[j] for j in s.accepted_nodes[1:]] == list(s.tokens[: s.accept_length])
-        if s.tree.lookup:  # the branch holds what followed the last earlier occurrence of the context's suffix
-            context = torch.tensor(PROMPT + plain[: sum(len(x.tokens) for x in res.steps[: s.index])])
-            assert s.tree_token_ids[-s.tree.lookup :] == ngram_proposal(context, length=4).tolist()
+        # the branch holds what followed the last earlier occurrence of the context's suffix (none: no branch)
+        context = torch.tensor(PROMPT + plain[: sum(len(x.tokens) for x in res.steps[: s.index])])
+        assert s.tree_token_ids[s.tree.num_nodes - s.tree.lookup :] == ngram_proposal(context, length=4).tolist()
 
 
 def test_lookup_with_rigged_heads_and_typical_at_temperature_zero_stay_exact():
     model = make_model("llama")
     ref = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW + 8, stop_on_eos=False)).tokens
-    heads = OracleHeads(model, PROMPT + ref)
-    for method in ("medusa-greedy", "medusa-typical"):
-        res = run_method(model, PROMPT, method=method, heads=heads, tree=get_tree("mc_sim_7b_63"), config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3))
-        assert res.tokens == ref[:N_NEW], method
+    rigged = OracleHeads(model, PROMPT + ref)  # the heads' paths win; the branch's nodes must still be compacted away
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=rigged, tree=get_tree("mc_sim_7b_63"), config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3))
+    assert res.tokens == ref[:N_NEW]
+    # typical acceptance at T = 0 is greedy matching: with untrained heads the branch wins steps, output unchanged
+    res = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3))
+    assert res.tokens == ref[:N_NEW] and res.lookup_tokens > 0
 
 
-def test_lookup_respects_the_context_limit_and_max_new_tokens():
-    model = make_model("llama", max_position_embeddings=48)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: learned positions, a node past the context would fail outright
+def test_lookup_respects_the_context_limit_and_max_new_tokens(arch):
+    model = make_model(arch, max_position_embeddings=48)
     ref = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=200, stop_on_eos=False)).tokens
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=8))
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4, shared=arch != "gpt2"), tree=build_tree(chain_choices(2)), config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=8))
     assert res.tokens == ref and res.finish_reason == "context"
+    deepest = [len(PROMPT) + sum(len(x.tokens) for x in res.steps[: s.index]) - 1 + int(s.tree.position_ids.max()) for s in res.steps[1:]]
+    assert max(deepest) == 46  # as for the heads' tree: the deepest node leaves the context's last slot to the bonus token
     for n in (1, 3, 11):
         res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=build_tree(chain_choices(1)), config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, lookup=8))
         assert res.tokens == ref[:n] and res.finish_reason == "length"
@@ -107,7 +120,7 @@ def test_typical_acceptance_with_lookup_is_seeded():
     cfg = DecodeConfig(max_new_tokens=32, stop_on_eos=False, temperature=0.8, seed=3, lookup=4)
     a = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg)
     b = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg)
-    assert a.tokens == b.tokens and len(a.tokens) == 32
+    assert a.tokens == b.tokens and len(a.tokens) == 32 and a.lookup_tokens > 0
 
 
 @pytest.mark.parametrize("bad", [-1, 9, True, 2.5])
@@ -139,3 +152,11 @@ def test_heads_config_lookup_is_read_and_used_by_the_playground(tmp_path):
     assert a.lookup == 2 and b.lookup is None
     assert Playground(model, tiny_tokenizer(), a).default_lookup() == 2
     assert Playground(model, tiny_tokenizer(), b).default_lookup() == 4  # not calibrated: lookup.DEFAULT_LOOKUP
+    random_heads(4).save(tmp_path / "c", lookup=0)  # calibrated without the branch: off by default, 4 tokens when ticked
+    from app.handlers import Handlers
+
+    for heads, on, n in [(a, True, 2), (b, True, 4), (load_heads(tmp_path / "c", model=model), False, 4)]:
+        pg = Playground(model, tiny_tokenizer(), heads)
+        assert pg.lookup_on_by_default() == on and pg.default_lookup() == n
+        settings = lambda box: Handlers(pg).settings(8, 0.7, 0.09, 0.3, "chain-2", "", True, box)  # noqa: E731
+        assert settings(True).lookup == n and settings(False).lookup == 0 and settings(0).lookup == 0
