@@ -69,7 +69,8 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
         shipped = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0))
         gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         assert medusa.tokens == shipped.tokens == plain.tokens == gen, p["id"]
-        steps += medusa.decode_steps
-        tokens += medusa.decode_tokens
-    assert tokens / steps > 1.5  # trained heads: several tokens accepted per step on average
-    assert heads.lookup == config.get("lookup") and (heads.lookup == 4) == (folder == HEADS)
+        steps += shipped.decode_steps
+        tokens += shipped.decode_tokens
+    # trained heads (+ the lookup branch, as shipped) accept guesses often; the plain heads' default is a 4-node tree
+    assert tokens / steps > (1.5 if folder == HEADS else 1.3)
+    assert heads.lookup == config["lookup"] == 4  # both were calibrated with a lookup branch of 4
