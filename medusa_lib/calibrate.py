@@ -95,10 +95,12 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
     _, lm_head = body_and_lm_head(model)
     embed = model.get_input_embeddings()
     out: dict[str, list[torch.Tensor]] = {name: [] for name in trees}
+    chains: list[torch.Tensor] = []
     for seq, start, h in states if states is not None else answer_states(model, records):
         answer = torch.tensor(seq[start + 1 :], dtype=torch.long)  # x_{t+1} of each position t from start on
         n = answer.numel()
-        chain = lookup_accepts(seq, start, lookup) if lookup else None
+        if lookup:
+            chains.append(lookup_accepts(seq, start, lookup))
         for name, tree in trees.items():
             D = tree.depth
             truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]  # [n, D]: x_{t+2} .. x_{t+D+1}
@@ -106,9 +108,14 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
             ri = tree.retrieve_indices.cpu()
             path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
             match = (path == truth[:, None, :]) & (ri[:, 1:] >= 0)
-            accepts = match.long().cumprod(-1).sum(-1).max(-1).values
-            out[name].append(torch.maximum(accepts, chain) if chain is not None else accepts)
-    return out
+            out[name].append(match.long().cumprod(-1).sum(-1).max(-1).values)
+    return merge_lookup(out, chains) if lookup else out
+
+
+def merge_lookup(accepts: dict[str, list[torch.Tensor]], chains: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """Per tree and record, the longer of the tree's accepted run and the lookup branch's
+    (:func:`lookup_accepts`, one tensor per record): the branch is one more path."""
+    return {name: [torch.maximum(a, c) for a, c in zip(per_record, chains)] for name, per_record in accepts.items()}
 
 
 def lookup_accepts(seq: list[int], start: int, length: int) -> torch.Tensor:
@@ -132,8 +139,13 @@ def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: l
     where that leaves off), then decoded tokens over steps, as ``RunResult.tokens_per_step``.
     (Averaging 1 + accepts over *all* positions instead would overstate it: easy stretches give
     long runs but are visited by few steps.)"""
+    return walked_tokens_per_step(simulated_accepts(model, heads, trees, records, states=states, lookup=lookup))
+
+
+def walked_tokens_per_step(accepts: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    """The walk of :func:`simulated_tokens_per_step` over accepts already simulated."""
     out = {}
-    for name, per_record in simulated_accepts(model, heads, trees, records, states=states, lookup=lookup).items():
+    for name, per_record in accepts.items():
         tokens = steps = 0
         for a in per_record:
             a, n, i = a.tolist(), len(a), 0
@@ -230,8 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
-    heads_only = simulated_tokens_per_step(model, heads, built, records, states=states)
-    simulated = simulated_tokens_per_step(model, heads, built, records, states=states, lookup=args.lookup) if args.lookup else heads_only
+    alone = simulated_accepts(model, heads, built, records, states=states)  # the heads draft once; the branch is merged in
+    heads_only = walked_tokens_per_step(alone)
+    chains = [lookup_accepts(seq, start, args.lookup) for seq, start, _ in states] if args.lookup else []
+    simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
     results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats, lookup=args.lookup)
     plain = results["plain"]["tok_s"]
