@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from .heads import MedusaHeads
 from .lookup import MAX_LOOKUP, ngram_proposal
+from .lookup import is_length as is_lookup_length
 from .model import ModelError, ModelInfo, body_and_lm_head, check_supported, input_device
 from .tree import MedusaTree, root_only_tree, with_lookup
 
@@ -67,7 +68,7 @@ class DecodeConfig:
             raise DecodeError(f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold}).")
         if not (0 <= self.posterior_alpha <= 1):
             raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
-        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_LOOKUP:
+        if not is_lookup_length(self.lookup):
             raise DecodeError(f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
 
 

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from .lookup import MAX_LOOKUP
+from .lookup import is_length as is_lookup_length
 from .model import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
@@ -452,7 +453,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
     heads.default_tree = config.get("default_tree")
     heads.lookup = config.get("lookup")
-    if heads.lookup is not None and (isinstance(heads.lookup, bool) or not isinstance(heads.lookup, int) or not 0 <= heads.lookup <= MAX_LOOKUP):
+    if heads.lookup is not None and not is_lookup_length(heads.lookup):
         raise HeadsError(f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
     for kind in ("root", "path"):
         if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):

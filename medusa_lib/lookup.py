@@ -18,6 +18,11 @@ MAX_NGRAM = 4  # longest suffix n-gram looked up (longer matches are tried first
 MIN_NGRAM = 2  # shortest; single-token matches propose too often and are mostly wrong
 
 
+def is_length(n) -> bool:
+    """A valid lookup-branch length: a whole number from 0 (off) to MAX_LOOKUP (booleans are not)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LOOKUP
+
+
 def ngram_proposal(history: torch.Tensor, *, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> torch.Tensor:
     """Up to ``length`` tokens that followed the most recent earlier occurrence of the longest
     suffix of ``history`` (1-D token ids; its last token is the next step's root) with

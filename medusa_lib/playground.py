@@ -28,6 +28,7 @@ from .distill import chat_prompt_ids
 from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
 from .lookup import DEFAULT_LOOKUP, MAX_LOOKUP
+from .lookup import is_length as is_lookup_length
 from .model import load_model
 from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
 
@@ -69,7 +70,7 @@ class Settings:
             raise PlaygroundError(f"Epsilon must be between 0 and 1 (got {self.epsilon}).")
         if not number(self.delta) or not 0 <= self.delta <= 1:
             raise PlaygroundError(f"Delta must be between 0 and 1 (got {self.delta}).")
-        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_LOOKUP:
+        if not is_lookup_length(self.lookup):
             raise PlaygroundError(f"The lookup branch's length must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
 
     def config(self, method: str) -> DecodeConfig:
