@@ -28,6 +28,7 @@ DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works:
 SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
 TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
 MAX_PROMPT_CHARS = int(os.environ.get("MEDUSA_MAX_PROMPT_CHARS", "32000"))  # longer prompts are refused before tokenising
+MAX_PROMPT_TOKENS = os.environ.get("MEDUSA_MAX_PROMPT_TOKENS", "auto")  # auto = what the device prefills in ~3 s, measured at start-up
 MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value
 MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
 EXAMPLES = ROOT / "assets" / "examples.json"
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
                              trust_remote_code=args.trust_remote_code, progress=print, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
-                             max_prompt_chars=MAX_PROMPT_CHARS)
+                             max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS if MAX_PROMPT_TOKENS == "auto" else int(MAX_PROMPT_TOKENS))
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")
     examples = load_examples(EXAMPLES)

@@ -7,6 +7,7 @@ Plotly reads a few HTML tags inside text (<b>, <br>), so every token label is ht
 from __future__ import annotations
 
 import html
+import textwrap
 from typing import Mapping
 
 import plotly.graph_objects as go
@@ -26,9 +27,11 @@ def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
     return fig
 
 
-def empty_figure(message: str, *, height: int = 300, title: str = "") -> go.Figure:
+def empty_figure(message: str, *, height: int = 300, title: str = "", width_chars: int = 40) -> go.Figure:
+    """A blank plot that says why it is blank; the message is wrapped (plotly does not wrap annotations)."""
     fig = go.Figure()
-    fig.add_annotation(text=html.escape(message), showarrow=False, font=dict(size=16, color="#777"), x=0.5, y=0.5, xref="paper", yref="paper")
+    text = "<br>".join(html.escape(line) for line in textwrap.wrap(message, width_chars))
+    fig.add_annotation(text=text, showarrow=False, font=dict(size=16, color="#777"), x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _layout(fig, title=title, height=height)

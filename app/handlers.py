@@ -8,7 +8,7 @@ Each handler yields tuples in the order of its *_OUTPUTS list; gr.skip() leaves 
 from __future__ import annotations
 
 import html
-import json
+import logging
 import time
 from typing import Any, Callable, Iterator
 
@@ -17,13 +17,14 @@ import pandas as pd
 import torch
 
 from medusa_lib.decoding import METHODS
+from medusa_lib.messages import InputError
 from medusa_lib.playground import (
-    LABELS, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, Settings, mask_data, path_rows, summary_rows,
-    tree_nodes, visible_steps,
+    LABELS, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, mask_data, path_rows, summary_rows, tree_nodes,
+    untimed_note, visible_steps, why_it_ended,
 )
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
-from .render import badge_html, column_html
+from .render import badge_html, column_html, stopped_column
 
 try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
     import spaces
@@ -41,11 +42,21 @@ INSPECT_CHOICES = [LABELS["medusa-greedy"], LABELS["medusa-typical"]]
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
+UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the details and keeps serving: try other settings, and please report it."
+log = logging.getLogger("medusa_playground")
 
 
-def cannot_run(e: BaseException) -> str:
-    """The one sentence a bad input (a ValueError from medusa_lib) or an out-of-memory run gets."""
-    return OUT_OF_MEMORY if isinstance(e, torch.OutOfMemoryError) else str(e)
+def cannot_run(e: Exception) -> str:
+    """The one sentence a failed run gets: a bad input's own (an InputError from medusa_lib), out of
+    memory, or, for anything else, a sentence naming the error while its traceback goes to the log."""
+    if isinstance(e, torch.OutOfMemoryError):
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return OUT_OF_MEMORY
+    if isinstance(e, InputError):
+        return str(e)
+    log.error("a run failed", exc_info=e)
+    return UNEXPECTED.format(name=type(e).__name__)
 
 
 def pack(names: list[str], **values: Any) -> tuple:
@@ -76,13 +87,6 @@ class Handlers:
         self.pg = playground
 
     # ---------------------------------------------------------------- settings
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
-        as_int = int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) and float(max_new_tokens).is_integer() else max_new_tokens
-        if isinstance(custom_tree, list):  # an API caller may send the paths themselves
-            custom_tree = json.dumps(custom_tree)
-        return Settings(max_new_tokens=as_int, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree or self.pg.default_tree_name(),
-                        custom_tree=custom_tree or "", chat_template=bool(chat_template), lookup=self.pg.default_lookup() if bool(lookup_branch) else 0)
-
     def threshold(self, epsilon: float, delta: float):
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
 
@@ -92,7 +96,7 @@ class Handlers:
         rec = (records or {}).get(method)
         title = f"{label}: candidate tree"
         if rec is None or len(rec.views) < 2:
-            msg = "Run the playground to inspect a Medusa step."
+            msg = "Run the playground to inspect a Medusa step." if rec is None else no_step_message(rec)
             return empty_figure(msg, title=title), empty_figure(msg, title="Tree attention mask"), empty_paths()
         i = min(max(int(step or 1), 1), len(rec.views) - 1)
         view = rec.views[i]
@@ -114,15 +118,24 @@ class Handlers:
 
     # ---------------------------------------------------------------- the run
     def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label) -> Iterator[tuple]:
-        """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column."""
+        """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column.
+
+        Everything is checked before anything changes on the page: a refused input gets its sentence
+        and the previous run's results stay (columns, summary, replay) until a new run really starts."""
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
-        settings = self.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
+        yield out(status="Checking the settings&hellip;")
+        try:
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
+            ids, decoders = self.pg.prepare(prompt, settings)
+        except Exception as e:  # one sentence, the server keeps serving
+            yield out(status=self.refuse(e))
+            return
         records: dict[str, RunRecord] = {}
-        yield out(status="Checking the settings&hellip;", col_plain=column_html("plain", None), col_greedy=column_html("medusa-greedy", None),
+        yield out(status="Starting&hellip;", col_plain=column_html("plain", None), col_greedy=column_html("medusa-greedy", None),
                   col_typical=column_html("medusa-typical", None), timeline=timeline_figure({}), badge=badge_html(None), summary=empty_summary(), session=None)
         last = 0.0
         try:
-            for ev in self.pg.stream(prompt, settings):
+            for ev in self.pg.run(ids, decoders):
                 records[ev.method] = ev.record
                 now = time.perf_counter()
                 if ev.kind == "step" and now - last < STREAM_EVERY:
@@ -135,20 +148,29 @@ class Handlers:
                 if ev.kind == "end" and ev.method == method_of(insp_label):
                     upd.update(self.inspector_update(records, insp_label))
                 yield out(**upd)
-        except (ValueError, torch.OutOfMemoryError) as e:  # TreeError, DecodeError, PlaygroundError ...: one sentence, the server keeps serving
-            msg = cannot_run(e)
-            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            gr.Warning(msg)
-            yield out(status=f"**Cannot run:** {html.escape(msg, quote=False)}")
+            check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])  # may run one more forward
+        except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
+            cut = {COLUMN[m]: column_html(m, r, state="stopped") for m, r in records.items() if not r.done}
+            yield out(status=self.refuse(e), **cut)
             return
-        check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])
+        note = untimed_note(records)
         yield out(
-            status="Done. Press **Race replay** to watch the three runs side by side at their measured speed.",
+            status="Done. " + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
             badge=badge_html(check, plain=records["plain"], medusa=records["medusa-greedy"], tokenizer=self.pg.tokenizer),
             summary=pd.DataFrame(summary_rows(records), columns=SUMMARY_COLUMNS), session=records,
             **self.inspector_update(records, insp_label),
         )
+
+    @staticmethod
+    def refuse(e: Exception) -> str:
+        """Status line (and toast) for a run that cannot go on."""
+        msg = cannot_run(e)
+        gr.Warning(msg)
+        return f"**Cannot run:** {html.escape(msg, quote=False)}"
+
+    def stop(self, col_plain: str, col_greedy: str, col_typical: str) -> tuple:
+        """Stop (the run or the replay is cancelled by the event itself): the columns stop saying running."""
+        return ("Stopped. Press **Run** to start again.", *(stopped_column(c) for c in (col_plain, col_greedy, col_typical)))
 
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
@@ -180,10 +202,14 @@ class Handlers:
             t = (time.perf_counter() - start) * factor
 
     # ---------------------------------------------------------------- API
-    def compare(self, prompt: str, settings: Settings) -> dict:
+    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch) -> dict:
+        """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         try:
-            return self.pg.compare(prompt, settings)
-        except (ValueError, torch.OutOfMemoryError) as e:  # one sentence to the caller; the server keeps serving
-            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            return self.pg.compare(prompt, self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch))
+        except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
+
+
+def no_step_message(record: RunRecord) -> str:
+    """The inspector's text for a run that ended at its prefill: there is no Medusa step to show."""
+    return f"This run ended after the prefill's first token ({why_it_ended(record)}): no Medusa step to inspect. Raise Max new tokens and run again."

@@ -12,6 +12,7 @@ from typing import Sequence
 from medusa_lib.playground import LABELS, GreedyCheck, Piece, RunRecord
 
 METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00"}  # Okabe-Ito
+CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
 
 
 def tokens_html(pieces: Sequence[Piece]) -> str:
@@ -35,16 +36,16 @@ def stats_line(record: RunRecord | None) -> str:
     tpstep = f"{r.tokens_per_step:.2f}" if r.decode_steps else "&mdash;"
     return (
         f'<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; '
-        f"{len(r.tokens)} tokens in {record.elapsed:.2f} s"
+        f"{len(r.tokens)} token{'' if len(r.tokens) == 1 else 's'} in {record.elapsed:.2f} s"
     )
 
 
 def column_html(method: str, record: RunRecord | None, *, state: str = "waiting", pieces: Sequence[Piece] | None = None) -> str:
-    """A method's column: title, live statistics, then its text. state: waiting | running | done | replay."""
+    """A method's column: title, live statistics, then its text. state: waiting | running | done | replay | stopped."""
     if pieces is None:
         pieces = record.pieces if record is not None else []
-    badge = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay"}.get(state, html.escape(state))
-    cursor = '<span class="cursor">&#9646;</span>' if state in ("running", "replay") else ""
+    badge = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay", "stopped": "stopped"}.get(state, html.escape(state))
+    cursor = CURSOR if state in ("running", "replay") else ""
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
     return (
         f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
@@ -52,6 +53,20 @@ def column_html(method: str, record: RunRecord | None, *, state: str = "waiting"
         f'<div class="method-stats">{stats_line(record)}</div>'
         f'<div class="method-text">{body}</div></div>'
     )
+
+
+def stopped_column(col: str | None) -> str | None:
+    """A column as the browser holds it when Stop is pressed: one still running (or replaying) now says
+    'stopped' and loses its cursor; its tokens and statistics stay. Tokens are escaped, so the markers
+    replaced here can only be the column's own."""
+    if not isinstance(col, str):
+        return col
+    for state, badge in (("running", "running&hellip;"), ("replay", "replay")):
+        marker = f'data-state="{state}"'
+        if marker in col:
+            col = col.replace(marker, 'data-state="stopped"', 1).replace(f'<span class="method-state">{badge}</span>', '<span class="method-state">stopped</span>', 1)
+            return col.replace(CURSOR, "")
+    return col
 
 
 def badge_html(check: GreedyCheck | None, *, plain: RunRecord | None = None, medusa: RunRecord | None = None, tokenizer=None) -> str:

@@ -101,10 +101,12 @@ def build_demo(
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
         submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
                                   concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="minimal")
+        # The replay renders a frame 12 times a second: it takes turns with the runs in the device's queue,
+        # so it never costs CPU while another user's run is being timed.
         replay_ev = replay_btn.click(h.replay, inputs=[c["session"], speed], outputs=[c[n] for n in REPLAY_OUTPUTS],
-                                     concurrency_limit=None, api_visibility="private", show_progress="hidden")
-        stop_btn.click(lambda: "Stopped. Press **Run** to start again.", outputs=c["status"], cancels=[run_ev, submit_ev, replay_ev],
-                       queue=False, api_visibility="private")
+                                     concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="hidden")
+        columns = [c["col_plain"], c["col_greedy"], c["col_typical"]]
+        stop_btn.click(h.stop, inputs=columns, outputs=[c["status"], *columns], cancels=[run_ev, submit_ev, replay_ev], queue=False, api_visibility="private")
         for slider in (epsilon, delta):
             slider.change(h.threshold, inputs=[epsilon, delta], outputs=thr_plot, concurrency_limit=None, api_visibility="private", show_progress="hidden")
         c["insp_step"].release(h.inspector, inputs=[c["session"], insp_method, c["insp_step"]], outputs=[c[n] for n in INSPECT_OUTPUTS],
@@ -120,7 +122,7 @@ def build_demo(
             """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
             check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree."""
-            return h.compare(prompt, h.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch))
+            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
 
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

@@ -22,6 +22,7 @@ Tokens per step = accept_length + 1.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,13 +35,14 @@ from transformers import DynamicCache
 from .heads import MedusaHeads
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
+from .messages import InputError
 from .model import ModelError, ModelInfo, body_and_lm_head, check_supported, input_device
 from .tree import MedusaTree, root_only_tree, with_lookup
 
 METHODS = ("plain", "medusa-greedy", "medusa-typical")
 
 
-class DecodeError(ValueError):
+class DecodeError(InputError):
     """Settings a decoder cannot run with. One sentence that says what to change."""
 
 
@@ -60,8 +62,8 @@ class DecodeConfig:
     def check(self) -> None:
         if not (1 <= self.max_new_tokens <= 32768):
             raise DecodeError(f"max_new_tokens must be between 1 and 32768 (got {self.max_new_tokens}).")
-        if not (self.temperature >= 0):
-            raise DecodeError(f"temperature must be 0 (greedy) or positive (got {self.temperature}).")
+        if not (0 <= self.temperature < math.inf):
+            raise DecodeError(f"temperature must be 0 (greedy) or a finite positive number (got {self.temperature}).")
         if not (0 < self.top_p <= 1):
             raise DecodeError(f"top_p must be in (0, 1] (got {self.top_p}).")
         if not (0 <= self.posterior_threshold <= 1):
@@ -175,11 +177,21 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return (logits if logits.dtype == torch.float32 else logits.float()).argmax(-1)
 
 
+def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) in float32 for any finite T > 0, never NaN.
+
+    The max is subtracted before dividing: every scaled logit is then <= 0, so a tiny T sends the
+    others to -inf (probability 0) instead of overflowing to inf - inf = NaN, and the distribution
+    tends to the argmax's one-hot (ties share it), the T -> 0 limit the rules are defined by."""
+    z = logits.float()
+    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / temperature, dim=-1)
+
+
 def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
     """argmax at T=0; else a sample from softmax(logits/T) restricted to the top-p nucleus."""
     if temperature <= 0:
         return greedy_tokens(logits)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    probs = tempered_probs(logits, temperature)
     if top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix with mass >= top_p
@@ -208,9 +220,8 @@ def typical_accept(
     """
     if temperature <= 0:  # T -> 0 the rule degenerates to greedy matching
         return greedy_accept(logits, path_tokens, ri, valid)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [L, V]
-    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
-    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # min(epsilon, delta e^-H)
+    probs = tempered_probs(logits, temperature)  # [L, V]
+    threshold = typical_threshold(probs, epsilon=epsilon, delta=delta)
     parent = ri[:, :-1]
     p_cand = probs[parent, path_tokens[:, 1:]]  # [P, D]
     passed = (p_cand > threshold[parent]) & valid[:, 1:]
@@ -223,8 +234,8 @@ def typical_accept(
 
 
 def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
-    """min(epsilon, delta * exp(-H)) for distributions probs [..., V] (exposed for plots and tests)."""
-    entropy = torch.special.entr(probs).sum(-1)
+    """min(epsilon, delta * exp(-H)) for distributions probs [..., V] (acceptance, plots and tests)."""
+    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
@@ -285,17 +296,21 @@ class Decoder:
         return ids.to(self.device).unsqueeze(0)
 
     def _finish(self, new: list[int], produced: int, seq_len: int) -> tuple[list[int], str | None]:
-        """Cut tokens at EOS, the new-token budget and the context limit."""
+        """Cut a step's new tokens where plain decoding would have stopped.
+
+        First to the room left (new-token budget, then context), then at the first EOS inside
+        that cut: a multi-token step must never write past either limit, whatever follows."""
         cfg, eos = self.config, self.info.eos_token_ids
+        budget, context = cfg.max_new_tokens - produced, self.info.context_limit - seq_len
+        room = min(budget, context)
+        cut = new[:room]
         if cfg.stop_on_eos and eos:
-            for i, t in enumerate(new):
+            for i, t in enumerate(cut):
                 if t in eos:
-                    return new[: i + 1], "eos"
-        room = min(cfg.max_new_tokens - produced, self.info.context_limit - seq_len)
+                    return cut[: i + 1], "eos"
         if len(new) >= room:
-            reason = "length" if cfg.max_new_tokens - produced <= self.info.context_limit - seq_len else "context"
-            return new[:room], reason
-        return new, None
+            return cut, "length" if budget <= context else "context"
+        return cut, None
 
     def _generator(self) -> torch.Generator | None:
         if self.config.temperature <= 0:

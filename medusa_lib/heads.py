@@ -53,6 +53,7 @@ from torch import nn
 
 from .lookup import MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
+from .messages import InputError
 from .model import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
@@ -60,7 +61,7 @@ CONFIG_FILE = "config.json"
 TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
 
 
-class HeadsError(ValueError):
+class HeadsError(InputError):
     """Heads that cannot be loaded or do not fit the model. One sentence that says what to change."""
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .messages import InputError
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
 
@@ -34,7 +35,7 @@ CACHE_DIR = Path(os.environ.get("MEDUSA_PLAYGROUND_CACHE", Path(os.environ.get("
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """A model that cannot be loaded or run with tree attention. One sentence that says what to change."""
 
 

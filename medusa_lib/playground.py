@@ -14,6 +14,8 @@ data lives in ``inspector.py``. The Gradio layer (``app/``) only renders these.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import gc
 import json
 import math
 from dataclasses import dataclass, replace
@@ -23,13 +25,14 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step
+from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, _sync, model_info
 from .distill import chat_prompt_ids
 from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
 from .lookup import DEFAULT_LOOKUP, MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
-from .model import load_model
+from .messages import InputError, is_number, kind, must_be, must_be_switch, shown
+from .model import input_device, load_model
 from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
@@ -40,7 +43,7 @@ MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 
 
-class PlaygroundError(ValueError):
+class PlaygroundError(InputError):
     """Settings the playground cannot run with. One sentence that says what to change."""
 
 
@@ -59,19 +62,23 @@ class Settings:
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
-        def number(x) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-        if not number(self.max_new_tokens) or int(self.max_new_tokens) != self.max_new_tokens or not 1 <= self.max_new_tokens <= max_new_tokens_limit:
-            raise PlaygroundError(f"Max new tokens must be a whole number from 1 to {max_new_tokens_limit} (got {self.max_new_tokens}).")
-        if not number(self.temperature) or not 0 <= self.temperature <= 2:
-            raise PlaygroundError(f"Temperature must be between 0 and 2 (got {self.temperature}).")
-        if not number(self.epsilon) or not 0 <= self.epsilon <= 1:
-            raise PlaygroundError(f"Epsilon must be between 0 and 1 (got {self.epsilon}).")
-        if not number(self.delta) or not 0 <= self.delta <= 1:
-            raise PlaygroundError(f"Delta must be between 0 and 1 (got {self.delta}).")
+        """The one check of what a page or an API caller sent: types first (bools are not numbers, text
+        is not a number), then ranges. Each failure is one sentence naming the setting."""
+        whole = f"a whole number from 1 to {max_new_tokens_limit}"
+        n = self.max_new_tokens
+        if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
+            raise PlaygroundError(must_be("Max new tokens", whole, n))
+        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.epsilon, 0, 1), ("Delta", self.delta, 0, 1)):
+            if not is_number(value) or not low <= value <= high:
+                raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
+        if not isinstance(self.chat_template, bool):
+            raise PlaygroundError(must_be_switch("The chat template switch (chat_template)", self.chat_template))
         if not is_lookup_length(self.lookup):
-            raise PlaygroundError(f"The lookup branch's length must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
+            raise PlaygroundError(must_be("The lookup branch's length", f"a whole number from 0 (off) to {MAX_LOOKUP}", self.lookup))
+        if not isinstance(self.tree, str):
+            raise PlaygroundError(f"The tree preset must be the name of a preset, not {kind(self.tree)} (got {shown(self.tree)}).")
+        if not isinstance(self.custom_tree, str):
+            raise PlaygroundError(f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)}).")
 
     def config(self, method: str) -> DecodeConfig:
         typical = method == "medusa-typical"
@@ -145,8 +152,8 @@ class RunRecord:
             "wall_seconds": round(self.elapsed, 4),
             "prefill_seconds": round(r.prefill_seconds, 4),
             "decode_seconds": round(r.decode_seconds, 4),
-            "tokens_per_second": round(r.tokens_per_second, 2),
-            "tokens_per_step": round(r.tokens_per_step, 3),
+            "tokens_per_second": round(r.tokens_per_second, 2) if r.decode_steps else None,  # null: only the prefill ran, nothing to time
+            "tokens_per_step": round(r.tokens_per_step, 3) if r.decode_steps else None,
             "steps": r.decode_steps,
             "lookup_tokens": r.lookup_tokens,
             "finish_reason": r.finish_reason,
@@ -207,7 +214,7 @@ class GreedyCheck:
     @property
     def headline(self) -> str:
         if self.equal:
-            return f"Medusa greedy = plain greedy: all {self.plain_tokens} tokens identical."
+            return f"Medusa greedy = plain greedy: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
         return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
 
     @property
@@ -233,28 +240,49 @@ def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
 SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
 
 
+NOT_TIMED = "\u2014"  # a rate with no decode step to measure it over (the run ended at its prefill)
+
+
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
     """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
-    speedup = tokens/s over plain's tokens/s."""
+    speedup = tokens/s over plain's tokens/s. Rates of a run without decode steps are NOT_TIMED."""
     base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
     rows = []
     for method in METHODS:
         if method not in records:
             continue
         rec, r = records[method], records[method].result
+        timed = r.decode_steps > 0
         rows.append(
             {
                 "method": LABELS[method],
                 "tokens": len(r.tokens),
                 "wall (s)": round(rec.elapsed, 3),
                 "prefill (s)": round(r.prefill_seconds, 3),
-                "tokens/s": round(r.tokens_per_second, 1),
-                "tokens/step": round(r.tokens_per_step, 2),
+                "tokens/s": round(r.tokens_per_second, 1) if timed else NOT_TIMED,
+                "tokens/step": round(r.tokens_per_step, 2) if timed else NOT_TIMED,
                 "steps": r.decode_steps,
-                "speedup": round(r.tokens_per_second / base, 2) if base > 0 else None,
+                "speedup": round(r.tokens_per_second / base, 2) if timed and base > 0 else NOT_TIMED,
             }
         )
     return rows
+
+
+def why_it_ended(record: RunRecord) -> str:
+    """A run's finish reason in words (for runs that ended at their prefill, where budget = 1)."""
+    return {"length": "Max new tokens is 1", "eos": "the model ended its answer at once", "context": "the context is full"}.get(record.result.finish_reason, "it stopped")
+
+
+def untimed_note(records: Mapping[str, RunRecord]) -> str:
+    """Why some rates show NOT_TIMED: which runs ended at their prefill, and what to change ('' if none did)."""
+    ended = [m for m in METHODS if m in records and records[m].result.decode_steps == 0]
+    if not ended:
+        return ""
+    reasons = sorted({why_it_ended(records[m]) for m in ended})
+    names = ", ".join(LABELS[m] for m in ended)
+    advice = " Raise Max new tokens to 2 or more to measure them." if any(records[m].result.finish_reason == "length" for m in ended) else ""
+    return (f"{names} made only the prefill's token ({'; '.join(reasons)}), so there is no decode step to time: "
+            f"tokens/s, tokens/step and speedup show {NOT_TIMED}.{advice}")
 
 
 def visible_steps(record: RunRecord, t: float) -> int:
@@ -286,6 +314,76 @@ def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
     return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
 
 
+PREFILL_SECONDS = 3.0  # the longest prompt a server takes is about what its device prefills in this time
+LONG_RUN_TOKENS = 1024  # after a run whose prompt + budget reach this, freed memory goes back to the system
+
+
+def device_name(device: torch.device) -> str:
+    """The device as a message names it: 'CPU', or the GPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type.upper()
+
+
+@torch.inference_mode()
+def prompt_token_limit(model, *, seconds: float = PREFILL_SECONDS, context_limit: int, probe: tuple[int, int] = (256, 1024)) -> int:
+    """The longest prompt this model prefills in about ``seconds`` on its device, measured.
+
+    Prefills of two lengths (the faster of two runs each: the first at a new shape pays one-off
+    kernel set-up) fit t(n) = a*n + b*n^2 (weights: linear in n; attention: quadratic), solved for
+    t(n) = seconds; rounded down to a multiple of 256, at least 256 and at most the context limit - 1.
+    A long prompt is prefilled three times a run (once per method) and every decode step then
+    attends over it, so this keeps one user from holding the device for minutes. Measuring takes
+    about 3 s on 2 CPU cores for SmolLM2-135M in bfloat16 and gives 2,048-2,560 tokens there (a
+    2,048-token prefill took 3.0 s); on a GPU it takes milliseconds and the context limit decides."""
+    dev = input_device(model)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    n1, n2 = (min(n, context_limit - 1) for n in probe)
+
+    def prefill_seconds(n: int) -> float:
+        ids = torch.randint(3, vocab, (1, n), device=dev)
+        best = math.inf
+        for _ in range(2):
+            t0 = _sync(dev)
+            model(input_ids=ids, logits_to_keep=1)
+            best = min(best, _sync(dev) - t0)
+        return best
+
+    t1, t2 = prefill_seconds(n1), prefill_seconds(n2)
+    if n2 <= n1:
+        return max(context_limit - 1, 1)
+    b = max((t2 / n2 - t1 / n1) / (n2 - n1), 0.0)  # t/n = a + b*n through both points
+    a = max(t1 / n1 - b * n1, 1e-12)
+    n = (-a + math.sqrt(a * a + 4 * b * seconds)) / (2 * b) if b > 0 else seconds / a
+    return int(min(max(n // 256 * 256, 256), context_limit - 1))
+
+
+def release_memory(model, *, tokens: int) -> None:
+    """After a long run, give the memory its caches and attention buffers held back to the system.
+
+    CUDA's caching allocator keeps freed blocks and glibc keeps freed heap pages, so without this a
+    server stays at the peak of its longest prompt (1.05 GB -> 1.6-1.9 GB after a 32,000-character
+    prompt on the CPU, issue #17; after a 2,520-token prompt, 1,032 MB without this, 964 MB with it).
+    Short runs skip it: they barely grow memory, and reallocating is not free."""
+    if tokens < LONG_RUN_TOKENS:
+        return
+    gc.collect()
+    if input_device(model).type == "cuda":
+        torch.cuda.empty_cache()
+    elif _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _libc_malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc only (Linux); elsewhere freed memory stays with the process
+    except (AttributeError, OSError):
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
 def _short_path(path: Path) -> str:
     """A path as the user reads it: relative to the working folder when it lies inside it."""
     try:
@@ -298,11 +396,13 @@ class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
-                 max_prompt_chars: int = MAX_PROMPT_CHARS):
+                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see prompt_token_limit)
+        self.device_name = device_name(input_device(model))
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(model.get_input_embeddings().weight.device)
@@ -311,10 +411,12 @@ class Playground:
 
     @classmethod
     def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, **kwargs) -> "Playground":
+             trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, max_prompt_tokens: int | str | None = "auto",
+             **kwargs) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
-        Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code)."""
+        Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
+        ``max_prompt_tokens="auto"`` measures what the device prefills in PREFILL_SECONDS."""
         say = progress or (lambda msg: None)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
@@ -336,7 +438,10 @@ class Playground:
             h = untrained_heads(m)
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
         say(f"Medusa: {h.num_heads} {note}")
-        return cls(m, tok, h, heads_note=note, **kwargs)
+        if max_prompt_tokens == "auto":
+            max_prompt_tokens = prompt_token_limit(m, context_limit=model_info(m).context_limit)
+            say(f"Prompts: up to {max_prompt_tokens:,} tokens (what this {device_name(input_device(m))} prefills in about {PREFILL_SECONDS:g} s)")
+        return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
 
     # ------------------------------------------------------------------ inputs
     def tree_names(self) -> list[str]:
@@ -358,11 +463,23 @@ class Playground:
         """On unless the heads were calibrated without the branch (``lookup: 0`` in their config)."""
         return getattr(self.heads, "lookup", None) != 0
 
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
+        """Settings from what the page or a ``/compare`` caller sent, converted but not yet checked
+        (``prepare`` checks them): an empty preset means the heads' default tree, a list of paths is
+        taken as the custom tree, the lookup switch becomes the heads' branch length or 0."""
+        if isinstance(custom_tree, list):  # an API caller may send the paths themselves
+            try:
+                custom_tree = json.dumps(custom_tree)
+            except (TypeError, ValueError, RecursionError):  # nested too deep to write back as text
+                raise PlaygroundError("The custom tree is nested too deeply; send a flat list of paths like [[0], [0, 0], [1]].") from None
+        if not isinstance(lookup_branch, bool):
+            raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
+        return Settings(max_new_tokens=max_new_tokens, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree if tree not in (None, "") else self.default_tree_name(),
+                        custom_tree="" if custom_tree is None else custom_tree, chat_template=chat_template, lookup=self.default_lookup() if lookup_branch else 0)
+
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
         custom = settings.custom_tree
-        if not isinstance(custom, str):
-            raise PlaygroundError("The custom tree must be text such as [[0], [0, 0], [1]].")
         if custom.strip():
             if len(custom) > MAX_TREE_CHARS:
                 raise PlaygroundError(f"The custom tree text has {len(custom):,} characters; the limit is {MAX_TREE_CHARS:,}: list fewer nodes.")
@@ -370,26 +487,34 @@ class Playground:
             if len(choices) > MAX_TREE_NODES:
                 raise PlaygroundError(f"The custom tree has {len(choices)} nodes; the limit is {MAX_TREE_NODES}: remove some nodes.")
             return build_tree(choices, num_heads=K, name="custom")
-        if not isinstance(settings.tree, str) or settings.tree not in self.tree_names():
-            shown = settings.tree[:40] + "..." if isinstance(settings.tree, str) and len(settings.tree) > 40 else settings.tree
-            raise PlaygroundError(f"Unknown tree preset {shown!r}; choose one of: {', '.join(self.tree_names())}.")
+        if settings.tree not in self.tree_names():
+            raise PlaygroundError(f"Unknown tree preset {shown(settings.tree)}; choose one of: {', '.join(self.tree_names())}.")
         return get_tree(settings.tree, num_heads=K, extra=self.tree_presets)
 
     def check_prompt(self, prompt: str) -> None:
         """Cheap checks before tokenising: a huge paste is refused without spending CPU on it."""
         if prompt is not None and not isinstance(prompt, str):
-            raise PlaygroundError(f"The prompt must be text, not {type(prompt).__name__}.")
+            raise PlaygroundError(f"The prompt must be text, not {kind(prompt)}.")
         if not prompt or not prompt.strip():
             raise PlaygroundError("The prompt is empty; type a question or pick an example.")
         if len(prompt) > self.max_prompt_chars:
             raise PlaygroundError(f"The prompt has {len(prompt):,} characters; the limit is {self.max_prompt_chars:,}: shorten it.")
+        bad = next((i for i, ch in enumerate(prompt) if "\ud800" <= ch <= "\udfff"), None)
+        if bad is not None:  # half of a UTF-16 pair: no tokenizer can encode it
+            raise PlaygroundError(f"The prompt has an invalid character at position {bad + 1:,} (U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again.")
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         self.check_prompt(prompt)
-        return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
+        ids = chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise PlaygroundError(
+                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,}, "
+                f"about what its {self.device_name} prefills in {PREFILL_SECONDS:g} s (a run prefills it three times): shorten it."
+            )
+        return ids
 
     def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], list[Decoder]]:
-        """Check everything before anything runs; raise one clear sentence (a ValueError) on bad input."""
+        """Check everything before anything runs; raise one clear sentence (an InputError) on bad input."""
         self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
         tree = self.resolve_tree(settings)
@@ -439,12 +564,20 @@ class Playground:
         record = replace(record, done=True)
         yield Event("end", decoder.method, record)
 
+    def run(self, ids: Sequence[int], decoders: Sequence[Decoder]) -> Iterator[Event]:
+        """Prepared decoders (``prepare``), one after another; an Event after every step. When the
+        run ends or is stopped, memory its caches held goes back to the system (``release_memory``)."""
+        try:
+            self.warmup(ids, decoders)
+            for decoder in decoders:
+                yield from self.run_method(decoder, ids)
+        finally:
+            release_memory(self.model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders))
+
     def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
         """Plain, Medusa greedy, Medusa typical, one after another; an Event after every step."""
         ids, decoders = self.prepare(prompt, settings)
-        self.warmup(ids, decoders)
-        for decoder in decoders:
-            yield from self.run_method(decoder, ids)
+        yield from self.run(ids, decoders)
 
     def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
         """Run all three and return texts + statistics as a JSON-able dict (the API endpoint)."""
@@ -460,8 +593,8 @@ class Playground:
 
 
 __all__ = [
-    "DEFAULT_TREE", "LABELS", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "DEFAULT_TREE", "LABELS", "NOT_TIMED", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "PREFILL_SECONDS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
     "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
-    "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untrained_heads", "visible_steps",
+    "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untimed_note", "untrained_heads", "visible_steps", "why_it_ended",
     "DecodeError", "HeadsError", "TreeError",
 ]

@@ -20,11 +20,13 @@ from typing import Mapping, Sequence
 
 import torch
 
+from .messages import InputError, shown
+
 TOPK = 10  # candidates read from each head (reference TOPK)
 PRESETS_FILE = Path(__file__).with_name("trees.json")
 
 
-class TreeError(ValueError):
+class TreeError(InputError):
     """An impossible tree. The message is one sentence that says what to change."""
 
 
@@ -134,23 +136,23 @@ def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None 
     out: list[list[int]] = []
     for c in choices:
         if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or len(c) == 0:
-            raise TreeError(f"Tree node {c!r} is not a non-empty list of ranks such as [0, 1].")
+            raise TreeError(f"Tree node {shown(c)} is not a non-empty list of ranks such as [0, 1].")
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in c):
-            raise TreeError(f"Tree node {list(c)!r} must contain whole-number ranks only.")
+            raise TreeError(f"Tree node {shown(list(c))} must contain whole-number ranks only.")
         out.append([int(r) for r in c])
     seen: set[tuple[int, ...]] = set()
     for c in out:
         t = tuple(c)
         if t in seen:
-            raise TreeError(f"Tree node {c} appears twice; list every node once.")
+            raise TreeError(f"Tree node {shown(c)} appears twice; list every node once.")
         seen.add(t)
     for c in out:
         bad = [r for r in c if r < 0 or r >= topk]
         if bad:
-            raise TreeError(f"Tree node {c} uses rank {bad[0]}, but ranks must be between 0 and {topk - 1} (top-{topk} per head).")
+            raise TreeError(f"Tree node {shown(c)} uses rank {shown(bad[0])}, but ranks must be between 0 and {topk - 1} (top-{topk} per head).")
     for c in out:
         if len(c) > 1 and tuple(c[:-1]) not in seen:
-            raise TreeError(f"Tree node {c} has no parent: add {c[:-1]} to the tree.")
+            raise TreeError(f"Tree node {shown(c)} has no parent: add {shown(c[:-1])} to the tree.")
     depth = max(len(c) for c in out)
     if num_heads is not None and depth > num_heads:
         raise TreeError(f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; use a tree of depth <= {num_heads}.")
@@ -357,6 +359,8 @@ def parse_choices(text: str) -> list[list[int]]:
         value = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise TreeError(f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]].") from None
+    except RecursionError:  # "[" * 1000 + "]" * 1000: the parser recurses once per level
+        raise TreeError("The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].") from None
     if not isinstance(value, list):
         raise TreeError("The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].")
     return validate_choices(value)

@@ -116,3 +116,27 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def llama():
     return make_model("llama")
+
+
+def call_api(url: str, api_name: str, args: list, *, timeout: float = 120) -> tuple[str, object]:
+    """One call of a named endpoint over plain HTTP, as any client may make it: ("complete", the
+    result) or ("error", the message). The JSON is ASCII-escaped, so text gradio_client cannot send
+    (a lone UTF-16 surrogate, which httpx refuses to encode) still reaches the server."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"data": args}).encode()
+    req = urllib.request.Request(f"{url}gradio_api/call/{api_name}", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        event_id = json.load(resp)["event_id"]
+    with urllib.request.urlopen(f"{url}gradio_api/call/{api_name}/{event_id}", timeout=timeout) as resp:
+        stream = resp.read().decode()
+    event, data = None, None
+    for line in stream.splitlines():  # server-sent events: the last "event:" with its "data:" line
+        if line.startswith("event: "):
+            event = line[7:].strip()
+        elif line.startswith("data: ") and event in ("complete", "error"):
+            data = json.loads(line[6:])
+    if event == "error":
+        return "error", (data or {}).get("error")
+    return event, data[0] if isinstance(data, list) and data else data

@@ -86,7 +86,9 @@ def test_race_replay_then_stop(page):
     page.wait_for_function("document.querySelector('#status').innerText.includes('Race replay at 0.25x')", timeout=30_000)
     page.click("#stop-btn")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
-    assert page.get_attribute("#out-plain .method-col", "data-state") in ("replay", "done")
+    page.wait_for_timeout(500)
+    states = [page.get_attribute(f"{c} .method-col", "data-state") for c in ("#out-plain", "#out-greedy", "#out-typical")]
+    assert set(states) <= {"stopped", "done"} and "stopped" in states, states  # a stopped replay no longer says it is replaying
 
 
 def test_stop_cancels_a_live_run(page):
@@ -99,3 +101,5 @@ def test_stop_cancels_a_live_run(page):
     page.wait_for_timeout(3000)  # a cancelled run writes nothing more
     assert [page.inner_text(f"{c} .method-text") for c in ("#out-plain", "#out-greedy", "#out-typical")] == texts
     assert page.get_attribute("#out-typical .method-col", "data-state") == "waiting"
+    assert page.get_attribute("#out-plain .method-col", "data-state") == "stopped"  # not "running..." forever
+    assert "stopped" in page.inner_text("#out-plain .method-state").lower()

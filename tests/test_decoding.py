@@ -390,3 +390,29 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
         assert root == emitted[-1] and nodes == tree.num_nodes
     for step, (_, _, tokens) in zip(res.steps[1:], drafts):
         assert step.tree_token_ids == tokens.tolist()
+
+
+# ------------------------------------------------------------------ tiny temperatures
+@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-30, 1e-8])
+def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(models, temperature):
+    """softmax(logits / T) overflowed to NaN for T ~ 1e-40 and typical acceptance silently accepted
+    nothing (issue #17). The tempered distribution is now the argmax's one-hot in the limit."""
+    from medusa_lib.decoding import tempered_probs
+
+    model = models["llama"]
+    logits = torch.tensor([[3.0, -1.0, 2.5, 3.0, -torch.inf], [0.0, 0.0, 0.0, 0.0, 0.0], [-80.0, 90.0, 1.0, 0.0, -5.0]])
+    p = tempered_probs(logits, temperature)
+    assert torch.isfinite(p).all()
+    assert torch.equal(p, torch.tensor([[0.5, 0.0, 0.0, 0.5, 0.0], [0.2] * 5, [0.0, 1.0, 0.0, 0.0, 0.0]]))
+    ref = plain_tokens(model, 24)
+    heads = OracleHeads(model, PROMPT + ref + [0] * 8)
+    cfg = DecodeConfig(max_new_tokens=24, temperature=temperature, sample_root=True, stop_on_eos=False)
+    typical = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
+    assert typical.tokens == ref and typical.tokens_per_step > 2  # accepts like greedy, does not stall at 1.0
+    assert run_method(model, PROMPT, method="plain", config=cfg).tokens == ref
+
+
+def test_infinite_or_nan_temperature_is_refused():
+    for t in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(DecodeError, match="temperature must be 0 .greedy. or a finite positive number"):
+            DecodeConfig(temperature=t).check()

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, make_model, random_heads, tiny_tokenizer
+from conftest import call_api, free_port, make_model, random_heads, tiny_tokenizer
 from test_playground import PROMPT, tiny_playground
 
 from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untrained_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
-PRESETS = None  # filled by the fixture: the unknown-preset message lists them
 
 # (case, /compare arguments after the prompt, prompt, exact message); the README's table is printed from this list.
 TOO_DEEP = "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"
@@ -48,6 +47,17 @@ CASES = [
     ("tree rank >= 10", PROMPT, {"custom_tree": "[[0], [10]]"}, "Tree node [10] uses rank 10, but ranks must be between 0 and 9 (top-10 per head)."),
     ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
     ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
+    ("tree nested 1,000 deep", PROMPT, {"custom_tree": "[" * 1000 + "]" * 1000}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
+    ("tree nested 900 deep", PROMPT, {"custom_tree": "[" * 900 + "0" + "]" * 900}, "Tree node [[[[...]]]] must contain whole-number ranks only."),
+    ("lone surrogate in the prompt", "abc \ud800 def", {}, "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again."),
+    ("max new tokens true", PROMPT, {"max_new_tokens": True}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not true/false (got true)."),
+    ("max new tokens as text", PROMPT, {"max_new_tokens": "8"}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not text (got '8')."),
+    ("max new tokens 1e308", PROMPT, {"max_new_tokens": 1e308}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 1e+308)."),
+    ("temperature as text", PROMPT, {"temperature": "0.7"}, "Temperature must be between 0 and 2: send a number, not text (got '0.7')."),
+    ("chat template as text", PROMPT, {"chat_template": "false"}, "The chat template switch (chat_template) must be true or false, not text (got 'false')."),
+    ("lookup branch as a number", PROMPT, {"lookup_branch": 1}, "The lookup branch switch (lookup_branch) must be true or false, not a number (got 1)."),
+    ("tree preset not text", PROMPT, {"tree": 5}, "The tree preset must be the name of a preset, not a number (got 5)."),
+    ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
 ]
 API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch"]
 API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True}
@@ -57,12 +67,26 @@ def api_args(prompt: str, overrides: dict) -> list:
     return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER)]
 
 
-def test_print_the_readme_table():
-    """The README's table of bad inputs and their messages (pytest -s shows it)."""
-    print("\n| Input | Message (UI status + warning, `/compare` error) |\n|---|---|")
-    for case, _, _, msg in CASES:
-        print(f"| {case} | {msg} |")
+DOCS = ROOT / "docs" / "bad-input.md"
+TABLE_START, TABLE_END = "<!-- table from tests/test_hardening.py CASES: start -->", "<!-- table from tests/test_hardening.py CASES: end -->"
+
+
+def cases_table() -> str:
+    rows = ["| Input | Message (page: status line + warning; `/compare`: the error) |", "|---|---|"]
+    rows += [f"| {case} | {msg.format(presets='(the presets)').replace('|', '&#124;')} |" for case, _, _, msg in CASES]
+    return "\n".join(rows)
+
+
+def test_the_docs_table_of_bad_inputs_is_the_tests_table():
+    """docs/bad-input.md shows exactly the cases tested below; UPDATE_DOCS=1 rewrites it from them."""
     assert len({c for c, *_ in CASES}) == len(CASES)
+    text = DOCS.read_text(encoding="utf-8")
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    want = f"{head}{TABLE_START}\n{cases_table()}\n{TABLE_END}{tail}"
+    if os.environ.get("UPDATE_DOCS") == "1":
+        DOCS.write_text(want, encoding="utf-8")
+    assert text == want, "docs/bad-input.md is out of date: run UPDATE_DOCS=1 pytest tests/test_hardening.py -k docs_table"
 
 
 def column_text(col_html: str) -> str:
@@ -83,10 +107,8 @@ def launch(pg: Playground):
 def served():
     from gradio_client import Client
 
-    global PRESETS
     pg = tiny_playground()
     pg.max_new_tokens_limit = LIMIT
-    PRESETS = pg.tree_names()
     demo, url = launch(pg)
     try:
         yield pg, url, Client(url, verbose=False)
@@ -97,22 +119,18 @@ def served():
 # ------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("case, prompt, overrides, message", CASES, ids=[c[0] for c in CASES])
 def test_api_bad_input_gets_its_sentence_and_the_server_keeps_serving(served, case, prompt, overrides, message):
-    from gradio_client.exceptions import AppError
-
-    _, _, client = served
-    with pytest.raises(AppError) as err:
-        client.predict(*api_args(prompt, overrides), api_name="/compare")
-    assert str(err.value) == message
+    pg, url, client = served
+    assert call_api(url, "compare", api_args(prompt, overrides)) == ("error", message.format(presets=", ".join(pg.tree_names())))
     assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
 
 
 def test_api_odd_types_get_a_sentence(served):
     from gradio_client.exceptions import AppError
 
-    _, _, client = served
-    for args, message in [((42,), "The prompt must be text, not int."),
-                          ((PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"), f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(PRESETS)}."),
-                          ((PROMPT, 8, 0.7, 0.09, 0.3, "t" * 5000), f"Unknown tree preset '{'t' * 40}...'; choose one of: {', '.join(PRESETS)}.")]:
+    pg, _, client = served
+    for args, message in [((42,), "The prompt must be text, not a number."),
+                          (([PROMPT],), "The prompt must be text, not a list."),
+                          ((PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"), f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(pg.tree_names())}.")]:
         with pytest.raises(AppError) as err:
             client.predict(*args, api_name="/compare")
         assert str(err.value) == message
@@ -120,21 +138,28 @@ def test_api_odd_types_get_a_sentence(served):
     assert out["tree"] == "custom"
 
 
-def test_ui_handler_shows_each_sentence_and_the_next_run_works():
+def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_run_works():
+    import gradio as gr
+
     from app.handlers import RUN_OUTPUTS, Handlers
 
     pg = tiny_playground(oracle=False)
     pg.max_new_tokens_limit = LIMIT
     h = Handlers(pg)
     status = RUN_OUTPUTS.index("status")
+    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert first[-1][status].startswith("Done")
     for case, prompt, overrides, message in CASES:
+        message = message.format(presets=", ".join(pg.tree_names()))
         a = {**API_DEFAULTS, **overrides}
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
             outs = list(h.run(prompt, *(a[k] for k in API_ORDER), "Medusa greedy"))
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
         assert str(warned[-1].message) == message, case
-        assert outs[0][RUN_OUTPUTS.index("session")] is None  # the first update clears the session: no half-run is kept for replay
+        for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
+            assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
     outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}
 
 
@@ -350,16 +375,17 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
 
 # ------------------------------------------------------------------------------------------- several users
 def count_runs(monkeypatch, pg: Playground) -> dict:
-    """Wrap pg.stream: how many runs overlap, steps decoded, and whether each run's generator was closed."""
-    orig, lock = Playground.stream, threading.Lock()
+    """Wrap pg.run (the page and /compare both run through it): how many runs overlap, steps decoded,
+    and whether each run's generator was closed."""
+    orig, lock = Playground.run, threading.Lock()
     stats = {"active": 0, "peak": 0, "steps": 0, "closed": 0}
 
-    def stream(prompt, settings=Settings()):
+    def run(ids, decoders):
         with lock:
             stats["active"] += 1
             stats["peak"] = max(stats["peak"], stats["active"])
         try:
-            for ev in orig(pg, prompt, settings):
+            for ev in orig(pg, ids, decoders):
                 stats["steps"] += ev.kind == "step"
                 yield ev
         finally:
@@ -367,7 +393,7 @@ def count_runs(monkeypatch, pg: Playground) -> dict:
                 stats["active"] -= 1
                 stats["closed"] += 1
 
-    monkeypatch.setattr(pg, "stream", stream)
+    monkeypatch.setattr(pg, "run", run)
     return stats
 
 
@@ -481,3 +507,146 @@ def _fifty_runs():
     after = rss_mb()
     print(f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)")
     assert after - before < 30
+
+
+# ------------------------------------------------------------------------------------------- round 2 (issue #17)
+def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, monkeypatch):
+    """A bug (not a bad input) still ends as one sentence; its traceback goes to the log only."""
+    from gradio_client.exceptions import AppError
+
+    from app.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
+
+    pg, _, client = served
+    message = UNEXPECTED.format(name="KeyError")
+
+    def broken(*a, **k):
+        raise KeyError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(pg, "prepare", broken)
+        with pytest.raises(AppError) as err:
+            client.predict(PROMPT, 4, api_name="/compare")
+        assert str(err.value) == message
+        with pytest.warns(UserWarning):
+            outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+        assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+    assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2  # still serving
+
+
+def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(monkeypatch):
+    from app.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
+
+    pg = tiny_playground(oracle=False)
+    orig = Playground.run_method
+
+    def failing(self, decoder, ids):
+        for i, ev in enumerate(orig(self, decoder, ids)):
+            if decoder.method == "medusa-greedy" and i == 4:
+                raise RuntimeError("boom")
+            yield ev
+
+    monkeypatch.setattr(Playground, "run_method", failing)
+    monkeypatch.setattr("app.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    last = outs[-1]
+    assert html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
+    greedy = last[RUN_OUTPUTS.index("col_greedy")]
+    assert 'data-state="stopped"' in greedy and column_text(greedy)  # its tokens so far stay, it no longer says running
+    assert 'data-state="done"' in [o for o in outs if isinstance(o[RUN_OUTPUTS.index("col_plain")], str)][-1][RUN_OUTPUTS.index("col_plain")]
+
+
+def test_stop_turns_running_and_replaying_columns_into_stopped(served):
+    from app.handlers import Handlers
+    from app.render import column_html
+
+    pg, _, _ = served
+    rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=6, tree="chain-2")) if e.kind == "step" and len(e.record.views) > 2)
+    running, replay, done = (column_html("plain", rec, state=s) for s in ("running", "replay", "done"))
+    waiting = column_html("medusa-typical", None)
+    status, *cols = Handlers(pg).stop(running, replay, done)
+    assert status.startswith("Stopped")
+    for col, before in zip(cols, (running, replay)):
+        assert 'data-state="stopped"' in col and "running" not in col and "cursor" not in col
+        stats = lambda c: re.search(r'<div class="method-stats">(.*?)</div>', c).group(1)  # noqa: E731
+        assert column_text(col) == column_text(before) and stats(col) == stats(before)  # tokens and statistics stay
+    assert cols[2] == done
+    assert Handlers(pg).stop(waiting, None, "")[1:] == (waiting, None, "")  # nothing running: nothing changes
+    trick = column_html("plain", None, state="done", pieces=[Piece(5, '" data-state="running"><span class="method-state">running&hellip;</span>', "base", 1)])
+    assert Handlers(pg).stop(trick, "", "")[1] == trick  # generated text is escaped: only the column's own state marker is read
+
+
+def test_max_new_tokens_one_shows_dashes_and_says_why(served):
+    from app.handlers import RUN_OUTPUTS, Handlers
+
+    pg, _, client = served
+    out = client.predict(PROMPT, 1, api_name="/compare")
+    for m in out["methods"].values():
+        assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
+    assert all(r["tokens/s"] == "\u2014" and r["tokens/step"] == "\u2014" and r["speedup"] == "\u2014" for r in out["summary"])
+    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    status = outs[-1][RUN_OUTPUTS.index("status")]
+    assert status == ("Done. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+                      "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
+    summary = outs[-1][RUN_OUTPUTS.index("summary")]
+    assert summary["tokens/s"].tolist() == ["\u2014"] * 3
+    tree = outs[-1][RUN_OUTPUTS.index("tree_plot")]
+    shown = html.unescape(" ".join(a.text for a in tree.layout.annotations)).replace("<br>", " ")
+    assert "ended after the prefill's first token (Max new tokens is 1)" in shown and "Run the playground" not in shown
+
+
+def test_race_replay_takes_turns_with_runs_in_the_device_queue():
+    """A replay renders frames while it plays: in the device's queue it never runs beside a timed run."""
+    from app import build_demo
+
+    fns = {f.api_name: f for f in build_demo(tiny_playground(oracle=False)).fns.values()}
+    device = {name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")}
+    assert len(set(device.values())) == 1 and device["run"][1] == 1, device
+
+
+def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
+    _, _, client = served
+    out = client.predict(PROMPT, 24, 1e-40, api_name="/compare")["methods"]
+    assert out["medusa-typical"]["token_ids"] == out["medusa-greedy"]["token_ids"] == out["plain"]["token_ids"]
+    assert out["medusa-typical"]["tokens_per_step"] > 1.5  # was 1.0: NaN probabilities accepted nothing
+
+
+def test_the_prompt_token_limit_is_measured_and_its_message_names_the_device(served):
+    from app.handlers import RUN_OUTPUTS, Handlers
+    from gradio_client.exceptions import AppError
+
+    from medusa_lib.playground import prompt_token_limit
+
+    pg, _, client = served
+    limit = prompt_token_limit(pg.model, seconds=3.0, context_limit=512)
+    assert limit == 511  # the tiny model prefills its whole 512-token context in far less than 3 s: capped there
+    assert prompt_token_limit(pg.model, seconds=1e-6, context_limit=512) == 256  # never below 256 tokens
+    long = " ".join(["w10"] * 298)
+    message = "The prompt has 300 tokens; this server takes at most 64, about what its CPU prefills in 3 s (a run prefills it three times): shorten it."
+    pg.max_prompt_tokens = 64
+    try:
+        with pytest.raises(AppError) as err:
+            client.predict(long, 4, api_name="/compare")
+        assert str(err.value) == message
+        with pytest.warns(UserWarning):
+            outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+        assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+    finally:
+        pg.max_prompt_tokens = None
+    assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
+    import medusa_lib.playground as playground
+
+    trims = []
+    monkeypatch.setattr(playground, "_malloc_trim", lambda pad: trims.append(pad))
+    pg = tiny_playground(oracle=False)
+    pg.compare(PROMPT, Settings(max_new_tokens=8, tree="chain-2"))
+    assert trims == []
+    pg.compare(" ".join(["w10"] * 400), Settings(max_new_tokens=playground.LONG_RUN_TOKENS, tree="chain-2"))
+    assert trims == [0]
+    gen = pg.stream(PROMPT, Settings(max_new_tokens=playground.LONG_RUN_TOKENS, tree="chain-2"))
+    next(gen), next(gen)
+    gen.close()  # Stop: the memory goes back too
+    assert trims == [0, 0]

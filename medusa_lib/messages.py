@@ -1,0 +1,70 @@
+"""One-sentence errors: the base class of every bad-input error, and how a bad value is echoed.
+
+A message quotes what the user sent so they can find it, but never at full length: a 1e308
+number, a 5,000-character preset name or a tree nested 900 deep is shown cut short, in the
+words of the JSON it came in (true, null, 'text'), and a value of the wrong type says so.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+
+ECHO_CHARS = 40  # at most this many characters of a bad value are quoted back
+
+_repr = reprlib.Repr()  # nested values are cut at depth 3 and 6 items (Python 3.11's Repr takes no arguments)
+_repr.maxlevel, _repr.maxtuple, _repr.maxlist, _repr.maxdict = 3, 6, 6, 4
+_repr.maxstring = _repr.maxlong = _repr.maxother = ECHO_CHARS
+
+
+class InputError(ValueError):
+    """A setting or input that cannot be used. ``str(e)`` is one sentence that says what to change."""
+
+
+def shown(value) -> str:
+    """A bad value as a message quotes it: short, and spelled as JSON spells it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}" if math.isfinite(value) else {math.inf: "infinity", -math.inf: "-infinity"}.get(value, "NaN")
+    text = _repr.repr(value)
+    return text if len(text) <= ECHO_CHARS + 10 else text[:ECHO_CHARS] + "..."
+
+
+def kind(value) -> str:
+    """What a value of the wrong type is, in the words of JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return type(value).__name__
+
+
+def is_number(value) -> bool:
+    """A real, finite number (true/false are not numbers here, although Python says they are)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool)  # ints are finite (and may be too big for a float)
+
+
+def must_be(label: str, rule: str, value) -> str:
+    """'<label> must be <rule> (got <value>).', or, for a value that is not a number at all, a
+    sentence that says so ('(got 8)' for the text "8" would read as if the value were fine)."""
+    if is_number(value) or isinstance(value, float):  # a number, a wrong value (NaN and infinity included)
+        return f"{label} must be {rule} (got {shown(value)})."
+    return f"{label} must be {rule}: send a number, not {kind(value)} (got {shown(value)})."
+
+
+def must_be_switch(label: str, value) -> str:
+    """A yes/no setting sent as anything but true or false (the text "false" is not false)."""
+    return f"{label} must be true or false, not {kind(value)} (got {shown(value)})."
