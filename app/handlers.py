@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import html
 import logging
+import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
 import gradio as gr
@@ -82,9 +84,50 @@ def best_step(record: RunRecord) -> int:
     return max(range(1, len(record.views)), key=lambda i: (record.views[i].step.accept_length, -i))
 
 
+class LiveColumns:
+    """Per browser session, the columns its run or replay last sent, and whether that has ended.
+
+    Stop's own update and the cancelled run's last frames travel separately, so Stop waits for
+    the run to end and then shows what it last sent (not what the page held at the click), marked
+    stopped. Kept for the most recent MAX_SESSIONS sessions only."""
+
+    MAX_SESSIONS = 1000
+    STOP_WAIT = 5.0  # seconds Stop waits for the cancelled run to finish its step and close
+
+    def __init__(self):
+        self._sessions: OrderedDict[str, tuple[dict[str, str], threading.Event]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def track(self, request: gr.Request | None, names: list[str], frames: Iterator[tuple]) -> Iterator[tuple]:
+        session = getattr(request, "session_hash", None)
+        columns, ended = {}, threading.Event()
+        if session is not None:
+            with self._lock:
+                self._sessions[session] = (columns, ended)
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > self.MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+        try:
+            for frame in frames:
+                columns.update({n: v for n, v in zip(names, frame) if n in COLUMN.values() and isinstance(v, str)})
+                yield frame
+        finally:  # also on Stop: gradio closes the cancelled generator
+            ended.set()
+
+    def last_columns(self, request: gr.Request | None, shown: dict[str, str]) -> dict[str, str]:
+        with self._lock:
+            entry = self._sessions.get(getattr(request, "session_hash", None))
+        if entry is None:
+            return shown
+        columns, ended = entry
+        ended.wait(self.STOP_WAIT)
+        return {**shown, **columns}
+
+
 class Handlers:
     def __init__(self, playground: Playground):
         self.pg = playground
+        self.live = LiveColumns()
 
     # ---------------------------------------------------------------- settings
     def threshold(self, epsilon: float, delta: float):
@@ -117,11 +160,16 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label) -> Iterator[tuple]:
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label,
+            request: gr.Request = None) -> Iterator[tuple]:
         """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
+        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label)
+        yield from self.live.track(request, RUN_OUTPUTS, frames)
+
+    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
@@ -168,13 +216,18 @@ class Handlers:
         gr.Warning(msg)
         return f"**Cannot run:** {html.escape(msg, quote=False)}"
 
-    def stop(self, col_plain: str, col_greedy: str, col_typical: str) -> tuple:
-        """Stop (the run or the replay is cancelled by the event itself): the columns stop saying running."""
-        return ("Stopped. Press **Run** to start again.", *(stopped_column(c) for c in (col_plain, col_greedy, col_typical)))
+    def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
+        """Stop: the event's ``cancels`` end the session's run or replay; this waits until it has ended
+        (its last frame is sent by then) and shows the columns it last sent, those still running as stopped."""
+        shown = self.live.last_columns(request, {"col_plain": col_plain, "col_greedy": col_greedy, "col_typical": col_typical})
+        return ("Stopped. Press **Run** to start again.", *(stopped_column(shown[n]) for n in ("col_plain", "col_greedy", "col_typical")))
 
     # ---------------------------------------------------------------- race replay
-    def replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
+    def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
         """Replay the recorded runs together, each step appearing at its measured time."""
+        yield from self.live.track(request, REPLAY_OUTPUTS, self._replay(records, speed))
+
+    def _replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
         out = lambda **kw: pack(REPLAY_OUTPUTS, **kw)  # noqa: E731
         if not records or any(m not in records for m in METHODS):
             gr.Warning("Run the three methods first: the race replay uses their recorded step times.")

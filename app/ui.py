@@ -105,8 +105,11 @@ def build_demo(
         # so it never costs CPU while another user's run is being timed.
         replay_ev = replay_btn.click(h.replay, inputs=[c["session"], speed], outputs=[c[n] for n in REPLAY_OUTPUTS],
                                      concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="hidden")
+        # Stop: first the cancel (registered first, so the page sends it first), then the update, which waits
+        # for the cancelled run to end and shows the columns it last sent, marked stopped.
         columns = [c["col_plain"], c["col_greedy"], c["col_typical"]]
-        stop_btn.click(h.stop, inputs=columns, outputs=[c["status"], *columns], cancels=[run_ev, submit_ev, replay_ev], queue=False, api_visibility="private")
+        stop_btn.click(None, cancels=[run_ev, submit_ev, replay_ev], queue=False, api_visibility="private")
+        stop_btn.click(h.stop, inputs=columns, outputs=[c["status"], *columns], queue=False, api_visibility="private")
         for slider in (epsilon, delta):
             slider.change(h.threshold, inputs=[epsilon, delta], outputs=thr_plot, concurrency_limit=None, api_visibility="private", show_progress="hidden")
         c["insp_step"].release(h.inspector, inputs=[c["session"], insp_method, c["insp_step"]], outputs=[c[n] for n in INSPECT_OUTPUTS],

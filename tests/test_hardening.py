@@ -510,11 +510,22 @@ def _fifty_runs():
 
 
 # ------------------------------------------------------------------------------------------- round 2 (issue #17)
-def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, monkeypatch):
-    """A bug (not a bad input) still ends as one sentence; its traceback goes to the log only."""
+def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, message: str) -> None:
+    """``/compare`` answers with ``message`` as its error, and the page's Run shows it in the status line."""
+    from app.handlers import RUN_OUTPUTS, Handlers
     from gradio_client.exceptions import AppError
 
-    from app.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
+    with pytest.raises(AppError) as err:
+        client.predict(prompt, 4, api_name="/compare")
+    assert str(err.value) == message
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+
+
+def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, monkeypatch):
+    """A bug (not a bad input) still ends as one sentence; its traceback goes to the log only."""
+    from app.handlers import UNEXPECTED
 
     pg, _, client = served
     message = UNEXPECTED.format(name="KeyError")
@@ -524,12 +535,7 @@ def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, 
 
     with monkeypatch.context() as m:
         m.setattr(pg, "prepare", broken)
-        with pytest.raises(AppError) as err:
-            client.predict(PROMPT, 4, api_name="/compare")
-        assert str(err.value) == message
-        with pytest.warns(UserWarning):
-            outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
-        assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+        assert_refused_on_the_api_and_the_page(pg, client, PROMPT, message)
     assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2  # still serving
 
 
@@ -612,9 +618,6 @@ def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
 
 
 def test_the_prompt_token_limit_is_measured_and_its_message_names_the_device(served):
-    from app.handlers import RUN_OUTPUTS, Handlers
-    from gradio_client.exceptions import AppError
-
     from medusa_lib.playground import prompt_token_limit
 
     pg, _, client = served
@@ -625,12 +628,7 @@ def test_the_prompt_token_limit_is_measured_and_its_message_names_the_device(ser
     message = "The prompt has 300 tokens; this server takes at most 64, about what its CPU prefills in 3 s (a run prefills it three times): shorten it."
     pg.max_prompt_tokens = 64
     try:
-        with pytest.raises(AppError) as err:
-            client.predict(long, 4, api_name="/compare")
-        assert str(err.value) == message
-        with pytest.warns(UserWarning):
-            outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
-        assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+        assert_refused_on_the_api_and_the_page(pg, client, long, message)
     finally:
         pg.max_prompt_tokens = None
     assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
@@ -650,3 +648,37 @@ def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
     next(gen), next(gen)
     gen.close()  # Stop: the memory goes back too
     assert trims == [0, 0]
+
+
+def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(monkeypatch):
+    """Stop's update and the cancelled run's last frames travel separately: Stop must not answer before
+    the run has ended, and must show the run's last columns (not the older ones the click carried)."""
+    from types import SimpleNamespace
+
+    from app.handlers import RUN_OUTPUTS, Handlers
+    from app.render import stopped_column
+
+    monkeypatch.setattr("app.handlers.STREAM_EVERY", 0.0)  # every step is a frame
+    h = Handlers(tiny_playground(oracle=False))
+    me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
+    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=other))  # another user's finished run
+    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=me)
+    plain = RUN_OUTPUTS.index("col_plain")
+    frames = [next(gen) for _ in range(6)]
+    at_click = [[f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]  # what the page holds
+    answer = {}
+    stopper = threading.Thread(target=lambda: answer.update(out=h.stop(*at_click, request=me)))
+    stopper.start()
+    time.sleep(0.3)
+    assert stopper.is_alive()  # waiting for the run to end
+    last = next(gen)  # a frame the run sends after the click
+    assert last[plain] != at_click[0]
+    gen.close()  # what gradio's cancel does
+    stopper.join(5)
+    status, *cols = answer["out"]
+    assert status.startswith("Stopped") and cols[0] == stopped_column(last[plain]) and 'data-state="stopped"' in cols[0]
+    assert cols[1:] == at_click[1:]  # not started yet: still waiting
+    their_page = [[f[RUN_OUTPUTS.index(c)] for f in theirs if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]
+    t0 = time.perf_counter()
+    assert list(h.stop(*their_page, request=other)[1:]) == their_page  # nothing running there: done columns stay, at once
+    assert time.perf_counter() - t0 < 1 and all('data-state="done"' in c for c in their_page)
