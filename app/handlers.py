@@ -1,8 +1,10 @@
 """Event handlers: turn the playground's events into Gradio updates.
 
-Handlers keep nothing between calls: a browser session's runs live in its gr.State (a dict
-method -> RunRecord); the Playground (model, tokenizer, heads) is shared read-only.
+A browser session's finished runs live in its gr.State (a dict method -> RunRecord); the
+Playground (model, tokenizer, heads) is shared read-only. The one thing kept between calls is,
+per session, the columns its run or replay last sent (``LiveColumns``), so that Stop can show them.
 Each handler yields tuples in the order of its *_OUTPUTS list; gr.skip() leaves a component as it is.
+Any exception ends as one sentence in the status line (and as the API's error), never a traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from medusa_lib.decoding import METHODS
 from medusa_lib.messages import InputError
 from medusa_lib.playground import (
-    LABELS, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, mask_data, path_rows, summary_rows, tree_nodes,
+    LABELS, NOT_TIMED, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, mask_data, path_rows, summary_rows, tree_nodes,
     untimed_note, visible_steps, why_it_ended,
 )
 
@@ -48,10 +50,16 @@ UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the detail
 log = logging.getLogger("medusa_playground")
 
 
+def out_of_memory(e: Exception) -> bool:
+    """CUDA raises torch.OutOfMemoryError; the CPU allocator raises a RuntimeError that says so."""
+    text = str(e).lower()
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text))
+
+
 def cannot_run(e: Exception) -> str:
     """The one sentence a failed run gets: a bad input's own (an InputError from medusa_lib), out of
     memory, or, for anything else, a sentence naming the error while its traceback goes to the log."""
-    if isinstance(e, torch.OutOfMemoryError):
+    if out_of_memory(e):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return OUT_OF_MEMORY
@@ -67,6 +75,12 @@ def pack(names: list[str], **values: Any) -> tuple:
 
 def empty_summary() -> pd.DataFrame:
     return pd.DataFrame(columns=SUMMARY_COLUMNS)
+
+
+def summary_frame(records: dict[str, RunRecord]) -> pd.DataFrame:
+    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as NOT_TIMED."""
+    rows = [{k: NOT_TIMED if v is None else v for k, v in row.items()} for row in summary_rows(records)]
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def empty_paths() -> pd.DataFrame:
@@ -111,7 +125,8 @@ class LiveColumns:
             for frame in frames:
                 columns.update({n: v for n, v in zip(names, frame) if n in COLUMN.values() and isinstance(v, str)})
                 yield frame
-        finally:  # also on Stop: gradio closes the cancelled generator
+        finally:  # also on Stop, when gradio closes this generator: close the run (its decoders and caches) first
+            frames.close()
             ended.set()
 
     def last_columns(self, request: gr.Request | None, shown: dict[str, str]) -> dict[str, str]:
@@ -197,17 +212,17 @@ class Handlers:
                     upd.update(self.inspector_update(records, insp_label))
                 yield out(**upd)
             check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])  # may run one more forward
+            note = untimed_note(records)
+            final = out(
+                status="Done. " + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
+                badge=badge_html(check, plain=records["plain"], medusa=records["medusa-greedy"], tokenizer=self.pg.tokenizer),
+                summary=summary_frame(records), session=records, **self.inspector_update(records, insp_label),
+            )
         except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
             cut = {COLUMN[m]: column_html(m, r, state="stopped") for m, r in records.items() if not r.done}
             yield out(status=self.refuse(e), **cut)
             return
-        note = untimed_note(records)
-        yield out(
-            status="Done. " + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
-            badge=badge_html(check, plain=records["plain"], medusa=records["medusa-greedy"], tokenizer=self.pg.tokenizer),
-            summary=pd.DataFrame(summary_rows(records), columns=SUMMARY_COLUMNS), session=records,
-            **self.inspector_update(records, insp_label),
-        )
+        yield final
 
     @staticmethod
     def refuse(e: Exception) -> str:
@@ -233,26 +248,29 @@ class Handlers:
             gr.Warning("Run the three methods first: the race replay uses their recorded step times.")
             yield out(status="**Nothing to replay yet:** press Run first.")
             return
-        factor = float(str(speed).rstrip("x") or 1)
-        total = max(r.elapsed for r in records.values())
-        start, t = time.perf_counter(), 0.0
-        while True:
-            cols = {}
-            for m in METHODS:
-                rec = records[m]
-                k = visible_steps(rec, t)
-                part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
-                cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
-            # The status is written on the first and the last frame only: a frame still in flight
-            # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
-            status = {}
-            if t == 0 or t >= total:
-                status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
-            yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
-            if t >= total:
-                break
-            time.sleep(1 / REPLAY_FPS)
-            t = (time.perf_counter() - start) * factor
+        try:
+            factor = float(str(speed).rstrip("x") or 1)
+            total = max(r.elapsed for r in records.values())
+            start, t = time.perf_counter(), 0.0
+            while True:
+                cols = {}
+                for m in METHODS:
+                    rec = records[m]
+                    k = visible_steps(rec, t)
+                    part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
+                    cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
+                # The status is written on the first and the last frame only: a frame still in flight
+                # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
+                status = {}
+                if t == 0 or t >= total:
+                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
+                yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
+                if t >= total:
+                    break
+                time.sleep(1 / REPLAY_FPS)
+                t = (time.perf_counter() - start) * factor
+        except Exception as e:  # a bug: one sentence, the replay stops
+            yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
     def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch) -> dict:
@@ -265,4 +283,5 @@ class Handlers:
 
 def no_step_message(record: RunRecord) -> str:
     """The inspector's text for a run that ended at its prefill: there is no Medusa step to show."""
-    return f"This run ended after the prefill's first token ({why_it_ended(record)}): no Medusa step to inspect. Raise Max new tokens and run again."
+    advice = " Raise Max new tokens and run again." if record.result.finish_reason == "length" else ""
+    return f"This run ended after the prefill's first token ({why_it_ended(record)}): no Medusa step to inspect.{advice}"

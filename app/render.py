@@ -13,6 +13,7 @@ from medusa_lib.playground import LABELS, GreedyCheck, Piece, RunRecord
 
 METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00"}  # Okabe-Ito
 CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
+STATE_BADGES = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay", "stopped": "stopped"}  # top right of a column
 
 
 def tokens_html(pieces: Sequence[Piece]) -> str:
@@ -44,7 +45,7 @@ def column_html(method: str, record: RunRecord | None, *, state: str = "waiting"
     """A method's column: title, live statistics, then its text. state: waiting | running | done | replay | stopped."""
     if pieces is None:
         pieces = record.pieces if record is not None else []
-    badge = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay", "stopped": "stopped"}.get(state, html.escape(state))
+    badge = STATE_BADGES.get(state, html.escape(state))
     cursor = CURSOR if state in ("running", "replay") else ""
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
     return (
@@ -61,10 +62,11 @@ def stopped_column(col: str | None) -> str | None:
     replaced here can only be the column's own."""
     if not isinstance(col, str):
         return col
-    for state, badge in (("running", "running&hellip;"), ("replay", "replay")):
+    for state in ("running", "replay"):
         marker = f'data-state="{state}"'
         if marker in col:
-            col = col.replace(marker, 'data-state="stopped"', 1).replace(f'<span class="method-state">{badge}</span>', '<span class="method-state">stopped</span>', 1)
+            badge = f'<span class="method-state">{STATE_BADGES[state]}</span>'
+            col = col.replace(marker, 'data-state="stopped"', 1).replace(badge, f'<span class="method-state">{STATE_BADGES["stopped"]}</span>', 1)
             return col.replace(CURSOR, "")
     return col
 

@@ -60,7 +60,7 @@ def is_number(value) -> bool:
 def must_be(label: str, rule: str, value) -> str:
     """'<label> must be <rule> (got <value>).', or, for a value that is not a number at all, a
     sentence that says so ('(got 8)' for the text "8" would read as if the value were fine)."""
-    if is_number(value) or isinstance(value, float):  # a number, a wrong value (NaN and infinity included)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # a number, a wrong value (NaN and infinity included)
         return f"{label} must be {rule} (got {shown(value)})."
     return f"{label} must be {rule}: send a number, not {kind(value)} (got {shown(value)})."
 

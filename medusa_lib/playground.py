@@ -62,8 +62,9 @@ class Settings:
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
-        """The one check of what a page or an API caller sent: types first (bools are not numbers, text
-        is not a number), then ranges. Each failure is one sentence naming the setting."""
+        """The check of the settings a page or an API caller sent (``Playground.settings`` has already
+        turned the lookup switch into a length): types first (true/false and text are not numbers),
+        then ranges. Each failure is one sentence naming the setting."""
         whole = f"a whole number from 1 to {max_new_tokens_limit}"
         n = self.max_new_tokens
         if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
@@ -240,12 +241,13 @@ def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
 SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
 
 
-NOT_TIMED = "\u2014"  # a rate with no decode step to measure it over (the run ended at its prefill)
+NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
 
 
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
     """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
-    speedup = tokens/s over plain's tokens/s. Rates of a run without decode steps are NOT_TIMED."""
+    speedup = tokens/s over plain's tokens/s. A rate that cannot be measured is None (JSON null): that of a
+    run without decode steps, and the speedup when plain has none or did not run."""
     base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
     rows = []
     for method in METHODS:
@@ -259,10 +261,10 @@ def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
                 "tokens": len(r.tokens),
                 "wall (s)": round(rec.elapsed, 3),
                 "prefill (s)": round(r.prefill_seconds, 3),
-                "tokens/s": round(r.tokens_per_second, 1) if timed else NOT_TIMED,
-                "tokens/step": round(r.tokens_per_step, 2) if timed else NOT_TIMED,
+                "tokens/s": round(r.tokens_per_second, 1) if timed else None,
+                "tokens/step": round(r.tokens_per_step, 2) if timed else None,
                 "steps": r.decode_steps,
-                "speedup": round(r.tokens_per_second / base, 2) if timed and base > 0 else NOT_TIMED,
+                "speedup": round(r.tokens_per_second / base, 2) if timed and base > 0 else None,
             }
         )
     return rows
@@ -325,17 +327,23 @@ def device_name(device: torch.device) -> str:
     return device.type.upper()
 
 
+def measured_limit_why(model) -> str:
+    """What the message of a prompt over a measured limit says about that limit."""
+    return f"about what its {device_name(input_device(model))} prefills in {PREFILL_SECONDS:g} s; a run prefills it three times"
+
+
 @torch.inference_mode()
-def prompt_token_limit(model, *, seconds: float = PREFILL_SECONDS, context_limit: int, probe: tuple[int, int] = (256, 1024)) -> int:
+def prompt_token_limit(model, *, seconds: float = PREFILL_SECONDS, context_limit: int, probe: tuple[int, int] = (256, 1024)) -> int | None:
     """The longest prompt this model prefills in about ``seconds`` on its device, measured.
 
     Prefills of two lengths (the faster of two runs each: the first at a new shape pays one-off
     kernel set-up) fit t(n) = a*n + b*n^2 (weights: linear in n; attention: quadratic), solved for
-    t(n) = seconds; rounded down to a multiple of 256, at least 256 and at most the context limit - 1.
+    t(n) = seconds; rounded down to a multiple of 256, at least 256. None when that reaches the model's
+    context (its own limit then decides, as on a GPU).
     A long prompt is prefilled three times a run (once per method) and every decode step then
     attends over it, so this keeps one user from holding the device for minutes. Measuring takes
     about 3 s on 2 CPU cores for SmolLM2-135M in bfloat16 and gives 2,048-2,560 tokens there (a
-    2,048-token prefill took 3.0 s); on a GPU it takes milliseconds and the context limit decides."""
+    2,048-token prefill took 3.0 s); on a GPU it takes milliseconds."""
     dev = input_device(model)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     n1, n2 = (min(n, context_limit - 1) for n in probe)
@@ -350,12 +358,13 @@ def prompt_token_limit(model, *, seconds: float = PREFILL_SECONDS, context_limit
         return best
 
     t1, t2 = prefill_seconds(n1), prefill_seconds(n2)
-    if n2 <= n1:
-        return max(context_limit - 1, 1)
+    if n2 <= n1:  # a context shorter than the probe: it is the limit
+        return None
     b = max((t2 / n2 - t1 / n1) / (n2 - n1), 0.0)  # t/n = a + b*n through both points
     a = max(t1 / n1 - b * n1, 1e-12)
-    n = (-a + math.sqrt(a * a + 4 * b * seconds)) / (2 * b) if b > 0 else seconds / a
-    return int(min(max(n // 256 * 256, 256), context_limit - 1))
+    n = (-a + math.sqrt(a * a + 4 * b * seconds)) / (2 * b) if b > 0 else seconds / a  # a*n + b*n^2 = seconds
+    limit = max(int(n // 256 * 256), 256)
+    return None if limit >= context_limit - 1 else limit
 
 
 def release_memory(model, *, tokens: int) -> None:
@@ -396,13 +405,13 @@ class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
-                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None):
+                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set"):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
         self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see prompt_token_limit)
-        self.device_name = device_name(input_device(model))
+        self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(model.get_input_embeddings().weight.device)
@@ -439,8 +448,9 @@ class Playground:
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
         say(f"Medusa: {h.num_heads} {note}")
         if max_prompt_tokens == "auto":
-            max_prompt_tokens = prompt_token_limit(m, context_limit=model_info(m).context_limit)
-            say(f"Prompts: up to {max_prompt_tokens:,} tokens (what this {device_name(input_device(m))} prefills in about {PREFILL_SECONDS:g} s)")
+            max_prompt_tokens, why = prompt_token_limit(m, context_limit=model_info(m).context_limit), measured_limit_why(m)
+            say(f"Prompts: up to {max_prompt_tokens:,} tokens ({why})" if max_prompt_tokens else "Prompts: up to the model's context")
+            kwargs["prompt_limit_why"] = why
         return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
 
     # ------------------------------------------------------------------ inputs
@@ -464,9 +474,10 @@ class Playground:
         return getattr(self.heads, "lookup", None) != 0
 
     def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
-        """Settings from what the page or a ``/compare`` caller sent, converted but not yet checked
-        (``prepare`` checks them): an empty preset means the heads' default tree, a list of paths is
-        taken as the custom tree, the lookup switch becomes the heads' branch length or 0."""
+        """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
+        default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
+        becomes the heads' branch length or 0. Only what these conversions need is checked here (the
+        switch must be true or false, the list must be writable as text); ``prepare`` checks the rest."""
         if isinstance(custom_tree, list):  # an API caller may send the paths themselves
             try:
                 custom_tree = json.dumps(custom_tree)
@@ -504,14 +515,8 @@ class Playground:
             raise PlaygroundError(f"The prompt has an invalid character at position {bad + 1:,} (U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again.")
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
-        self.check_prompt(prompt)
-        ids = chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            raise PlaygroundError(
-                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,}, "
-                f"about what its {self.device_name} prefills in {PREFILL_SECONDS:g} s (a run prefills it three times): shorten it."
-            )
-        return ids
+        """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
+        return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
 
     def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], list[Decoder]]:
         """Check everything before anything runs; raise one clear sentence (an InputError) on bad input."""
@@ -520,7 +525,9 @@ class Playground:
         tree = self.resolve_tree(settings)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         decoders = [Decoder(self.model, method=m, heads=self.heads, tree=tree, config=settings.config(m)) for m in METHODS]
-        decoders[0]._prompt_tensor(ids)  # context-length check up front (DecodeError)
+        decoders[0]._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise PlaygroundError(f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it.")
         return ids, decoders
 
     def greedy_check(self, plain: RunRecord, medusa: RunRecord) -> GreedyCheck:
@@ -593,7 +600,7 @@ class Playground:
 
 
 __all__ = [
-    "DEFAULT_TREE", "LABELS", "NOT_TIMED", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "PREFILL_SECONDS", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
+    "DEFAULT_TREE", "LABELS", "NOT_TIMED", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "PREFILL_SECONDS", "measured_limit_why", "prompt_token_limit", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
     "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
     "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untimed_note", "untrained_heads", "visible_steps", "why_it_ended",
     "DecodeError", "HeadsError", "TreeError",

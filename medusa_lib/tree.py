@@ -353,14 +353,35 @@ def get_tree(name: str, *, num_heads: int | None = None, extra: Mapping[str, Seq
     return build_tree(preset_choices(name, extra), num_heads=num_heads, name=name)
 
 
+MAX_NESTING = 16  # a tree is a list of lists: text nested deeper than this is refused before parsing
+
+
+def nesting_depth(text: str) -> int:
+    """How deep the JSON brackets of ``text`` nest (outside strings), without parsing it: deep text is
+    refused the same way on every Python (3.11's parser overflows near 1,000 levels, 3.12's does not)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_choices(text: str) -> list[list[int]]:
     """Parse a tree written as JSON (``[[0], [0, 0], [1]]``); raise TreeError on bad text."""
+    if nesting_depth(text) > MAX_NESTING:
+        raise TreeError("The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].")
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise TreeError(f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]].") from None
-    except RecursionError:  # "[" * 1000 + "]" * 1000: the parser recurses once per level
-        raise TreeError("The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].") from None
     if not isinstance(value, list):
         raise TreeError("The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].")
     return validate_choices(value)

@@ -58,6 +58,16 @@ trees = st.lists(st.lists(st.integers(-1, 11), min_size=1, max_size=5), max_size
 tree_texts = st.one_of(trees.map(json.dumps), json_like, deep_text, nested.map(json.dumps), anything_text)
 
 
+def sendable(value) -> bool:
+    """What an HTTP client can write as JSON: Python's encoder overflows on lists nested ~1,000 deep
+    (such bodies reach gradio only from other clients, and it answers them with HTTP 400 itself)."""
+    try:
+        json.dumps(value)
+    except RecursionError:
+        return False
+    return True
+
+
 def assert_one_sentence_naming(param: str, message) -> None:
     assert isinstance(message, str) and message, (param, message)
     assert "\n" not in message and "Traceback" not in message and message.endswith("."), (param, message)
@@ -128,7 +138,7 @@ def test_through_the_server_every_call_runs_or_gets_its_sentence_and_the_server_
     seen = {"complete": 0, "error": 0}
 
     @settings(FUZZ, max_examples=90)
-    @given(param=st.sampled_from(list(VALID)), value=values)
+    @given(param=st.sampled_from(list(VALID)), value=values.filter(sendable))
     def check(param, value):
         event, data = call_api(server, "compare", list({**VALID, param: value}.values()))
         seen[event] += 1

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untr
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
-# (case, /compare arguments after the prompt, prompt, exact message); the README's table is printed from this list.
+# (case, prompt, /compare arguments that differ from API_DEFAULTS, exact message); docs/bad-input.md shows this list (test below).
 TOO_DEEP = "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"
 TOO_BIG = json.dumps([[a] for a in range(10)] + [[a, b] for a in range(10) for b in range(10)] + [[0, b, c] for b in range(10) for c in range(10)])
 CASES = [
@@ -48,7 +49,8 @@ CASES = [
     ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
     ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
     ("tree nested 1,000 deep", PROMPT, {"custom_tree": "[" * 1000 + "]" * 1000}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
-    ("tree nested 900 deep", PROMPT, {"custom_tree": "[" * 900 + "0" + "]" * 900}, "Tree node [[[[...]]]] must contain whole-number ranks only."),
+    ("tree nested 900 deep", PROMPT, {"custom_tree": "[" * 900 + "0" + "]" * 900}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
+    ("tree nested 3 deep", PROMPT, {"custom_tree": "[[[0]]]"}, "Tree node [[0]] must contain whole-number ranks only."),
     ("lone surrogate in the prompt", "abc \ud800 def", {}, "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again."),
     ("max new tokens true", PROMPT, {"max_new_tokens": True}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not true/false (got true)."),
     ("max new tokens as text", PROMPT, {"max_new_tokens": "8"}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not text (got '8')."),
@@ -589,7 +591,7 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     out = client.predict(PROMPT, 1, api_name="/compare")
     for m in out["methods"].values():
         assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
-    assert all(r["tokens/s"] == "\u2014" and r["tokens/step"] == "\u2014" and r["speedup"] == "\u2014" for r in out["summary"])
+    assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
     outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == ("Done. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
@@ -617,21 +619,51 @@ def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
     assert out["medusa-typical"]["tokens_per_step"] > 1.5  # was 1.0: NaN probabilities accepted nothing
 
 
-def test_the_prompt_token_limit_is_measured_and_its_message_names_the_device(served):
-    from medusa_lib.playground import prompt_token_limit
+def test_the_prompt_token_limit_is_measured_and_its_message_says_where_it_comes_from(served):
+    from medusa_lib.playground import measured_limit_why, prompt_token_limit
 
     pg, _, client = served
-    limit = prompt_token_limit(pg.model, seconds=3.0, context_limit=512)
-    assert limit == 511  # the tiny model prefills its whole 512-token context in far less than 3 s: capped there
+    assert prompt_token_limit(pg.model, seconds=3.0, context_limit=512) is None  # the tiny model prefills its whole context at once: the context decides
     assert prompt_token_limit(pg.model, seconds=1e-6, context_limit=512) == 256  # never below 256 tokens
     long = " ".join(["w10"] * 298)
-    message = "The prompt has 300 tokens; this server takes at most 64, about what its CPU prefills in 3 s (a run prefills it three times): shorten it."
-    pg.max_prompt_tokens = 64
+    over_context = " ".join(["w10"] * 600)
     try:
-        assert_refused_on_the_api_and_the_page(pg, client, long, message)
+        pg.max_prompt_tokens, pg.prompt_limit_why = 64, measured_limit_why(pg.model)
+        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (about what its CPU prefills in 3 s; "
+                                                                 "a run prefills it three times): shorten it.")
+        assert_refused_on_the_api_and_the_page(pg, client, over_context, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt.")
+        pg.prompt_limit_why = "the limit its operator set"  # MEDUSA_MAX_PROMPT_TOKENS
+        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (the limit its operator set): shorten it.")
     finally:
         pg.max_prompt_tokens = None
     assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+class QuadraticPrefill(torch.nn.Module):
+    """A stand-in model whose prefill of n tokens takes a*n + b*n^2 seconds on a fake clock."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__()
+        self.embed, self.a, self.b, self.clock = torch.nn.Embedding(320, 4), a, b, 0.0
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, logits_to_keep=1):
+        n = input_ids.shape[1]
+        self.clock += self.a * n + self.b * n * n
+
+
+def test_the_prompt_token_limit_solves_the_measured_prefill_cost(monkeypatch):
+    import medusa_lib.playground as playground
+
+    for a, b, seconds in [(1e-3, 1.6e-7, 3.0), (1e-3, 0.0, 3.0), (2e-4, 5e-8, 2.0)]:
+        model = QuadraticPrefill(a, b)
+        monkeypatch.setattr(playground, "_sync", lambda device, m=model: m.clock)
+        n = (-a + (a * a + 4 * b * seconds) ** 0.5) / (2 * b) if b else seconds / a  # a*n + b*n^2 = seconds
+        want = int(n // 256 * 256)
+        assert playground.prompt_token_limit(model, seconds=seconds, context_limit=32768) == want, (a, b)
+        assert playground.prompt_token_limit(model, seconds=seconds, context_limit=want + 1) is None  # the context decides
 
 
 def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
@@ -682,3 +714,18 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     t0 = time.perf_counter()
     assert list(h.stop(*their_page, request=other)[1:]) == their_page  # nothing running there: done columns stay, at once
     assert time.perf_counter() - t0 < 1 and all('data-state="done"' in c for c in their_page)
+
+
+def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unexpected_one(caplog):
+    from app.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
+
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes.")
+    for e in (cpu, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError()):
+        assert cannot_run(e) == OUT_OF_MEMORY
+    assert cannot_run(RuntimeError("shape mismatch")) == UNEXPECTED.format(name="RuntimeError")
+    assert "shape mismatch" in caplog.text  # the bug's details go to the log
+    pg = tiny_playground(oracle=False)
+    rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=1, tree="chain-2")) if e.kind == "end")
+    assert no_step_message(rec).endswith("no Medusa step to inspect. Raise Max new tokens and run again.")
+    eos_rec = replace(rec, views=(replace(rec.views[0], step=replace(rec.views[0].step, finish_reason="eos")),))
+    assert no_step_message(eos_rec).endswith("(the model ended its answer at once): no Medusa step to inspect.")  # no advice that would not help

@@ -12,7 +12,6 @@ import itertools
 from dataclasses import replace
 
 import pytest
-import torch
 from conftest import OracleHeads, make_model
 from test_playground import PROMPT as TEXT
 from test_playground import tiny_playground
@@ -51,12 +50,12 @@ def expected(ref: list[int], *, budget: int, eos_at: int | None, room: int) -> t
     return ref[:n], "length" if budget <= room else "context"
 
 
-DECODERS = [  # (method, lookup, temperature): typical at T=0 is greedy matching
-    ("plain", 0, 0.0),
-    ("medusa-greedy", 0, 0.0),
-    ("medusa-greedy", 4, 0.0),
-    ("medusa-typical", 0, 0.0),
-    ("medusa-typical", 4, 0.0),
+DECODERS = [  # (method, lookup branch length): typical acceptance at T=0 is greedy matching
+    ("plain", 0),
+    ("medusa-greedy", 0),
+    ("medusa-greedy", 4),
+    ("medusa-typical", 0),
+    ("medusa-typical", 4),
 ]
 
 
@@ -73,9 +72,12 @@ def test_the_grid_really_takes_multi_token_steps(rigged):
     assert max(s.accept_length for s in res.steps) >= 3  # steps of 4+ tokens: a cut inside one is exercised
 
 
-@pytest.mark.parametrize("method, lookup, temperature", DECODERS, ids=[f"{m}-lookup{k}" for m, k, _ in DECODERS])
-def test_every_decoder_stops_where_plain_greedy_stops(rigged, method, lookup, temperature):
-    """Budgets 1-14 x EOS at 0-8 tokens in (or none) x context room 3, 6, 10 tokens (or the full 512)."""
+@pytest.mark.parametrize("method, lookup", DECODERS, ids=[f"{m}-lookup{k}" for m, k in DECODERS])
+def test_every_decoder_stops_where_plain_greedy_stops(rigged, method, lookup):
+    """Budgets 1-14 x EOS at 0-8 tokens in (or none) x context room 3, 6, 10 tokens (or the full 512).
+
+    Near the context a Medusa step falls back to a root-only step (its tree must fit), so it is the
+    budget and EOS that cut multi-token steps here; the context rows check the fallback stops right."""
     model, ref, heads = rigged
     eos_positions = [None] + [j for j in first_occurrences(ref) if j <= 8]
     assert len(eos_positions) >= 5
@@ -84,12 +86,14 @@ def test_every_decoder_stops_where_plain_greedy_stops(rigged, method, lookup, te
             configure(model, eos=None if eos_at is None else ref[eos_at], context=None if room is None else len(PROMPT) + room)
             for budget in BUDGETS:
                 want, reason = expected(ref, budget=budget, eos_at=eos_at, room=room or 10**6)
-                cfg = DecodeConfig(max_new_tokens=budget, temperature=temperature, lookup=lookup)
+                cfg = DecodeConfig(max_new_tokens=budget, lookup=lookup)
                 res = run_method(model, PROMPT, method=method, heads=heads, tree=TREE, config=cfg)
                 where = f"budget={budget} eos_at={eos_at} room={room}"
                 assert res.tokens == want, where
                 assert res.finish_reason == reason, where
-                assert sum(s.accept_length + 1 for s in res.steps[1:]) == res.decode_tokens, where  # records agree with the cut
+                for s in res.steps[1:]:  # the records agree with the cut
+                    assert s.accept_length + 1 == len(s.tokens) and 0 <= s.lookup_accepted <= s.accept_length, where
+                    assert s.lookup_accepted in (0, s.accept_length), where  # a lookup path is all lookup tokens
     finally:
         configure(model, eos=None, context=None)
 
@@ -126,7 +130,7 @@ def test_a_step_whose_eos_lies_past_the_budget_stops_at_the_budget(rigged):
         configure(model, eos=ref[eos_at], context=None)
         res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREE, config=DecodeConfig(max_new_tokens=eos_at))
         assert res.tokens == ref[:eos_at] and res.finish_reason == "length"
-        assert torch.tensor(res.tokens).numel() == eos_at
+        assert res.steps[-1].accept_length + 1 == len(res.steps[-1].tokens)  # the cut step's record counts what it kept
     finally:
         configure(model, eos=None, context=None)
 
