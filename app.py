@@ -50,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from app import build_demo, launch_options  # the package app/, imported after --help needs nothing heavy
-    from medusa_lib.playground import Playground, load_examples
+    from medusa_lib.present import Playground, load_examples
+    from ui import build_demo, launch_options  # the package app/, imported after --help needs nothing heavy
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,

@@ -3,12 +3,18 @@
 Paper: Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
 Heads", ICML 2024, arXiv 2401.10774. Reference code: github.com/FasterDecoding/Medusa.
 This package never imports gradio; the app only renders the Step records it yields.
+
+Three wings, imports pointing inward only:
+  core/      the engine (tree, heads, decoding, model loading, attention, lookup, messages);
+             usable from a notebook, imports nothing outside core/
+  present/   what the page shows, without gradio (settings, records, the runner, inspector data); uses core
+  pipeline/  offline CLIs (prompts, distill, train, calibrate, bench): python -m medusa_lib.pipeline.<name>; uses core
 """
 
-from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, compact_cache, run_method, typical_threshold
-from .heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
-from .model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
-from .tree import (
+from .core.decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, compact_cache, run_method, typical_threshold
+from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
+from .core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
+from .core.tree import (
     TOPK,
     MedusaTree,
     TreeError,

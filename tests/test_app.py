@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def server():
     from gradio_client import Client
 
-    from app import build_demo, launch_options
-    from medusa_lib.playground import load_examples
+    from ui import build_demo, launch_options
+    from medusa_lib.present import load_examples
 
     demo = build_demo(tiny_playground(), examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=16)
     port = free_port()
@@ -82,7 +82,7 @@ def test_ui_run_streams_into_the_three_columns(server):
 
 
 def test_handlers_bad_tree_shows_one_sentence_in_status():
-    from app.handlers import RUN_OUTPUTS, Handlers
+    from ui.handlers import RUN_OUTPUTS, Handlers
 
     h = Handlers(tiny_playground(oracle=False))
     with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning

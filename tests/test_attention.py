@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model
 
-import medusa_lib.attention as attention
-from medusa_lib.attention import NAME, use_packed_gqa
-from medusa_lib.decoding import new_cache
-from medusa_lib.model import check_supported
+import medusa_lib.core.attention as attention
+from medusa_lib.core.attention import NAME, use_packed_gqa
+from medusa_lib.core.decoding import new_cache
+from medusa_lib.core.model import check_supported
 
 
 def tree_mask(prefix: int, L: int, dtype, seed: int = 0) -> torch.Tensor:

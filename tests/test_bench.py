@@ -6,7 +6,7 @@ import re
 import pytest
 from conftest import make_model, random_heads, tiny_tokenizer
 
-from medusa_lib import bench
+from medusa_lib.pipeline import bench
 
 METHODS = ["hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail"]
 PROMPTS = [

@@ -29,8 +29,8 @@ MAX_NEW_TOKENS = int(os.environ.get("BROWSER_TEST_MAX_NEW_TOKENS", "40"))
 def url():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip(f"chromium is not installed ({CHROMIUM} missing; `apt-get install -y chromium`)")
-    from app import build_demo, launch_options
-    from medusa_lib.playground import Playground, load_examples
+    from ui import build_demo, launch_options
+    from medusa_lib.present import Playground, load_examples
 
     heads = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
     # float32: Medusa greedy must then equal plain greedy exactly (bfloat16, the CPU default where it is native, may flip near-ties)

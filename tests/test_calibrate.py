@@ -4,7 +4,8 @@ import json
 
 from conftest import make_model, random_heads, tiny_tokenizer
 
-from medusa_lib import calibrate, load_heads
+from medusa_lib import load_heads
+from medusa_lib.pipeline import calibrate
 
 
 def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, capsys):

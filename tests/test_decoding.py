@@ -5,9 +5,9 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
-from medusa_lib.attention import use_packed_gqa
-from medusa_lib.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
-from medusa_lib.tree import with_lookup
+from medusa_lib.core.attention import use_packed_gqa
+from medusa_lib.core.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
+from medusa_lib.core.tree import with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
@@ -16,7 +16,7 @@ TREES = {
     "cartesian-3x2x2": build_tree(cartesian_choices([3, 2, 2])),
     "mc_sim_7b_63": get_tree("mc_sim_7b_63"),
 }
-ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.attention (as load_model sets up on CPU)
+ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.core.attention (as load_model sets up on CPU)
 
 
 def model_for(arch: str, attn: str = "sdpa"):
@@ -397,7 +397,7 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
 def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(models, temperature):
     """softmax(logits / T) overflowed to NaN for T ~ 1e-40 and typical acceptance silently accepted
     nothing (issue #17). The tempered distribution is now the argmax's one-hot in the limit."""
-    from medusa_lib.decoding import tempered_probs
+    from medusa_lib.core.decoding import tempered_probs
 
     model = models["llama"]
     logits = torch.tensor([[3.0, -1.0, 2.5, 3.0, -torch.inf], [0.0, 0.0, 0.0, 0.0, 0.0], [-80.0, 90.0, 1.0, 0.0, -5.0]])

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
-from medusa_lib.distill import chat_prompt_ids, load_jsonl
-from medusa_lib.model import PACKED_GQA, PackedLinear, default_gguf_path, resolve_dtype
+from medusa_lib.core.model import chat_prompt_ids
+from medusa_lib.pipeline.distill import load_jsonl
+from medusa_lib.core.model import PACKED_GQA, PackedLinear, default_gguf_path, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
@@ -28,7 +29,7 @@ def test_default_model_loads_offline_and_answers(default_fp32):
     assert model.config.hidden_size == 576 and model.config.num_hidden_layers == 30
     assert model.get_output_embeddings().weight.shape[0] == 49152 and tok.chat_template
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 30 * 7 + 1  # q k v o gate up down per layer, lm_head
-    assert model.config._attn_implementation == PACKED_GQA  # 9 query heads on 3 KV heads, folded (medusa_lib.attention)
+    assert model.config._attn_implementation == PACKED_GQA  # 9 query heads on 3 KV heads, folded (medusa_lib.core.attention)
     ids = chat_prompt_ids(tok, "What is the capital of France?")
     res = run_method(model, ids, method="plain", config=DecodeConfig(max_new_tokens=24))
     assert "Paris" in tok.decode(res.tokens)
@@ -42,7 +43,7 @@ def test_unknown_model_offline_gets_a_clear_message(tmp_path):
 
 
 def test_auto_dtype_is_the_fastest_that_works():
-    from medusa_lib.model import cpu_has_native_bf16
+    from medusa_lib.core.model import cpu_has_native_bf16
 
     assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     with pytest.raises(ModelError, match="float16 is not supported on CPU"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_model, tiny_tokenizer
 
-from medusa_lib.distill import clean_prompt, main as distill_main, openers, self_instruct, user_turn_prefix
+from medusa_lib.pipeline.distill import clean_prompt, main as distill_main, openers, self_instruct, user_turn_prefix
 
 
 def test_user_turn_prefix_is_the_template_text_before_the_message():
@@ -56,7 +56,7 @@ def test_self_instruct_prompts_start_from_a_seed_and_avoid_excluded_topics():
 def test_self_instruct_cli_answers_and_resumes(tmp_path, monkeypatch):
     model, tok = make_model("llama"), tiny_tokenizer()
     model.generation_config.eos_token_id = 2
-    monkeypatch.setattr("medusa_lib.model.load_model", lambda *a, **k: (model, tok))
+    monkeypatch.setattr("medusa_lib.core.model.load_model", lambda *a, **k: (model, tok))
     prompts, held = tmp_path / "p.jsonl", tmp_path / "h.jsonl"
     prompts.write_text(json.dumps({"prompt": "w10 w11 w12", "category": "writing"}) + "\n")
     held.write_text(json.dumps({"prompt": "w7 w8", "topic": "w7"}) + "\n")

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_hardening import launch
 from test_playground import PROMPT, tiny_playground
 
-from medusa_lib.tree import TreeError, build_tree, parse_choices
+from medusa_lib.core.tree import TreeError, build_tree, parse_choices
 
 LIMIT = 12  # max new tokens for the fuzzed server: a valid run stays short
 VALID = {"prompt": PROMPT, "max_new_tokens": 4, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "",
@@ -78,7 +78,7 @@ def assert_one_sentence_naming(param: str, message) -> None:
 
 @pytest.fixture(scope="module")
 def handlers():
-    from app.handlers import Handlers
+    from ui.handlers import Handlers
 
     pg = tiny_playground(oracle=False)
     pg.max_new_tokens_limit = LIMIT

@@ -23,7 +23,7 @@ import torch
 from conftest import call_api, free_port, make_model, random_heads, tiny_tokenizer
 from test_playground import PROMPT, tiny_playground
 
-from medusa_lib.playground import Detokenizer, Piece, Playground, Settings, untrained_heads
+from medusa_lib.present import Detokenizer, Piece, Playground, Settings, untrained_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
@@ -97,7 +97,7 @@ def column_text(col_html: str) -> str:
 
 
 def launch(pg: Playground):
-    from app import build_demo, launch_options
+    from ui import build_demo, launch_options
 
     demo = build_demo(pg, max_new_tokens=16)
     port = free_port()
@@ -143,7 +143,7 @@ def test_api_odd_types_get_a_sentence(served):
 def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_run_works():
     import gradio as gr
 
-    from app.handlers import RUN_OUTPUTS, Handlers
+    from ui.handlers import RUN_OUTPUTS, Handlers
 
     pg = tiny_playground(oracle=False)
     pg.max_new_tokens_limit = LIMIT
@@ -166,7 +166,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
 
 
 def test_huge_prompt_is_refused_before_tokenising(monkeypatch):
-    import medusa_lib.playground as playground
+    import medusa_lib.present.playground as playground
 
     pg = tiny_playground(oracle=False)
     monkeypatch.setattr(playground, "chat_prompt_ids", lambda *a, **k: pytest.fail("tokenised a 1 MB prompt"))
@@ -178,7 +178,7 @@ def test_huge_prompt_is_refused_before_tokenising(monkeypatch):
 
 
 def test_sliding_window_model_refuses_prompts_beyond_the_window():
-    from app.handlers import RUN_OUTPUTS, Handlers
+    from ui.handlers import RUN_OUTPUTS, Handlers
 
     model = make_model("mistral", sliding_window=16)
     model.generation_config.eos_token_id = model.config.eos_token_id = None
@@ -211,7 +211,7 @@ NON_ASCII = "h\u00e9llo \U0001f980 w\u00f6rld \u2728 \u65e5\u672c\u8a9e \u0645\u
 
 
 def test_non_ascii_and_emoji_prompts_work_and_show_correctly():
-    from app.render import column_html
+    from ui.render import column_html
 
     tok = byte_level_tokenizer()
     ids = tok(NON_ASCII, add_special_tokens=False)["input_ids"]
@@ -316,8 +316,8 @@ def test_loopback_by_default_share_and_remote_code_opt_in(monkeypatch):
 
 
 def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
-    import medusa_lib.playground as playground
-    from medusa_lib.model import ModelError
+    import medusa_lib.present.playground as playground
+    from medusa_lib.core.model import ModelError
 
     seen = []
 
@@ -464,7 +464,7 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
 
 
 def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
-    from app.handlers import Handlers
+    from ui.handlers import Handlers
 
     pg = tiny_playground(oracle=False)
     stats = count_runs(monkeypatch, pg)
@@ -514,7 +514,7 @@ def _fifty_runs():
 # ------------------------------------------------------------------------------------------- round 2 (issue #17)
 def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, message: str) -> None:
     """``/compare`` answers with ``message`` as its error, and the page's Run shows it in the status line."""
-    from app.handlers import RUN_OUTPUTS, Handlers
+    from ui.handlers import RUN_OUTPUTS, Handlers
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError) as err:
@@ -527,7 +527,7 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
 
 def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, monkeypatch):
     """A bug (not a bad input) still ends as one sentence; its traceback goes to the log only."""
-    from app.handlers import UNEXPECTED
+    from ui.handlers import UNEXPECTED
 
     pg, _, client = served
     message = UNEXPECTED.format(name="KeyError")
@@ -542,7 +542,7 @@ def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, 
 
 
 def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(monkeypatch):
-    from app.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
+    from ui.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
 
     pg = tiny_playground(oracle=False)
     orig = Playground.run_method
@@ -554,7 +554,7 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
             yield ev
 
     monkeypatch.setattr(Playground, "run_method", failing)
-    monkeypatch.setattr("app.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
+    monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
     with pytest.warns(UserWarning):
         outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
     last = outs[-1]
@@ -565,8 +565,8 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
 
 
 def test_stop_turns_running_and_replaying_columns_into_stopped(served):
-    from app.handlers import Handlers
-    from app.render import column_html
+    from ui.handlers import Handlers
+    from ui.render import column_html
 
     pg, _, _ = served
     rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=6, tree="chain-2")) if e.kind == "step" and len(e.record.views) > 2)
@@ -585,7 +585,7 @@ def test_stop_turns_running_and_replaying_columns_into_stopped(served):
 
 
 def test_max_new_tokens_one_shows_dashes_and_says_why(served):
-    from app.handlers import RUN_OUTPUTS, Handlers
+    from ui.handlers import RUN_OUTPUTS, Handlers
 
     pg, _, client = served
     out = client.predict(PROMPT, 1, api_name="/compare")
@@ -605,7 +605,7 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
 
 def test_race_replay_takes_turns_with_runs_in_the_device_queue():
     """A replay renders frames while it plays: in the device's queue it never runs beside a timed run."""
-    from app import build_demo
+    from ui import build_demo
 
     fns = {f.api_name: f for f in build_demo(tiny_playground(oracle=False)).fns.values()}
     device = {name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")}
@@ -620,7 +620,7 @@ def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
 
 
 def test_the_prompt_token_limit_is_measured_and_its_message_says_where_it_comes_from(served):
-    from medusa_lib.playground import measured_limit_why, prompt_token_limit
+    from medusa_lib.present import measured_limit_why, prompt_token_limit
 
     pg, _, client = served
     assert prompt_token_limit(pg.model, seconds=3.0, context_limit=512) is None  # the tiny model prefills its whole context at once: the context decides
@@ -655,7 +655,7 @@ class QuadraticPrefill(torch.nn.Module):
 
 
 def test_the_prompt_token_limit_solves_the_measured_prefill_cost(monkeypatch):
-    import medusa_lib.playground as playground
+    import medusa_lib.present.playground as playground
 
     for a, b, seconds in [(1e-3, 1.6e-7, 3.0), (1e-3, 0.0, 3.0), (2e-4, 5e-8, 2.0)]:
         model = QuadraticPrefill(a, b)
@@ -667,7 +667,7 @@ def test_the_prompt_token_limit_solves_the_measured_prefill_cost(monkeypatch):
 
 
 def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
-    import medusa_lib.playground as playground
+    import medusa_lib.present.playground as playground
 
     trims = []
     monkeypatch.setattr(playground, "_malloc_trim", lambda pad: trims.append(pad))
@@ -687,10 +687,10 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     the run has ended, and must show the run's last columns (not the older ones the click carried)."""
     from types import SimpleNamespace
 
-    from app.handlers import RUN_OUTPUTS, Handlers
-    from app.render import stopped_column
+    from ui.handlers import RUN_OUTPUTS, Handlers
+    from ui.render import stopped_column
 
-    monkeypatch.setattr("app.handlers.STREAM_EVERY", 0.0)  # every step is a frame
+    monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
     h = Handlers(tiny_playground(oracle=False))
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
     theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=other))  # another user's finished run
@@ -717,7 +717,7 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
 
 
 def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unexpected_one(caplog):
-    from app.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
+    from ui.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
 
     cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes.")
     for e in (cpu, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError()):

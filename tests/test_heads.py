@@ -231,7 +231,7 @@ def test_path_conditioned_checkpoints_are_checked(tmp_path, model):
 @pytest.mark.parametrize("kind", ["plain", "root", "path"])
 @pytest.mark.parametrize("shared", [True, False])
 def test_draft_gives_every_node_its_parent_head_rank_reading_the_branch_above(model, kind, shared):
-    from medusa_lib.tree import build_tree
+    from medusa_lib.core.tree import build_tree
 
     heads = random_heads(3, shared=shared, root=kind == "root", path=kind == "path")
     tree = build_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 3], [0, 0, 0], [0, 0, 4], [1, 0, 2], [0, 1, 0]])

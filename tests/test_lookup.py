@@ -5,13 +5,13 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, build_tree, chain_choices, get_tree, run_method
-from medusa_lib.attention import use_packed_gqa
-from medusa_lib.lookup import ngram_proposal
-from medusa_lib.tree import LOOKUP_RANK, with_lookup
+from medusa_lib.core.attention import use_packed_gqa
+from medusa_lib.core.lookup import ngram_proposal
+from medusa_lib.core.tree import LOOKUP_RANK, with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
-ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.attention (load_model's CPU default)
+ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.core.attention (load_model's CPU default)
 
 
 def model_for(arch: str):
@@ -132,7 +132,7 @@ def test_bad_lookup_lengths_are_refused(bad):
 @pytest.mark.parametrize("bad", [99, -1, "4", True])
 def test_heads_config_with_a_bad_lookup_is_refused(tmp_path, bad):
     from medusa_lib import load_heads
-    from medusa_lib.heads import HeadsError
+    from medusa_lib.core.heads import HeadsError
 
     random_heads(2).save(tmp_path, lookup=bad)
     with pytest.raises(HeadsError, match="lookup=.*must be a whole number from 0 \\(no lookup branch\\) to 8"):
@@ -143,7 +143,7 @@ def test_heads_config_lookup_is_read_and_used_by_the_playground(tmp_path):
     from conftest import tiny_tokenizer
 
     from medusa_lib import load_heads
-    from medusa_lib.playground import Playground
+    from medusa_lib.present import Playground
 
     model = make_model("llama")
     random_heads(4).save(tmp_path / "a", lookup=2)

@@ -1,4 +1,4 @@
-"""medusa_lib.playground: the event stream, the greedy badge, summary rows, inspector data, escaping.
+"""medusa_lib.present.playground: the event stream, the greedy badge, summary rows, inspector data, escaping.
 
 Everything runs on a tiny random Llama with a tiny word-level tokenizer built here (no network).
 """
@@ -15,7 +15,7 @@ import torch
 from conftest import VOCAB, OracleHeads, make_model, tiny_tokenizer
 
 from medusa_lib import Decoder, DecodeConfig
-from medusa_lib.playground import (
+from medusa_lib.present import (
     LABELS, SUMMARY_COLUMNS, Detokenizer, Piece, Playground, RunRecord, Settings, greedy_check,
     load_examples, mask_data, path_rows, summary_rows, threshold_curve, tree_layout, tree_nodes, untrained_heads, visible_steps,
 )
@@ -130,7 +130,7 @@ def test_greedy_check_explains_a_difference_with_the_logit_gap(pg, events):
     assert check.tie == (check.logit_gap <= 1e-3) and "two best logits differ by" in check.message
     tie = replace(check, logit_gap=0.0, tie=True)
     assert tie.message.endswith("a floating-point tie, not a bug.")
-    from app.render import badge_html
+    from ui.render import badge_html
 
     assert 'data-tie="true"' in badge_html(tie) and "badge-tie" in badge_html(tie) and 'data-tie="false"' in badge_html(replace(tie, tie=False))
 
@@ -169,8 +169,8 @@ def test_inspector_data(pg, events):
 
 
 def test_lookup_branch_shows_in_pieces_tree_and_table():
-    from app.figures import tree_figure
-    from app.render import tokens_html
+    from ui.figures import tree_figure
+    from ui.render import tokens_html
 
     pg = tiny_playground(oracle=False)  # untrained heads: what gets accepted comes from the lookup branch
     prompt = "w5 w6 w7 w8 w5 w6 w7"  # the tiny model's answer to it soon repeats itself
@@ -253,7 +253,7 @@ def test_untrained_heads_and_calibrated_tree_presets():
 
 
 def test_html_rendering_escapes_generated_text():
-    from app.render import badge_html, column_html, tokens_html
+    from ui.render import badge_html, column_html, tokens_html
 
     pieces = [Piece(4, "<script>alert(1)</script>", "base", 0), Piece(6, " a&b", "head", 1), Piece(7, '"x"', "base", 1)]
     out = tokens_html(pieces)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from medusa_lib import prompts as P
+from medusa_lib.pipeline import prompts as P
 
 BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities", "summarization", "translation", "qa", "rag"}
 
@@ -59,8 +59,8 @@ def test_heldout_topics_never_in_training(halves):
 
 def test_committed_files_match_module(halves):
     train, heldout = halves
-    assert P.load_jsonl(P.TRAIN_PATH) == train, "run `python -m medusa_lib.prompts` to regenerate"
-    assert P.load_jsonl(P.HELDOUT_PATH) == heldout, "run `python -m medusa_lib.prompts` to regenerate"
+    assert P.load_jsonl(P.TRAIN_PATH) == train, "run `python -m medusa_lib.pipeline.prompts` to regenerate"
+    assert P.load_jsonl(P.HELDOUT_PATH) == heldout, "run `python -m medusa_lib.pipeline.prompts` to regenerate"
 
 
 def test_bench_is_separate(built):

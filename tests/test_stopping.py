@@ -17,7 +17,7 @@ from test_playground import PROMPT as TEXT
 from test_playground import tiny_playground
 
 from medusa_lib import DecodeConfig, get_tree, run_method
-from medusa_lib.playground import Settings
+from medusa_lib.present import Settings
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_REF = 24

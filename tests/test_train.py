@@ -4,8 +4,8 @@ import torch
 from conftest import make_model, random_heads
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
-from medusa_lib.calibrate import head_accuracy, pick_default, split_prompts
-from medusa_lib.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, start_from, train_heads
+from medusa_lib.pipeline.calibrate import head_accuracy, pick_default, split_prompts
+from medusa_lib.pipeline.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, start_from, train_heads
 
 K = 3
 
@@ -277,7 +277,7 @@ def test_init_heads_seeds_root_conditioned_and_deeper_heads_with_plain_ones_and_
 def test_train_cli_refuses_an_unknown_save_dtype(tmp_path):
     import pytest
 
-    from medusa_lib.train import main
+    from medusa_lib.pipeline.train import main
 
     with pytest.raises(SystemExit, match="--save-dtype must be float32 or bfloat16 \\(got 'int8'\\)"):
         main(["--save-dtype", "int8", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
@@ -287,7 +287,7 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     from conftest import OracleHeads
 
     from medusa_lib import DecodeConfig, build_tree, run_method
-    from medusa_lib.calibrate import simulated_accepts, simulated_tokens_per_step
+    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")
     prompt = [1, 17, 33, 250, 99]
@@ -309,7 +309,7 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     assert checked >= 10
     import pytest
 
-    from medusa_lib.calibrate import answer_states
+    from medusa_lib.pipeline.calibrate import answer_states
 
     assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
     walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
@@ -320,7 +320,7 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
     import pytest
 
     from medusa_lib import DecodeConfig, build_tree, run_method
-    from medusa_lib.calibrate import simulated_accepts, simulated_tokens_per_step
+    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")
     prompt = [5, 6, 7, 8, 5, 6, 7]  # the tiny model's answer soon repeats itself
@@ -347,7 +347,7 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
 def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
     from types import SimpleNamespace
 
-    import medusa_lib.calibrate as cal
+    import medusa_lib.pipeline.calibrate as cal
 
     # tokens/s by (decoder, prompt): the tree is 3x plain on the short prompt and 1.5x on the long one
     rates = {("plain", 1): 10.0, ("plain", 2): 40.0, ("tree", 1): 30.0, ("tree", 2): 60.0}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from medusa_lib import TreeError, build_tree, cartesian_choices, chain_choices, expected_tokens_per_step, get_tree, greedy_choices, parse_choices, preset_names
-from medusa_lib.tree import PRESETS_FILE, validate_choices
+from medusa_lib.core.tree import PRESETS_FILE, validate_choices
 
 REFERENCE_PRESETS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "medusa_trees.json"
 

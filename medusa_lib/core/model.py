@@ -23,9 +23,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .messages import InputError
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
+from .messages import InputError
 
 DEFAULT_MODEL = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -279,7 +279,7 @@ def load_model(
     ``device_map='auto'`` lets accelerate spread a model too large for one GPU over all devices.
     ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`PackedLinear`).
     ``packed_gqa``: on CPU, run grouped-query attention without copying the KV cache
-    (``medusa_lib.attention``; same results, every method benefits).
+    (``medusa_lib.core.attention``; same results, every method benefits).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -344,3 +344,13 @@ def load_model(
     check_supported(model)
     say(f"Model ready in {time.perf_counter() - t0:.1f} s.")
     return model, tokenizer
+
+
+def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> list[int]:
+    """Token ids of a user prompt, through the model's chat template when it has one."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]

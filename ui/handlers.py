@@ -20,11 +20,22 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from medusa_lib.decoding import METHODS
-from medusa_lib.messages import InputError
-from medusa_lib.playground import (
-    LABELS, NOT_TIMED, PATH_COLUMNS, SUMMARY_COLUMNS, Playground, RunRecord, mask_data, path_rows, summary_rows, tree_nodes,
-    untimed_note, visible_steps, why_it_ended,
+from medusa_lib.core.decoding import METHODS
+from medusa_lib.core.messages import InputError
+from medusa_lib.present import (
+    LABELS,
+    NOT_TIMED,
+    PATH_COLUMNS,
+    SUMMARY_COLUMNS,
+    Playground,
+    RunRecord,
+    mask_data,
+    path_rows,
+    summary_rows,
+    tree_nodes,
+    untimed_note,
+    visible_steps,
+    why_it_ended,
 )
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure

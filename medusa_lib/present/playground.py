@@ -6,305 +6,32 @@ typical one after another on the one device (concurrent runs would distort token
 yields an :class:`Event` after every step, carrying the run so far as an immutable
 :class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache.
 
-Pure helpers turn records into what the page shows: the greedy-equality check, the summary
-rows, the race-replay clock and the typical-acceptance threshold curve; the step inspector's
-data lives in ``inspector.py``. The Gradio layer (``app/``) only renders these.
+The settings live in ``settings.py``, the records in ``records.py``, what the page makes of them in
+``page.py`` and ``inspector.py``. The Gradio layer (``ui/``) only renders these.
 """
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import gc
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
-from .decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, _sync, model_info
-from .distill import chat_prompt_ids
-from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from ..core.decoding import METHODS, DecodeError, Decoder, _sync, model_info
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from ..core.lookup import DEFAULT_LOOKUP
+from ..core.messages import kind, must_be_switch, shown
+from ..core.model import chat_prompt_ids, input_device, load_model
+from ..core.tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
-from .lookup import DEFAULT_LOOKUP, MAX_LOOKUP
-from .lookup import is_length as is_lookup_length
-from .messages import InputError, is_number, kind, must_be, must_be_switch, shown
-from .model import input_device, load_model
-from .tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
-
-LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
-DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
-MAX_NEW_TOKENS_LIMIT = 1024
-MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused at once (~8k tokens of English)
-MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
-MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
-
-
-class PlaygroundError(InputError):
-    """Settings the playground cannot run with. One sentence that says what to change."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the page asks for. Plain and Medusa greedy always decode greedily (T = 0)."""
-
-    max_new_tokens: int = 96  # per method
-    temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
-    epsilon: float = 0.09  # typical acceptance: hard threshold (posterior_threshold)
-    delta: float = 0.3  # typical acceptance: entropy-dependent threshold (posterior_alpha)
-    tree: str = DEFAULT_TREE  # preset name
-    custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
-    chat_template: bool = True  # wrap the prompt in the model's chat template
-    seed: int = 0
-    lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
-
-    def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
-        """The check of the settings a page or an API caller sent (``Playground.settings`` has already
-        turned the lookup switch into a length): types first (true/false and text are not numbers),
-        then ranges. Each failure is one sentence naming the setting."""
-        whole = f"a whole number from 1 to {max_new_tokens_limit}"
-        n = self.max_new_tokens
-        if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
-            raise PlaygroundError(must_be("Max new tokens", whole, n))
-        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.epsilon, 0, 1), ("Delta", self.delta, 0, 1)):
-            if not is_number(value) or not low <= value <= high:
-                raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
-        if not isinstance(self.chat_template, bool):
-            raise PlaygroundError(must_be_switch("The chat template switch (chat_template)", self.chat_template))
-        if not is_lookup_length(self.lookup):
-            raise PlaygroundError(must_be("The lookup branch's length", f"a whole number from 0 (off) to {MAX_LOOKUP}", self.lookup))
-        if not isinstance(self.tree, str):
-            raise PlaygroundError(f"The tree preset must be the name of a preset, not {kind(self.tree)} (got {shown(self.tree)}).")
-        if not isinstance(self.custom_tree, str):
-            raise PlaygroundError(f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)}).")
-
-    def config(self, method: str) -> DecodeConfig:
-        typical = method == "medusa-typical"
-        return DecodeConfig(
-            max_new_tokens=int(self.max_new_tokens),
-            temperature=float(self.temperature) if typical else 0.0,
-            seed=int(self.seed),
-            posterior_threshold=float(self.epsilon),
-            posterior_alpha=float(self.delta),
-            lookup=0 if method == "plain" else int(self.lookup),
-        )
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One generated token as the page shows it."""
-
-    token_id: int
-    text: str  # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
-    origin: str  # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head proposal; "lookup": an accepted lookup-branch token
-    step: int
-
-
-@dataclass(frozen=True)
-class StepView:
-    """A Step plus what the page needs around it."""
-
-    step: Step
-    pieces: tuple[Piece, ...]
-    elapsed: float  # device-synchronised seconds from the start of the prefill to the end of this step
-    prefix_len: int  # tokens in the KV cache before this step's tree (prompt + committed - root)
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One method's run so far (immutable; a new one is made after every step)."""
-
-    method: str
-    prompt_ids: tuple[int, ...]
-    views: tuple[StepView, ...] = ()
-    done: bool = False
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def result(self) -> RunResult:
-        return RunResult(self.method, tuple(v.step for v in self.views))
-
-    @property
-    def tokens(self) -> list[int]:
-        return [p.token_id for v in self.views for p in v.pieces]
-
-    @property
-    def pieces(self) -> list[Piece]:
-        return [p for v in self.views for p in v.pieces]
-
-    @property
-    def text(self) -> str:
-        return "".join(p.text for p in self.pieces)
-
-    @property
-    def elapsed(self) -> float:
-        return self.views[-1].elapsed if self.views else 0.0
-
-    def stats(self) -> dict:
-        r = self.result
-        return {
-            "tokens": len(r.tokens),
-            "wall_seconds": round(self.elapsed, 4),
-            "prefill_seconds": round(r.prefill_seconds, 4),
-            "decode_seconds": round(r.decode_seconds, 4),
-            "tokens_per_second": round(r.tokens_per_second, 2) if r.decode_steps else None,  # null: only the prefill ran, nothing to time
-            "tokens_per_step": round(r.tokens_per_step, 3) if r.decode_steps else None,
-            "steps": r.decode_steps,
-            "lookup_tokens": r.lookup_tokens,
-            "finish_reason": r.finish_reason,
-        }
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: str  # "start" | "step" | "end"
-    method: str
-    record: RunRecord
-
-    @property
-    def view(self) -> StepView | None:
-        return self.record.views[-1] if self.kind == "step" and self.record.views else None
-
-
-class Detokenizer:
-    """Token ids -> text pieces, one token at a time (decode the whole answer, emit the new suffix)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.text = tokenizer, [], ""
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
-            return ""
-        common = len(self.text) if text.startswith(self.text) else len(_common_prefix(self.text, text))
-        piece, self.text = text[common:], text
-        return piece
-
-
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
-
-
-def origins(step: Step) -> list[str]:
-    """Per token of a step: its accepted candidates first (head proposals, or the lookup branch's
-    tokens when that path won), then the base model's bonus token."""
-    n = len(step.tokens)
-    accepted = min(step.accept_length, n)
-    return ["lookup" if step.lookup_accepted else "head"] * accepted + ["base"] * (n - accepted)
-
-
-@dataclass(frozen=True)
-class GreedyCheck:
-    equal: bool
-    first_diff: int | None  # first token position (0-based) where the two outputs differ
-    plain_tokens: int
-    medusa_tokens: int
-    logit_gap: float | None = None  # base model's top-1 minus top-2 logit at first_diff (set by Playground.greedy_check)
-    tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
-
-    @property
-    def headline(self) -> str:
-        if self.equal:
-            return f"Medusa greedy = plain greedy: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
-        return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
-
-    @property
-    def reason(self) -> str:
-        if self.equal or self.logit_gap is None:
-            return ""
-        why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
-        return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
-
-    @property
-    def message(self) -> str:
-        return f"{self.headline} {self.reason}".strip()
-
-
-def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
-    """Did Medusa greedy produce exactly plain greedy's tokens? If not, where do they first differ?"""
-    first = next((i for i, (a, b) in enumerate(zip(plain, medusa)) if a != b), None)
-    if first is None and len(plain) != len(medusa):
-        first = min(len(plain), len(medusa))
-    return GreedyCheck(first is None, first, len(plain), len(medusa))
-
-
-SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
-
-
-NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
-
-
-def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
-    """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
-    speedup = tokens/s over plain's tokens/s. A rate that cannot be measured is None (JSON null): that of a
-    run without decode steps, and the speedup when plain has none or did not run."""
-    base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
-    rows = []
-    for method in METHODS:
-        if method not in records:
-            continue
-        rec, r = records[method], records[method].result
-        timed = r.decode_steps > 0
-        rows.append(
-            {
-                "method": LABELS[method],
-                "tokens": len(r.tokens),
-                "wall (s)": round(rec.elapsed, 3),
-                "prefill (s)": round(r.prefill_seconds, 3),
-                "tokens/s": round(r.tokens_per_second, 1) if timed else None,
-                "tokens/step": round(r.tokens_per_step, 2) if timed else None,
-                "steps": r.decode_steps,
-                "speedup": round(r.tokens_per_second / base, 2) if timed and base > 0 else None,
-            }
-        )
-    return rows
-
-
-def why_it_ended(record: RunRecord) -> str:
-    """A run's finish reason in words (for runs that ended at their prefill, where budget = 1)."""
-    return {"length": "Max new tokens is 1", "eos": "the model ended its answer at once", "context": "the context is full"}.get(record.result.finish_reason, "it stopped")
-
-
-def untimed_note(records: Mapping[str, RunRecord]) -> str:
-    """Why some rates show NOT_TIMED: which runs ended at their prefill, and what to change ('' if none did)."""
-    ended = [m for m in METHODS if m in records and records[m].result.decode_steps == 0]
-    if not ended:
-        return ""
-    reasons = sorted({why_it_ended(records[m]) for m in ended})
-    names = ", ".join(LABELS[m] for m in ended)
-    advice = " Raise Max new tokens to 2 or more to measure them." if any(records[m].result.finish_reason == "length" for m in ended) else ""
-    return (f"{names} made only the prefill's token ({'; '.join(reasons)}), so there is no decode step to time: "
-            f"tokens/s, tokens/step and speedup show {NOT_TIMED}.{advice}")
-
-
-def visible_steps(record: RunRecord, t: float) -> int:
-    """How many of the record's steps had finished t seconds after its start (race replay)."""
-    return bisect.bisect_right([v.elapsed for v in record.views], t)
-
-
-def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]."""
-    h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
-    return h, np.minimum(epsilon, delta * np.exp(-h))
-
-
-def load_examples(path: str | Path) -> list[dict]:
-    """Example prompts: a JSON list of {"label", "prompt"}; [] if the file is missing or malformed."""
-    try:
-        items = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [e for e in items if isinstance(e, dict) and isinstance(e.get("prompt"), str)] if isinstance(items, list) else []
+from .page import LABELS, NOT_TIMED, SUMMARY_COLUMNS, GreedyCheck, greedy_check, load_examples, summary_rows, threshold_curve, untimed_note, visible_steps, why_it_ended
+from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
+from .settings import DEFAULT_TREE, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -599,9 +326,4 @@ class Playground:
         }
 
 
-__all__ = [
-    "DEFAULT_TREE", "LABELS", "NOT_TIMED", "PATH_COLUMNS", "MAX_PROMPT_CHARS", "PREFILL_SECONDS", "measured_limit_why", "prompt_token_limit", "MAX_TREE_CHARS", "MAX_TREE_NODES", "SUMMARY_COLUMNS", "Detokenizer", "Event", "GreedyCheck", "Piece", "Playground",
-    "PlaygroundError", "RunRecord", "Settings", "StepView", "greedy_check", "load_examples", "mask_data", "origins",
-    "path_rows", "summary_rows", "threshold_curve", "token_label", "tree_layout", "tree_nodes", "untimed_note", "untrained_heads", "visible_steps", "why_it_ended",
-    "DecodeError", "HeadsError", "TreeError",
-]
+__all__ = ["PREFILL_SECONDS", "LONG_RUN_TOKENS", "Playground", "device_name", "measured_limit_why", "prompt_token_limit", "release_memory", "untrained_heads"]

@@ -5,7 +5,7 @@ answers through its chat template, many prompts at a time (left padding; batchin
 than one prompt at a time on CPU). Results are appended to a JSONL file as they come, so an
 interrupted run resumes where it stopped.
 
-    python -m medusa_lib.distill --prompts assets/data/train_prompts.jsonl --out runs/distill/train.jsonl
+    python -m medusa_lib.pipeline.distill --prompts assets/data/train_prompts.jsonl --out runs/distill/train.jsonl
 
 Hand-written prompt sets run out of *content* long before they run out of forms: heads trained on
 them memorise their topics. ``--self-instruct N`` adds N prompts the model writes itself
@@ -15,7 +15,7 @@ like any other prompt. Prompts that contain a held-out topic's key phrase verbat
 (``--exclude-topics``; any case, whole words) are dropped. That keeps the held-out topics out of the
 prompts, not every paraphrase of them ("the beekeeper" for "a beekeeper" passes), nor out of the answers.
 
-    python -m medusa_lib.distill --self-instruct 4000 --out runs/train/self_answers.jsonl \
+    python -m medusa_lib.pipeline.distill --self-instruct 4000 --out runs/train/self_answers.jsonl \
         --prompts assets/data/train_prompts.jsonl --exclude-topics assets/data/heldout_prompts.jsonl
 """
 
@@ -31,6 +31,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..core.model import chat_prompt_ids
 from .prompts import key_pattern
 
 
@@ -40,16 +41,6 @@ def load_jsonl(path: str | Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> list[int]:
-    """Token ids of a user prompt, through the model's chat template when it has one."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +172,7 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .model import load_model
+    from ..core.model import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default="assets/data/train_prompts.jsonl")
@@ -227,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def self_instruct_main(args) -> None:
     """--self-instruct N: sample N new prompts batch by batch and answer each batch greedily."""
-    from .model import load_model
+    from ..core.model import load_model
 
     seeds = openers(load_jsonl(args.prompts))
     exclude = sorted({p["topic"] for p in load_jsonl(args.exclude_topics)}) if args.exclude_topics else []

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import gradio as gr
 
-from medusa_lib.playground import Playground, Settings
+from medusa_lib.present import Playground, Settings
 
 from .figures import empty_figure, timeline_figure
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu

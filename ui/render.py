@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from medusa_lib.playground import LABELS, GreedyCheck, Piece, RunRecord
+from medusa_lib.present import LABELS, GreedyCheck, Piece, RunRecord
 
 METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00"}  # Okabe-Ito
 CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text

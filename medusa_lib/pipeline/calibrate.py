@@ -1,6 +1,6 @@
 """Calibrate trees for a set of heads (Medusa paper, App. C; reference ``gen_results.py``).
 
-    python -m medusa_lib.calibrate --heads assets/heads/smollm2-135m-instruct
+    python -m medusa_lib.pipeline.calibrate --heads assets/heads/smollm2-135m-instruct
 
 1. acc[k][r] = P(head k's rank-r token is the base model's next-but-k token), measured on the
    base model's own greedy answers to calibration prompts the heads were not trained on
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from .decoding import DecodeConfig, Decoder
-from .distill import chat_prompt_ids, generate_answers, load_jsonl
-from .heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
-from .lookup import DEFAULT_LOOKUP, ngram_proposal
-from .model import body_and_lm_head, load_model
-from .tree import TOPK, build_tree, greedy_choices
+from ..core.decoding import DecodeConfig, Decoder
+from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
+from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
+from ..core.model import body_and_lm_head, chat_prompt_ids, load_model
+from ..core.tree import TOPK, build_tree, greedy_choices
+from .distill import generate_answers, load_jsonl
 
 SIZES = (4, 8, 16, 32, 64)
 

@@ -14,7 +14,7 @@ deterministic; no network, no model, nothing downloaded.
 The held-out set is split by TOPIC, not by prompt: a held-out topic's key phrase occurs in no
 training prompt at all, so accept rates on it measure how heads generalise to unseen content.
 
-    python -m medusa_lib.prompts          # writes assets/data/{train,heldout}_prompts.jsonl
+    python -m medusa_lib.pipeline.prompts          # writes assets/data/{train,heldout}_prompts.jsonl
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "assets" / "data"
 TRAIN_PATH = DATA_DIR / "train_prompts.jsonl"
 HELDOUT_PATH = DATA_DIR / "heldout_prompts.jsonl"

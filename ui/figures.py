@@ -1,5 +1,5 @@
 """Plotly figures: tokens against time, the typical-acceptance threshold, the candidate tree and
-the tree attention mask. Data comes from medusa_lib.playground; this file only draws.
+the tree attention mask. Data comes from medusa_lib.present; this file only draws.
 
 Plotly reads a few HTML tags inside text (<b>, <br>), so every token label is html-escaped.
 """
@@ -12,7 +12,7 @@ from typing import Mapping
 
 import plotly.graph_objects as go
 
-from medusa_lib.playground import LABELS, RunRecord, threshold_curve
+from medusa_lib.present import LABELS, RunRecord, threshold_curve
 
 from .render import METHOD_COLORS
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from .playground import RunRecord, StepView
+    from .records import RunRecord, StepView
 
 def token_label(tokenizer, token_id: int) -> str:
     """A token as a short visible label: spaces, newlines and tabs made visible."""

@@ -1,9 +1,9 @@
 """Train Medusa-1 heads on a frozen base model with self-distillation.
 
-    python -m medusa_lib.train --out assets/heads/smollm2-135m-instruct
+    python -m medusa_lib.pipeline.train --out assets/heads/smollm2-135m-instruct
 
 Stages (each resumable): (1) the base model's own greedy answers to the training and held-out
-prompt sets (``medusa_lib.distill``); (2) a cache of final hidden states of prompt + answer;
+prompt sets (``medusa_lib.pipeline.distill``); (2) a cache of final hidden states of prompt + answer;
 (3) head training on batches of cached hidden states with
 
     loss = sum_k 0.8^k * [ (1 - a) * CE(head_k(h_t), x_{t+k+1}) + a * CE(head_k(h_t), p_base(. | x_<=t+k)) ]
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, load_model
 from .distill import load_jsonl
-from .heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from .model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, load_model
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
 

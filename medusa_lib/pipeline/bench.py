@@ -1,7 +1,7 @@
 """Benchmark: Medusa against what a user would pick instead, on one model and one device.
 
-    python -m medusa_lib.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
-    python -m medusa_lib.bench --forward-costs [--no-prepack] [--stock-attention]   # what a forward of L tokens costs
+    python -m medusa_lib.pipeline.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
+    python -m medusa_lib.pipeline.bench --forward-costs [--no-prepack] [--stock-attention]   # what a forward of L tokens costs
 
 Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-generate       ``model.generate(do_sample=False)``: what most users run
@@ -28,17 +28,17 @@ from pathlib import Path
 
 import torch
 
-from .decoding import DecodeConfig, Decoder, _sync, new_cache
-from .distill import chat_prompt_ids, load_jsonl
-from .heads import load_heads
-from .lookup import DEFAULT_LOOKUP
-from .model import body_and_lm_head, is_prepacked, load_model
-from .tree import get_tree
+from ..core.decoding import DecodeConfig, Decoder, _sync, new_cache
+from ..core.heads import load_heads
+from ..core.lookup import DEFAULT_LOOKUP
+from ..core.model import body_and_lm_head, chat_prompt_ids, is_prepacked, load_model
+from ..core.tree import get_tree
+from .distill import load_jsonl
 
 ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "data" / "bench_prompts.jsonl"
-DEFAULT_HEADS = Path(__file__).resolve().parents[1] / "assets" / "heads" / "smollm2-135m-instruct"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
+DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
 
 
 class ForwardClock:

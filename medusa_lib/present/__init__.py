@@ -1,0 +1,24 @@
+"""What the playground page shows, without gradio: settings, run records, the runner and the inspector's data.
+
+Uses core/ only; never the offline pipeline. The page's UI (``ui/``) imports from here.
+"""
+
+from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
+from .page import (
+    LABELS,
+    NOT_TIMED,
+    SUMMARY_COLUMNS,
+    GreedyCheck,
+    greedy_check,
+    load_examples,
+    summary_rows,
+    threshold_curve,
+    untimed_note,
+    visible_steps,
+    why_it_ended,
+)
+from .playground import PREFILL_SECONDS, Playground, measured_limit_why, prompt_token_limit, release_memory, untrained_heads
+from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
+from .settings import DEFAULT_TREE, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "page", "playground", "records", "settings")]

@@ -1,0 +1,124 @@
+"""Pure helpers that turn run records into what the page shows: the greedy-equality check, the
+summary rows and their notes, the race-replay clock, the typical-acceptance threshold curve and
+the example prompts. (The step inspector's data lives in ``inspector.py``.)
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..core.decoding import METHODS
+from .records import RunRecord
+
+LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    equal: bool
+    first_diff: int | None  # first token position (0-based) where the two outputs differ
+    plain_tokens: int
+    medusa_tokens: int
+    logit_gap: float | None = None  # base model's top-1 minus top-2 logit at first_diff (set by Playground.greedy_check)
+    tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
+
+    @property
+    def headline(self) -> str:
+        if self.equal:
+            return f"Medusa greedy = plain greedy: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
+        return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+
+    @property
+    def reason(self) -> str:
+        if self.equal or self.logit_gap is None:
+            return ""
+        why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
+        return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
+
+    @property
+    def message(self) -> str:
+        return f"{self.headline} {self.reason}".strip()
+
+
+def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
+    """Did Medusa greedy produce exactly plain greedy's tokens? If not, where do they first differ?"""
+    first = next((i for i, (a, b) in enumerate(zip(plain, medusa)) if a != b), None)
+    if first is None and len(plain) != len(medusa):
+        first = min(len(plain), len(medusa))
+    return GreedyCheck(first is None, first, len(plain), len(medusa))
+
+
+SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
+
+
+NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
+
+
+def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
+    """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
+    speedup = tokens/s over plain's tokens/s. A rate that cannot be measured is None (JSON null): that of a
+    run without decode steps, and the speedup when plain has none or did not run."""
+    base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
+    rows = []
+    for method in METHODS:
+        if method not in records:
+            continue
+        rec, r = records[method], records[method].result
+        timed = r.decode_steps > 0
+        rows.append(
+            {
+                "method": LABELS[method],
+                "tokens": len(r.tokens),
+                "wall (s)": round(rec.elapsed, 3),
+                "prefill (s)": round(r.prefill_seconds, 3),
+                "tokens/s": round(r.tokens_per_second, 1) if timed else None,
+                "tokens/step": round(r.tokens_per_step, 2) if timed else None,
+                "steps": r.decode_steps,
+                "speedup": round(r.tokens_per_second / base, 2) if timed and base > 0 else None,
+            }
+        )
+    return rows
+
+
+def why_it_ended(record: RunRecord) -> str:
+    """A run's finish reason in words (for runs that ended at their prefill, where budget = 1)."""
+    return {"length": "Max new tokens is 1", "eos": "the model ended its answer at once", "context": "the context is full"}.get(record.result.finish_reason, "it stopped")
+
+
+def untimed_note(records: Mapping[str, RunRecord]) -> str:
+    """Why some rates show NOT_TIMED: which runs ended at their prefill, and what to change ('' if none did)."""
+    ended = [m for m in METHODS if m in records and records[m].result.decode_steps == 0]
+    if not ended:
+        return ""
+    reasons = sorted({why_it_ended(records[m]) for m in ended})
+    names = ", ".join(LABELS[m] for m in ended)
+    advice = " Raise Max new tokens to 2 or more to measure them." if any(records[m].result.finish_reason == "length" for m in ended) else ""
+    return (f"{names} made only the prefill's token ({'; '.join(reasons)}), so there is no decode step to time: "
+            f"tokens/s, tokens/step and speedup show {NOT_TIMED}.{advice}")
+
+
+def visible_steps(record: RunRecord, t: float) -> int:
+    """How many of the record's steps had finished t seconds after its start (race replay)."""
+    return bisect.bisect_right([v.elapsed for v in record.views], t)
+
+
+def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]."""
+    h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
+    return h, np.minimum(epsilon, delta * np.exp(-h))
+
+
+def load_examples(path: str | Path) -> list[dict]:
+    """Example prompts: a JSON list of {"label", "prompt"}; [] if the file is missing or malformed."""
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [e for e in items if isinstance(e, dict) and isinstance(e.get("prompt"), str)] if isinstance(items, list) else []

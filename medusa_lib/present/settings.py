@@ -1,0 +1,69 @@
+"""What the page and the ``/compare`` API may ask for: the settings, their limits and their one check.
+
+A bad value gets one sentence that names the setting and says what to change (``PlaygroundError``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.decoding import DecodeConfig
+from ..core.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
+from ..core.lookup import is_length as is_lookup_length
+from ..core.messages import InputError, is_number, kind, must_be, must_be_switch, shown
+
+DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
+MAX_NEW_TOKENS_LIMIT = 1024
+MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused at once (~8k tokens of English)
+MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
+MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
+
+
+class PlaygroundError(InputError):
+    """Settings the playground cannot run with. One sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the page asks for. Plain and Medusa greedy always decode greedily (T = 0)."""
+
+    max_new_tokens: int = 96  # per method
+    temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
+    epsilon: float = 0.09  # typical acceptance: hard threshold (posterior_threshold)
+    delta: float = 0.3  # typical acceptance: entropy-dependent threshold (posterior_alpha)
+    tree: str = DEFAULT_TREE  # preset name
+    custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
+    chat_template: bool = True  # wrap the prompt in the model's chat template
+    seed: int = 0
+    lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
+
+    def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
+        """The check of the settings a page or an API caller sent (``Playground.settings`` has already
+        turned the lookup switch into a length): types first (true/false and text are not numbers),
+        then ranges. Each failure is one sentence naming the setting."""
+        whole = f"a whole number from 1 to {max_new_tokens_limit}"
+        n = self.max_new_tokens
+        if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
+            raise PlaygroundError(must_be("Max new tokens", whole, n))
+        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.epsilon, 0, 1), ("Delta", self.delta, 0, 1)):
+            if not is_number(value) or not low <= value <= high:
+                raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
+        if not isinstance(self.chat_template, bool):
+            raise PlaygroundError(must_be_switch("The chat template switch (chat_template)", self.chat_template))
+        if not is_lookup_length(self.lookup):
+            raise PlaygroundError(must_be("The lookup branch's length", f"a whole number from 0 (off) to {MAX_LOOKUP}", self.lookup))
+        if not isinstance(self.tree, str):
+            raise PlaygroundError(f"The tree preset must be the name of a preset, not {kind(self.tree)} (got {shown(self.tree)}).")
+        if not isinstance(self.custom_tree, str):
+            raise PlaygroundError(f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)}).")
+
+    def config(self, method: str) -> DecodeConfig:
+        typical = method == "medusa-typical"
+        return DecodeConfig(
+            max_new_tokens=int(self.max_new_tokens),
+            temperature=float(self.temperature) if typical else 0.0,
+            seed=int(self.seed),
+            posterior_threshold=float(self.epsilon),
+            posterior_alpha=float(self.delta),
+            lookup=0 if method == "plain" else int(self.lookup),
+        )
