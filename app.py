@@ -27,9 +27,10 @@ DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
 SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
 TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
+# The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
 MAX_PROMPT_CHARS = int(os.environ.get("MEDUSA_MAX_PROMPT_CHARS", "32000"))  # longer prompts are refused before tokenising
 MAX_PROMPT_TOKENS = os.environ.get("MEDUSA_MAX_PROMPT_TOKENS", "auto")  # auto = what the device prefills in ~3 s, measured at start-up
-MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value
+MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value and /compare's default
 MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
 EXAMPLES = ROOT / "assets" / "examples.json"
 
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from medusa_lib.present import Playground, load_examples
-    from ui import build_demo, launch_options  # the package app/, imported after --help needs nothing heavy
+    from ui import build_demo, launch_options  # imported here: --help needs nothing heavy
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
-from medusa_lib import HeadsConfig, MedusaHeads  # noqa: E402
+from medusa_lib import DecodeConfig, Decoder, HeadsConfig, MedusaHeads  # noqa: E402
+from medusa_lib.present import Playground, untrained_heads  # noqa: E402
 
 VOCAB = 320
 HIDDEN = 64
@@ -140,3 +143,80 @@ def call_api(url: str, api_name: str, args: list, *, timeout: float = 120) -> tu
     if event == "error":
         return "error", (data or {}).get("error")
     return event, data[0] if isinstance(data, list) and data else data
+
+
+# ------------------------------------------------------------------ the playground and its server
+PROMPT = "w10 w11 w12 w13"
+
+
+def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playground:
+    """Tiny Llama + tiny tokenizer + heads rigged to guess the model's own greedy continuation (so
+    multi-token steps happen), or untrained identity heads."""
+    torch.manual_seed(0)
+    model = make_model("llama")
+    model.generation_config.eos_token_id = None  # random models hit EOS at random; runs go to the length limit
+    model.config.eos_token_id = None
+    tok = tiny_tokenizer()
+    if oracle:
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        out = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=max_new_tokens + 8)).run(ids).tokens
+        heads = OracleHeads(model, ids + out)
+    else:
+        heads = untrained_heads(model)
+    return Playground(model, tok, heads, heads_note="test heads")
+
+
+LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
+
+
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch"]
+
+
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True}
+
+
+def api_args(prompt: str, overrides: dict) -> list:
+    return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER)]
+
+
+def column_text(col_html: str) -> str:
+    """The visible text of a method column: the token spans' contents, unescaped."""
+    return "".join(html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" title="[^"]*">(.*?)</span>', col_html))
+
+
+def launch(pg: Playground):
+    from ui import build_demo, launch_options
+
+    demo = build_demo(pg, max_new_tokens=16)
+    port = free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="session")
+def served():
+    """One in-process server around tiny_playground() for the whole test session: (playground, url, client)."""
+    from gradio_client import Client
+
+    pg = tiny_playground()
+    pg.max_new_tokens_limit = LIMIT
+    demo, url = launch(pg)
+    try:
+        yield pg, url, Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, message: str) -> None:
+    """``/compare`` answers with ``message`` as its error, and the page's Run shows it in the status line."""
+    from gradio_client.exceptions import AppError
+
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    with pytest.raises(AppError) as err:
+        client.predict(prompt, 4, api_name="/compare")
+    assert str(err.value) == message
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"

@@ -6,8 +6,9 @@ from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
 from medusa_lib.core.attention import use_packed_gqa
-from medusa_lib.core.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, tree_attention_bias, typical_accept, typical_threshold
-from medusa_lib.core.tree import with_lookup
+from medusa_lib.core.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, typical_accept, typical_threshold, typical_threshold_of_entropy
+from medusa_lib.core.model import model_info
+from medusa_lib.core.tree import tree_attention_bias, with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
@@ -241,21 +242,31 @@ def test_typical_ties_go_to_the_higher_log_probability_path():
     assert acc.tolist() == [1, 1] and int(score.argmax()) == 1
 
 
+def test_one_threshold_formula_for_acceptance_and_the_page():
+    import numpy as np
+
+    from medusa_lib.present.page import threshold_curve
+
+    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    entropy = torch.special.entr(probs).sum(-1)
+    assert torch.equal(typical_threshold(probs, epsilon=0.09, delta=0.3), typical_threshold_of_entropy(entropy, epsilon=0.09, delta=0.3))
+    h, thr = threshold_curve(epsilon=0.09, delta=0.3, vocab_size=50)
+    assert isinstance(thr, np.ndarray) and thr == pytest.approx(np.minimum(0.09, 0.3 * np.exp(-h)), rel=1e-12)
+
+
 # ------------------------------------------------------------------ stopping and limits
 def test_stops_on_eos_and_reports_it(models):
     model = models["llama"]
     ref = plain_tokens(model, 30)
     eos = ref[12]
     first = ref.index(eos)
-    model.generation_config.eos_token_id = eos
-    model._medusa_model_info = None  # re-read EOS ids
+    model.generation_config.eos_token_id = eos  # decoders read the EOS ids from the config each time
     try:
         for method, heads in [("plain", None), ("medusa-greedy", OracleHeads(model, PROMPT + ref + [0] * 8))]:
             res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=30))
             assert res.tokens == ref[: first + 1] and res.finish_reason == "eos"
     finally:
         model.generation_config.eos_token_id = None
-        model._medusa_model_info = None
 
 
 def test_stops_at_the_context_limit_with_the_same_tokens():
@@ -296,6 +307,41 @@ def test_unsupported_attention_is_refused():
     model2.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ModelError, match="cannot take a tree mask"):
         Decoder(model2)
+
+
+def test_model_info_follows_the_config_without_writing_on_the_model(monkeypatch):
+    import gc
+    import weakref
+
+    import medusa_lib.core.model as M
+
+    forwards = []
+    real = M._check_lm_head_is_the_output
+    monkeypatch.setattr(M, "_check_lm_head_is_the_output", lambda m: forwards.append(1) or real(m))
+    model = make_model("llama")
+    assert model_info(model).eos_token_ids == (2,) and model_info(model).context_limit == 512
+    model.generation_config.eos_token_id = [5, 6]
+    model.config.max_position_embeddings = 64
+    assert Decoder(model).info == model_info(model) == M.ModelInfo(context_limit=64, sliding_window=None, eos_token_ids=(5, 6))
+    assert len(forwards) == 1  # the tiny forward of the check runs once per model
+    assert "_medusa_model_info" not in vars(model)  # nothing is cached on the model object
+    model._medusa_model_info = None  # what older tests write to reset it: harmless now
+    assert model_info(model).context_limit == 64 and len(forwards) == 1
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # the cache does not keep a model alive
+
+
+def test_decoder_holds_one_tree_buffers_value_per_tree(models):
+    model = models["llama"]
+    tree = TREES["cartesian-3x2x2"]
+    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree, config=DecodeConfig(lookup=3))
+    assert dec.tree.num_nodes == tree.num_nodes and dec.tree.cpu.tree_indices.device.type == "cpu" and dec.tree.bias.dtype == next(model.parameters()).dtype
+    assert dec.root_tree.num_nodes == 1 and sorted(dec.lookup_trees) == [1, 2, 3]
+    assert all(b.cpu.lookup == c and b.num_nodes == tree.num_nodes + c for c, b in dec.lookup_trees.items())
+    plain = Decoder(model)
+    assert plain.tree is None and plain.lookup_trees == {}
 
 
 def test_bad_settings_are_refused(models):

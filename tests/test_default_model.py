@@ -9,7 +9,8 @@ import torch
 from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
 from medusa_lib.core.model import chat_prompt_ids
 from medusa_lib.pipeline.distill import load_jsonl
-from medusa_lib.core.model import PACKED_GQA, PackedLinear, default_gguf_path, resolve_dtype
+from medusa_lib.core.model import PACKED_GQA, default_gguf_path, resolve_dtype
+from medusa_lib.core.packing import PackedLinear
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
@@ -75,3 +76,18 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
     # trained heads (+ the lookup branch, as shipped) accept guesses often; the plain heads' default is a 4-node tree
     assert tokens / steps > (1.5 if folder == HEADS else 1.3)
     assert heads.lookup == config["lookup"] == 4  # both were calibrated with a lookup branch of 4
+
+
+def test_the_readme_engine_snippet_runs_as_printed(capsys, monkeypatch):
+    """README's "The engine in ... lines" block, executed as printed from the repository root."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## The engine in"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out  # a decoded piece may hold a newline: read the records, not the lines
+    assert out.startswith("0 ") and "{'prefill'" in out  # step 0 is the prefill
+    accepted = [int(n) for n in re.findall(r" (\d+) \{'propose'", out)]
+    assert len(accepted) >= 9 and max(accepted) >= 2  # decode steps, some accepting several guesses

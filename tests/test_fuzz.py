@@ -14,11 +14,9 @@ import json
 
 import gradio as gr
 import pytest
-from conftest import call_api
+from conftest import PROMPT, call_api, launch, tiny_playground
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_hardening import launch
-from test_playground import PROMPT, tiny_playground
 
 from medusa_lib.core.tree import TreeError, build_tree, parse_choices
 

@@ -150,12 +150,12 @@ def test_heads_config_lookup_is_read_and_used_by_the_playground(tmp_path):
     random_heads(4).save(tmp_path / "b")
     a, b = load_heads(tmp_path / "a", model=model), load_heads(tmp_path / "b", model=model)
     assert a.lookup == 2 and b.lookup is None
-    assert Playground(model, tiny_tokenizer(), a).default_lookup() == 2
-    assert Playground(model, tiny_tokenizer(), b).default_lookup() == 4  # not calibrated: lookup.DEFAULT_LOOKUP
+    assert Playground(model, tiny_tokenizer(), a).defaults.lookup == 2
+    assert Playground(model, tiny_tokenizer(), b).defaults.lookup == 4  # not calibrated: lookup.DEFAULT_LOOKUP
     random_heads(4).save(tmp_path / "c", lookup=0)  # calibrated without the branch: off by default, 4 tokens when ticked
     for heads, on, n in [(a, True, 2), (b, True, 4), (load_heads(tmp_path / "c", model=model), False, 4)]:
         pg = Playground(model, tiny_tokenizer(), heads)
-        assert pg.lookup_on_by_default() == on and pg.default_lookup() == n
+        assert pg.defaults.lookup_on == on and pg.defaults.lookup == n
         settings = lambda box: pg.settings(8, 0.7, 0.09, 0.3, "chain-2", "", True, box)  # noqa: E731
         assert settings(True).lookup == n and settings(False).lookup == 0
         with pytest.raises(ValueError, match=r"The lookup branch switch \(lookup_branch\) must be true or false, not a number \(got 0\)\."):

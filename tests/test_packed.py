@@ -7,7 +7,7 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, HeadsConfig, MedusaHeads, get_tree, load_heads, run_method
-from medusa_lib.core.model import PackedLinear, can_prepack, prepack_linear_weights
+from medusa_lib.core.packing import PackedLinear, can_prepack, prepack_linear_weights
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not part of this torch build")
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
@@ -124,7 +124,7 @@ def test_prepacked_root_conditioned_heads_propose_the_same(tmp_path):
 
 
 def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
-    import medusa_lib.core.model as M
+    import medusa_lib.core.packing as M
 
     monkeypatch.setattr(M, "_PACKING_WORKS", {})
     def broken(*args, **kwargs):

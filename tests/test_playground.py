@@ -12,36 +12,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, OracleHeads, make_model, tiny_tokenizer
+from conftest import PROMPT, VOCAB, tiny_playground
 
-from medusa_lib import Decoder, DecodeConfig
 from medusa_lib.present import (
-    LABELS, SUMMARY_COLUMNS, Detokenizer, Piece, Playground, RunRecord, Settings, greedy_check,
-    load_examples, mask_data, path_rows, summary_rows, threshold_curve, tree_layout, tree_nodes, untrained_heads, visible_steps,
+    LABELS,
+    SUMMARY_COLUMNS,
+    Detokenizer,
+    Piece,
+    Playground,
+    RunRecord,
+    Settings,
+    greedy_check,
+    load_examples,
+    mask_data,
+    path_rows,
+    summary_rows,
+    threshold_curve,
+    tree_layout,
+    tree_nodes,
+    untrained_heads,
+    visible_steps,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "w10 w11 w12 w13"
-
-
-def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playground:
-    """Tiny Llama + tiny tokenizer + heads rigged to guess the model's own greedy continuation (so
-    multi-token steps happen), or untrained identity heads."""
-    torch.manual_seed(0)
-    model = make_model("llama")
-    model.generation_config.eos_token_id = None  # random models hit EOS at random; runs go to the length limit
-    model.config.eos_token_id = None
-    tok = tiny_tokenizer()
-    if oracle:
-        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=max_new_tokens + 8)).run(ids).tokens
-        heads = OracleHeads(model, ids + out)
-    else:
-        heads = untrained_heads(model)
-    return Playground(model, tok, heads, heads_note="test heads")
-
-
 @pytest.fixture(scope="module")
 def pg():
     return tiny_playground()
@@ -218,7 +211,7 @@ def test_visible_steps_and_threshold_curve(events):
      (PROMPT, Settings(custom_tree="[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
      (PROMPT, Settings(tree="no-such-tree"), "Unknown tree preset"), (PROMPT, Settings(max_new_tokens=0), "Max new tokens"),
      (PROMPT, Settings(max_new_tokens=10**6), "Max new tokens"), (PROMPT, Settings(temperature=-1), "Temperature"),
-     (PROMPT, Settings(epsilon=1.5), "Epsilon"), (PROMPT, Settings(delta=float("nan")), "Delta"),
+     (PROMPT, Settings(posterior_threshold=1.5), "Epsilon"), (PROMPT, Settings(posterior_alpha=float("nan")), "Delta"),
      (PROMPT, Settings(max_new_tokens=2.5), "whole number"), (PROMPT, Settings(lookup=9), "lookup branch's length"),
      (PROMPT, Settings(lookup=True), "lookup branch's length"), (" ".join(["w9"] * 600), Settings(), "shorten the prompt")],
 )
@@ -241,12 +234,12 @@ def test_untrained_heads_and_calibrated_tree_presets():
     pg = tiny_playground(oracle=False)
     out = pg.compare(PROMPT, Settings(max_new_tokens=6, chat_template=False))
     assert out["greedy_match"]["equal"]
-    assert pg.heads.num_heads == 4 and pg.default_tree_name() == "topk-4x3x2-16"
+    assert pg.heads.num_heads == 4 and pg.defaults.tree == "topk-4x3x2-16"
     heads = untrained_heads(pg.model, num_heads=2)  # too shallow for the 3-level default: a chain as deep as the heads
-    assert Playground(pg.model, pg.tokenizer, heads).default_tree_name() == "chain-2"
+    assert Playground(pg.model, pg.tokenizer, heads).defaults.tree == "chain-2"
     heads.tree_presets, heads.default_tree = {"calibrated-3": [[0], [0, 0], [1]]}, "calibrated-3"  # what load_heads sets from trees.json
     pg2 = Playground(pg.model, pg.tokenizer, heads)
-    assert pg2.default_tree_name() == "calibrated-3" == pg2.tree_names()[0]
+    assert pg2.defaults.tree == "calibrated-3" == pg2.tree_names()[0]
     assert pg2.resolve_tree(Settings(tree="calibrated-3")).num_nodes == 4
     with pytest.raises(ValueError, match="3 levels deep but the heads only predict 2"):
         pg2.resolve_tree(Settings(tree="chain-3"))

@@ -11,11 +11,19 @@ import pytest
 from medusa_lib.pipeline import prompts as P
 
 BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities", "summarization", "translation", "qa", "rag"}
+BENCH_PATH = P.DATA_DIR / "bench_prompts.jsonl"  # hand-written, not composed by the module
+EXAMPLES_PATH = P.ROOT / "assets" / "examples.json"
+
+
+def build_prompts(seed: int) -> list[dict]:
+    """Every prompt, training ones first, as the module writes them (ids say the split)."""
+    train, heldout = P.split_prompts(P.compose_prompts(seed), seed=seed)
+    return train + heldout
 
 
 @pytest.fixture(scope="module")
 def built():
-    return P.build_prompts(seed=0)
+    return build_prompts(seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +32,8 @@ def halves(built):
 
 
 def test_build_is_deterministic(built):
-    assert P.build_prompts(seed=0) == built
-    assert P.build_prompts(seed=1) != built  # the seed matters
+    assert build_prompts(seed=0) == built
+    assert build_prompts(seed=1) != built  # the seed matters
 
 
 def test_counts_and_uniqueness(built, halves):
@@ -64,7 +72,7 @@ def test_committed_files_match_module(halves):
 
 
 def test_bench_is_separate(built):
-    bench = P.load_jsonl(P.BENCH_PATH)
+    bench = P.load_jsonl(BENCH_PATH)
     assert len(bench) == 48
     assert Counter(b["category"] for b in bench) == {c: 4 for c in BENCH_CATEGORIES}
     assert all(re.fullmatch(rf"bench-{b['category']}-0[1-4]", b["id"]) and b["prompt"].strip() for b in bench)
@@ -76,12 +84,12 @@ def test_bench_is_separate(built):
 
 
 def test_ids_unique_across_files():
-    ids = [r["id"] for path in (P.TRAIN_PATH, P.HELDOUT_PATH, P.BENCH_PATH) for r in P.load_jsonl(path)]
+    ids = [r["id"] for path in (P.TRAIN_PATH, P.HELDOUT_PATH, BENCH_PATH) for r in P.load_jsonl(path)]
     assert len(ids) == len(set(ids))
 
 
 def test_examples():
-    examples = json.loads(P.EXAMPLES_PATH.read_text(encoding="utf-8"))
+    examples = json.loads(EXAMPLES_PATH.read_text(encoding="utf-8"))
     assert isinstance(examples, list) and len(examples) >= 6
     assert all(set(e) == {"label", "prompt"} and e["label"].strip() and e["prompt"].strip() for e in examples)
     assert len({e["label"] for e in examples}) == len(examples)

@@ -12,9 +12,8 @@ import itertools
 from dataclasses import replace
 
 import pytest
-from conftest import OracleHeads, make_model
-from test_playground import PROMPT as TEXT
-from test_playground import tiny_playground
+from conftest import PROMPT as TEXT
+from conftest import OracleHeads, make_model, tiny_playground
 
 from medusa_lib import DecodeConfig, get_tree, run_method
 from medusa_lib.present import Settings
@@ -36,10 +35,9 @@ def rigged():
 
 
 def configure(model, *, eos: int | None, context: int | None) -> None:
-    """Make ``eos`` the model's EOS id and cap its context at ``context`` tokens (None: 512)."""
+    """Make ``eos`` the model's EOS id and cap its context at ``context`` tokens (None: 512); decoders read both afresh."""
     model.generation_config.eos_token_id = eos
     model.config.max_position_embeddings = context or 512
-    model._medusa_model_info = None  # decoders re-read EOS ids and the context limit
 
 
 def expected(ref: list[int], *, budget: int, eos_at: int | None, room: int) -> tuple[list[int], str]:
@@ -143,12 +141,10 @@ def test_the_playground_badge_stays_green_when_eos_follows_the_budget():
     ref = pg.compare(TEXT, settings)["methods"]["plain"]["token_ids"]
     budget = next(j for j, t in enumerate(ref) if ref.index(t) == j and j >= 12)  # EOS will be the token right after the budget
     pg.model.generation_config.eos_token_id = ref[budget]
-    pg.model._medusa_model_info = None
     try:
         out = pg.compare(TEXT, replace(settings, max_new_tokens=budget))
     finally:
         pg.model.generation_config.eos_token_id = None
-        pg.model._medusa_model_info = None
     for m in ("plain", "medusa-greedy", "medusa-typical"):
         assert out["methods"][m]["tokens"] <= budget, m
     assert out["methods"]["medusa-greedy"]["token_ids"] == out["methods"]["plain"]["token_ids"] == ref[:budget]

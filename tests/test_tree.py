@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from medusa_lib import TreeError, build_tree, cartesian_choices, chain_choices, expected_tokens_per_step, get_tree, greedy_choices, parse_choices, preset_names
-from medusa_lib.core.tree import PRESETS_FILE, validate_choices
+from medusa_lib.core.tree import PRESETS_FILE, TreeBuffers, root_only_tree, tree_attention_bias, validate_choices, with_lookup
 
-REFERENCE_PRESETS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "medusa_trees.json"
+REFERENCE_PRESETS = Path(__file__).resolve().parent / "data" / "medusa_trees.json"  # a copy of the reference's presets (FasterDecoding/Medusa medusa_choices.py)
 
 
 def reference_buffers(medusa_choices, topk=10):
@@ -82,7 +82,6 @@ def test_worked_example_from_medusa_md():
     assert t.parents == (-1, 0, 0, 1, 1, 1, 2, 2, 2)
 
 
-@pytest.mark.skipif(not REFERENCE_PRESETS.exists(), reason="the project's shared/reference folder is not beside this checkout")
 def test_shipped_presets_are_the_reference_file():
     assert json.loads(PRESETS_FILE.read_text()) == json.loads(REFERENCE_PRESETS.read_text())
 
@@ -187,3 +186,27 @@ def test_levels_group_each_depth_by_parent_for_level_by_level_drafting():
     assert sorted(n for lv in t.levels for n in lv.nodes.tolist()) == list(range(1, t.num_nodes))
     moved = t.to("meta")
     assert all(lv.nodes.device.type == "meta" for lv in moved.levels) and moved.levels[2].ranks.shape == (3,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_attention_bias_is_zero_where_a_node_may_attend_and_dtype_min_elsewhere(dtype):
+    tree = with_lookup(get_tree("mc_sim_7b_63"), 3)
+    bias = tree_attention_bias(tree, dtype)
+    assert bias.dtype == dtype and bias.shape == tree.attn_mask.shape
+    assert torch.equal(bias == 0, tree.attn_mask == 1) and bool((bias[tree.attn_mask == 0] == torch.finfo(dtype).min).all())
+
+
+def test_tree_buffers_hold_one_tree_where_each_phase_reads_it():
+    from dataclasses import FrozenInstanceError
+
+    tree = get_tree("mc_sim_7b_63")
+    bufs = TreeBuffers.build(tree, device="cpu", out_device="cpu", dtype=torch.bfloat16)
+    for copy in (bufs.tree, bufs.out, bufs.cpu):  # one tree, three device copies
+        assert copy is not tree and copy.choices == tree.choices and copy.retrieve_indices.device.type == "cpu"
+        assert torch.equal(copy.retrieve_indices, tree.retrieve_indices) and torch.equal(copy.position_ids, tree.position_ids)
+    assert bufs.num_nodes == tree.num_nodes == 64 and bufs.depth == tree.depth == 4
+    assert torch.equal(bufs.bias, tree_attention_bias(tree, torch.bfloat16))
+    with pytest.raises(FrozenInstanceError):
+        bufs.bias = None
+    root = TreeBuffers.build(root_only_tree(), device="cpu", out_device="cpu", dtype=torch.float32)
+    assert root.num_nodes == 1 and root.depth == 0 and root.bias.tolist() == [[0.0]]

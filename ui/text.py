@@ -6,6 +6,7 @@ small *heads* that guess the next 2, 3, 4 ... tokens; the base model checks all 
 forward pass over a *tree* of candidates and keeps the longest run it agrees with
 ([Cai et al., 2024](https://arxiv.org/abs/2401.10774))."""
 
+# {why} is filled by why_faster(): the heads' own calibrated figures, never literals that go stale.
 EXPLAIN = """
 ### How to read this page
 
@@ -38,10 +39,29 @@ top choice, so its text must be identical to plain greedy decoding (the badge ch
 entropy of the base model's prediction: when the model is unsure (large H) more guesses pass. Its text may
 differ; it is usually as fluent and accepts more tokens per step.
 
-**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a
-one-token step: on this project's CPU about 1.2x in bfloat16 for the default 6-token tree (about 1.5x in
-float32 for a 7-token one), and more for bigger trees. Medusa wins when the heads are accurate enough that
-the extra tokens per step outweigh the extra cost per step (the embedded heads make about 1.8-1.9 tokens
-per step, about 2.2 with the lookup branch). With
-*untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.
+{why}
 """
+
+
+def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: int | None) -> str:
+    """The "why not always faster" paragraph, with the heads' own measured figures when their
+    config.json has a calibration for their default tree (``python -m medusa_lib.pipeline.calibrate``),
+    so the page never quotes numbers that a recalibration made stale."""
+    why = ("**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a "
+           "one-token step, and more for bigger trees. Medusa wins when the heads are accurate enough that the "
+           "extra tokens per step outweigh the extra cost per step.")
+    tree = ((calibration or {}).get("trees") or {}).get(default_tree or "")
+    if tree and tree.get("speedup") and tree.get("measured_tokens_per_step"):
+        per_step, speedup = tree["measured_tokens_per_step"], tree["speedup"]
+        branch = f", with a lookup branch of {lookup}" if lookup else ""
+        heads_only = tree.get("heads_only_simulated_tokens_per_step")
+        alone = f" ({heads_only:.1f} from the heads alone, simulated)" if heads_only else ""
+        why += (f" When these heads were calibrated ({calibration.get('dtype', 'on the calibration machine').replace('torch.', '')}), "
+                f"a step of their default tree ({default_tree}, {tree['nodes']} nodes{branch}) cost about {per_step / speedup:.1f}x "
+                f"a one-token step and made {per_step:.1f} tokens a step{alone}: {speedup:.2f}x plain decoding's speed.")
+    return why + (" With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.")
+
+
+def explain(calibration: dict | None = None, *, default_tree: str | None = None, lookup: int | None = None) -> str:
+    """How to read the page, for students (figures from the heads' calibration, if any)."""
+    return EXPLAIN.format(why=why_faster(calibration, default_tree=default_tree, lookup=lookup))

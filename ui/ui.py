@@ -13,7 +13,7 @@ from medusa_lib.present import Playground, Settings
 from .figures import empty_figure, timeline_figure
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
 from .render import LEGEND_HTML, badge_html, column_html, info_html
-from .text import EXPLAIN, HEADER
+from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
 DEFAULTS = Settings()
@@ -35,6 +35,7 @@ def build_demo(
 ) -> gr.Blocks:
     pg, h = playground, Handlers(playground)
     limit = pg.max_new_tokens_limit  # the same limit for the slider and the API
+    start = min(max_new_tokens, limit)  # the same starting value for the slider and the API's default
     c: dict[str, gr.components.Component] = {}
 
     with gr.Blocks(title="Medusa Playground") as demo:
@@ -55,18 +56,18 @@ def build_demo(
                 c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
             with gr.Column(scale=4, elem_id="settings"):
                 with gr.Row():
-                    max_new = gr.Slider(1, limit, value=min(max_new_tokens, limit), step=1, label="Max new tokens")
+                    max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens")
                     temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (typical)")
                 with gr.Row():
                     with gr.Column(min_width=200):
-                        epsilon = gr.Slider(0, 1, value=DEFAULTS.epsilon, step=0.01, label="\u03b5 epsilon")
-                        delta = gr.Slider(0, 1, value=DEFAULTS.delta, step=0.01, label="\u03b4 delta")
-                    thr_plot = gr.Plot(h.threshold(DEFAULTS.epsilon, DEFAULTS.delta), show_label=False, elem_id="threshold-plot", min_width=240)
+                        epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
+                        delta = gr.Slider(0, 1, value=DEFAULTS.posterior_alpha, step=0.01, label="\u03b4 delta")
+                    thr_plot = gr.Plot(h.threshold(DEFAULTS.posterior_threshold, DEFAULTS.posterior_alpha), show_label=False, elem_id="threshold-plot", min_width=240)
                 with gr.Row():
-                    tree = gr.Dropdown(pg.tree_names(), value=pg.default_tree_name(), label="Tree preset", elem_id="tree-preset")
+                    tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset", elem_id="tree-preset")
                     with gr.Column(min_width=160):
                         chat = gr.Checkbox(value=True, label="Use the chat template")
-                        lookup = gr.Checkbox(value=pg.lookup_on_by_default(), label=f"Lookup branch ({pg.default_lookup()} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
+                        lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
                 custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
         gr.HTML(LEGEND_HTML, elem_id="legend")
@@ -92,7 +93,7 @@ def build_demo(
             c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
         c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
         with gr.Accordion("How to read this page", open=True):
-            gr.Markdown(EXPLAIN, elem_id="explain")
+            gr.Markdown(explain(pg.heads.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
@@ -117,11 +118,12 @@ def build_demo(
         insp_method.change(h.switch_inspector, inputs=[c["session"], insp_method], outputs=[c[n] for n in ["insp_step", *INSPECT_OUTPUTS]],
                            concurrency_limit=None, api_visibility="private", show_progress="hidden")
 
-        default_tree = pg.default_tree_name()
+        default_tree = pg.defaults.tree
 
         @on_gpu
-        def compare(prompt: str, max_new_tokens: int = 64, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.epsilon,
-                    delta: float = DEFAULTS.delta, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True, lookup_branch: bool = True) -> dict:
+        def compare(prompt: str, max_new_tokens: int = start, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.posterior_threshold,
+                    delta: float = DEFAULTS.posterior_alpha, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True,
+                    lookup_branch: bool = pg.defaults.lookup_on) -> dict:
             """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
             check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree."""

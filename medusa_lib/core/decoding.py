@@ -6,17 +6,22 @@
 * ``medusa-typical``: the paper's typical acceptance (arXiv 2401.10774, Sec. 2.3.1):
   accept iff p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T).
 
-One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward:
+One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward; each
+phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifies:
   propose  tree tokens = [root, head-1 top-k, head-2 top-k, ...][tree_indices] (path-conditioned
            heads fill the tree level by level instead: ``MedusaHeads.draft``); with
            ``DecodeConfig.lookup`` > 0, plus a lookup branch under the root: the tokens that
            followed an earlier occurrence of the context's last few tokens (``lookup.py``,
-           ``tree.with_lookup``), verified and accepted like any other path
+           ``tree.with_lookup``), verified and accepted like any other path (reference
+           ``generate_candidates``)
   verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
+           (reference ``tree_decoding``)
   accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
+           (reference ``evaluate_posterior``)
   commit   gather the accepted tree slots of every cache layer to the front of the tree
            region, crop the rest; the bonus token (argmax at the last accepted node) is the next
-           root and the heads read that node's hidden state to seed the next tree.
+           root and the heads read that node's hidden state to seed the next tree (reference
+           ``update_inference_inputs``).
 Tokens per step = accept_length + 1.
 """
 
@@ -26,7 +31,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -36,8 +41,8 @@ from .heads import MedusaHeads
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
 from .messages import InputError
-from .model import ModelError, ModelInfo, body_and_lm_head, check_supported, input_device
-from .tree import MedusaTree, root_only_tree, with_lookup
+from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
+from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
 
 METHODS = ("plain", "medusa-greedy", "medusa-typical")
 
@@ -166,11 +171,6 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
-    """[L, L] additive mask: 0 where a node may attend, dtype-min elsewhere (float, never bool)."""
-    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(tree.attn_mask == 0, torch.finfo(dtype).min)
-
-
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
     float32, ties still go to the first index) and on CPU ~3x faster than a bfloat16 argmax."""
@@ -233,19 +233,32 @@ def typical_accept(
     return accept_length, score
 
 
-def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
-    """min(epsilon, delta * exp(-H)) for distributions probs [..., V] (acceptance, plots and tests)."""
-    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
+def typical_threshold_of_entropy(entropy: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
+    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) at entropies H (the page's curve uses it too)."""
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
-def model_info(model: nn.Module) -> "ModelInfo":
-    """check_supported, once per model object (it runs one tiny forward)."""
-    info = getattr(model, "_medusa_model_info", None)
-    if info is None:
-        info = check_supported(model)
-        model._medusa_model_info = info
-    return info
+def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
+    """min(epsilon, delta * exp(-H(p))) for distributions probs [..., V]."""
+    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
+    return typical_threshold_of_entropy(entropy, epsilon=epsilon, delta=delta)
+
+
+class Proposal(NamedTuple):
+    """What one Medusa step verifies."""
+
+    buffers: TreeBuffers  # the tree (the full one, one with a lookup branch, or the root alone)
+    tokens: torch.Tensor  # [L] token id of each tree node, on the input device
+    lookup: int  # trailing nodes that came from the lookup branch (0: none)
+
+
+class Verdict(NamedTuple):
+    """What acceptance decided."""
+
+    best: int  # row of retrieve_indices that was accepted
+    accept_length: int  # candidates accepted on it
+    nodes: torch.Tensor  # [accept_length + 1] tree positions of the root and the accepted candidates (CPU)
+    argmax: torch.Tensor  # [L] the base model's greedy choice after every node
 
 
 class Decoder:
@@ -259,29 +272,27 @@ class Decoder:
             raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         config.check()
         self.model, self.method, self.config = model, method, config
-        self.info = model_info(model)
+        self.info: ModelInfo = model_info(model)
         self.body, self.lm_head = body_and_lm_head(model)
         self.embed = model.get_input_embeddings()  # root- and path-conditioned heads read token embeddings
         self.device = input_device(model)
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
         self.heads = heads
+        self.tree: TreeBuffers | None = None  # the tree every Medusa step verifies
+        self.root_tree: TreeBuffers | None = None  # the root alone: a plain step, near the context limit
+        self.lookup_trees: dict[int, TreeBuffers] = {}  # the tree plus a lookup branch of each length
         if method != "plain":
             if heads is None or tree is None:
                 raise DecodeError(f"{method} needs Medusa heads and a tree.")
             heads.check_fits(model)
             if tree.depth > heads.num_heads:
                 raise DecodeError(f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}.")
-            self.tree, self.tree_out, self.tree_cpu, self.tree_bias = self._buffers(tree)
-            self.root_tree, self.root_out, self.root_cpu, self.root_bias = self._buffers(root_only_tree())
-            # The tree plus a lookup branch of each possible length (the proposal may be shorter than config.lookup).
-            self.lookup_trees = {c: self._buffers(with_lookup(tree, c)) for c in range(1, config.lookup + 1)}
-
-    def _buffers(self, tree: MedusaTree) -> tuple[MedusaTree, MedusaTree, MedusaTree, torch.Tensor]:
-        """(tree on the input device, on the logits' device (acceptance runs there), on the CPU (what
-        the step records hold), float attention bias)."""
-        on_device = tree.to(self.device)
-        return on_device, tree.to(self.out_device), tree.to("cpu"), tree_attention_bias(on_device, self.dtype)
+            where = {"device": self.device, "out_device": self.out_device, "dtype": self.dtype}
+            self.tree = TreeBuffers.build(tree, **where)
+            self.root_tree = TreeBuffers.build(root_only_tree(), **where)
+            # Every possible length: the proposal may be shorter than config.lookup.
+            self.lookup_trees = {c: TreeBuffers.build(with_lookup(tree, c), **where) for c in range(1, config.lookup + 1)}
 
     # ------------------------------------------------------------------ helpers
     def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -319,6 +330,11 @@ class Decoder:
         g.manual_seed(self.config.seed)
         return g
 
+    def _prefill_step(self, new: list[int], reason: str | None, t0: float) -> Step:
+        """Step 0, timed from t0 to now: the prompt's forward and the first new token."""
+        t1 = _sync(self.device)
+        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+
     # ------------------------------------------------------------------ entry
     @torch.inference_mode()
     def steps(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[Step]:
@@ -341,8 +357,7 @@ class Decoder:
         logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
         new, reason = self._finish([int(token)], 0, seq_len)
-        t1 = _sync(dev)
-        yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+        yield self._prefill_step(new, reason, t0)
         produced, seq_len, index = len(new), seq_len + len(new), 1
         while reason is None:
             t0 = _sync(dev)
@@ -367,90 +382,113 @@ class Decoder:
             return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
         return greedy_tokens(logits)
 
-    def _accept(self, logits: torch.Tensor, argmax: torch.Tensor, tree: MedusaTree, tree_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ri = tree.retrieve_indices
-        valid = ri >= 0
+    def _draft(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """[L] the heads' tokens for every node of the full tree, read from one hidden state [d] under ``root``."""
+        return self.heads.draft(hidden, self.lm_head, self.tree.out, root, self.embed)
+
+    def propose(self, drafted: torch.Tensor, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Proposal:
+        """Tree tokens = the heads' draft [+ a lookup chain from ``history[:seq_len]``], and the tree they fill."""
+        cfg, dev, limit = self.config, self.device, self.info.context_limit
+        # The deepest node lands at position seq_len - 1 + depth: near the context limit a
+        # root-only (plain) step keeps the output exact.
+        if seq_len + self.tree.depth + 1 > limit:
+            return Proposal(self.root_tree, root.view(1).to(dev), 0)
+        if cfg.lookup:
+            chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]  # the chain's last node must fit in the context too
+            if chain.numel():
+                return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel())
+        return Proposal(self.tree, drafted.to(dev), 0)
+
+    def verify(self, proposal: Proposal, *, cache: DynamicCache, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of all tree tokens after the ``prefix_len`` cached ones: (logits [L, V], hidden states [L, d])."""
+        bufs = proposal.buffers
+        # Every node sees the whole prefix, then the root, its ancestors and itself.
+        mask = torch.cat([torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1)[None, None]
+        position_ids = (bufs.tree.position_ids + prefix_len)[None]  # cache length + depth
+        h = self.body(input_ids=proposal.tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
+        return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
+
+    def accept(self, logits: torch.Tensor, proposal: Proposal) -> Verdict:
+        """Per root-to-leaf path, the leading candidates that pass (greedy or typical); the best path wins."""
+        cfg = self.config
+        argmax = greedy_tokens(logits)  # [L]: the base model's greedy choice after every node
+        ri = proposal.buffers.out.retrieve_indices
+        valid = ri >= 0  # padded slots never pass
         ri = ri.clamp(min=0)
-        path_tokens = tree_tokens.to(logits.device)[ri]
-        if self.method == "medusa-typical" and self.config.temperature > 0:
-            cfg = self.config
-            return typical_accept(logits, path_tokens, ri, valid, temperature=cfg.temperature, epsilon=cfg.posterior_threshold, delta=cfg.posterior_alpha)
-        return greedy_accept(logits, path_tokens, ri, valid, argmax=argmax)
+        path_tokens = proposal.tokens.to(logits.device)[ri]  # [P, D+1] token ids along every path
+        if self.method == "medusa-typical" and cfg.temperature > 0:
+            accept_length, score = typical_accept(logits, path_tokens, ri, valid, temperature=cfg.temperature, epsilon=cfg.posterior_threshold, delta=cfg.posterior_alpha)
+        else:
+            accept_length, score = greedy_accept(logits, path_tokens, ri, valid, argmax=argmax)
+        best = int(score.argmax())  # first best path on ties
+        n = int(accept_length[best])
+        return Verdict(best, n, proposal.buffers.cpu.retrieve_indices[best, : n + 1], argmax)
+
+    def commit(
+        self, proposal: Proposal, verdict: Verdict, *, logits: torch.Tensor, hidden: torch.Tensor, cache: DynamicCache,
+        history: torch.Tensor, seq_len: int, produced: int, gen: torch.Generator | None,
+    ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | None]:
+        """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree.
+
+        Returns (new tokens, finish reason, next root, next draft; None once the run has finished)."""
+        nodes = verdict.nodes
+        compact_cache(cache, seq_len - 1, nodes, proposal.buffers.num_nodes)  # cache = prefix + root + accepted
+        last = int(nodes[-1])
+        # bonus = the base model's own next token after the last accepted node; it is the next root
+        bonus = self._pick_root(logits[last], gen) if self._samples_root else verdict.argmax[last]
+        accepted = proposal.tokens[nodes.to(self.device)][1:].tolist()
+        new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
+        history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
+        drafted = self._draft(hidden[last], bonus) if reason is None else None  # seeded by the last accepted node's hidden state
+        return new, reason, bonus, drafted
+
+    def _decode_step(self, index: int, new: list[int], reason: str | None, proposal: Proposal, verdict: Verdict, *, times: tuple[float, ...]) -> Step:
+        """The record of one Medusa step; ``times`` are the synced timestamps around its four phases."""
+        t0, t1, t2, t3, t4 = times
+        detail = self.config.record_detail
+        lookup_start = proposal.buffers.num_nodes - proposal.lookup  # first lookup-branch node
+        return Step(
+            index,
+            tuple(new),
+            t4 - t0,
+            MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
+            accept_length=min(verdict.accept_length, len(new) - 1) if new else 0,  # the cut may drop accepted candidates
+            lookup_accepted=min(int((verdict.nodes[1:] >= lookup_start).sum()), len(new) - 1) if proposal.lookup and new else 0,
+            tree=proposal.buffers.cpu if detail else None,
+            tree_tokens=proposal.tokens if detail else None,
+            best_path=verdict.best if detail else None,
+            finish_reason=reason,
+        )
 
     def _medusa_steps(self, ids: torch.Tensor) -> Iterator[Step]:
-        cfg, dev, heads = self.config, self.device, self.heads
-        depth = self.tree.depth
+        cfg, dev = self.config, self.device
         gen = self._generator()
         cache = new_cache()
         seq_len = ids.shape[1]
         history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
         history[:seq_len] = ids[0].cpu()
-        no_chain = history[:0]
 
         # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree.
         t0 = _sync(dev)
         hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
         root = self._pick_root(self.lm_head(hidden), gen)
-        drafted = heads.draft(hidden, self.lm_head, self.tree_out, root, self.embed)  # [L] tokens of the full tree
+        drafted = self._draft(hidden, root)
         new, reason = self._finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
-        t1 = _sync(dev)
-        yield Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+        yield self._prefill_step(new, reason, t0)
         produced, seq_len, index = len(new), seq_len + len(new), 1
 
-        while reason is None:
-            # The tree's deepest node would land at position seq_len - 1 + depth; near the
-            # context limit fall back to a root-only (plain) step so the output stays exact.
-            full = seq_len + depth + 1 <= self.info.context_limit
-            tree, tree_out, tree_host, bias = (self.tree, self.tree_out, self.tree_cpu, self.tree_bias) if full else (self.root_tree, self.root_out, self.root_cpu, self.root_bias)
-            prefix_len = seq_len - 1  # every token but the root is in the cache
+        while reason is None:  # the cache holds every committed token but the root: seq_len - 1 of them
             t0 = _sync(dev)
-            chain = ngram_proposal(history[:seq_len], length=cfg.lookup) if full and cfg.lookup else no_chain
-            chain = chain[: max(0, self.info.context_limit - seq_len - 1)]  # the chain's last node must fit in the context too
-            if chain.numel():
-                tree, tree_out, tree_host, bias = self.lookup_trees[chain.numel()]
-            L = tree.num_nodes
-            tree_tokens = (torch.cat([drafted.to(dev), chain.to(dev)]) if chain.numel() else drafted.to(dev)) if full else root.view(1).to(dev)
+            proposal = self.propose(drafted, root, history=history, seq_len=seq_len)
             t1 = _sync(dev)
-
-            # Every node sees the whole prefix, then the root, its ancestors and itself.
-            mask = torch.cat([torch.zeros(L, prefix_len, dtype=self.dtype, device=dev), bias], dim=1)[None, None]
-            position_ids = (tree.position_ids + prefix_len)[None]
-            h = self.body(input_ids=tree_tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
-            logits = self.lm_head(h)  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
+            logits, hidden = self.verify(proposal, cache=cache, prefix_len=seq_len - 1)
             t2 = _sync(dev)
-
-            argmax = greedy_tokens(logits)  # [L]: the base model's greedy choice after every node
-            accept_length, score = self._accept(logits, argmax, tree_out, tree_tokens)
-            best = int(score.argmax())  # first best path on ties
-            n_acc = int(accept_length[best])
-            nodes = tree_host.retrieve_indices[best, : n_acc + 1]  # root + accepted, tree positions (host)
+            verdict = self.accept(logits, proposal)
             t3 = _sync(dev)
-
-            compact_cache(cache, prefix_len, nodes, L)
-            last = int(nodes[-1])
-            bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
-            accepted = tree_tokens[nodes.to(dev)][1:].tolist()
-            new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
-            history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
-            if reason is None:  # draft the next tree from the last accepted node's hidden state
-                drafted = heads.draft(h[last], self.lm_head, self.tree_out, bonus, self.embed)
-            root = bonus
+            new, reason, root, drafted = self.commit(proposal, verdict, logits=logits, hidden=hidden, cache=cache, history=history, seq_len=seq_len, produced=produced, gen=gen)
             t4 = _sync(dev)
-
-            detail = cfg.record_detail
-            yield Step(
-                index,
-                tuple(new),
-                t4 - t0,
-                MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
-                accept_length=min(n_acc, len(new) - 1) if new else 0,
-                lookup_accepted=min(int((nodes[1:] >= L - chain.numel()).sum()), len(new) - 1) if chain.numel() and new else 0,
-                tree=tree_host if detail else None,
-                tree_tokens=tree_tokens if detail else None,
-                best_path=best if detail else None,
-                finish_reason=reason,
-            )
+            yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
@@ -495,4 +533,4 @@ def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config:
     return Decoder(model, method=method, heads=heads, tree=tree, config=config).run(prompt_ids)
 
 
-__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "compact_cache", "run_method", "typical_threshold"]
+__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "compact_cache", "model_info", "run_method", "typical_threshold", "typical_threshold_of_entropy"]

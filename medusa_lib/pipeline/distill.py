@@ -22,7 +22,6 @@ prompts, not every paraphrase of them ("the beekeeper" for "a beekeeper" passes)
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import time
@@ -32,15 +31,8 @@ from typing import Iterable, Iterator
 import torch
 
 from ..core.model import chat_prompt_ids
+from .jsonl import load_jsonl  # calibrate, train and bench import it from here
 from .prompts import key_pattern
-
-
-def load_jsonl(path: str | Path) -> list[dict]:
-    """Read a .jsonl or .jsonl.gz file."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,6 @@ from .page import (
 )
 from .playground import PREFILL_SECONDS, Playground, measured_limit_why, prompt_token_limit, release_memory, untrained_heads
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import DEFAULT_TREE, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+from .settings import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "page", "playground", "records", "settings")]

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import torch
 
-from ..core.decoding import METHODS
+from ..core.decoding import METHODS, typical_threshold_of_entropy
 from .records import RunRecord
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
@@ -110,9 +111,9 @@ def visible_steps(record: RunRecord, t: float) -> int:
 
 
 def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]."""
+    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V] (the decoders' formula)."""
     h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
-    return h, np.minimum(epsilon, delta * np.exp(-h))
+    return h, typical_threshold_of_entropy(torch.from_numpy(h), epsilon=epsilon, delta=delta).numpy()
 
 
 def load_examples(path: str | Path) -> list[dict]:

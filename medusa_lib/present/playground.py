@@ -22,16 +22,15 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..core.decoding import METHODS, DecodeError, Decoder, _sync, model_info
+from ..core.decoding import METHODS, Decoder, _sync, model_info
+from ..core.defaults import heads_defaults
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, input_device, load_model
-from ..core.tree import MedusaTree, TreeError, build_tree, get_tree, parse_choices, preset_names
-from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
-from .page import LABELS, NOT_TIMED, SUMMARY_COLUMNS, GreedyCheck, greedy_check, load_examples, summary_rows, threshold_curve, untimed_note, visible_steps, why_it_ended
+from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
+from .page import LABELS, GreedyCheck, greedy_check, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import DEFAULT_TREE, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+from .settings import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -140,6 +139,7 @@ class Playground:
         self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see prompt_token_limit)
         self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
+        self.defaults = heads_defaults(heads)  # tree, lookup length, lookup on: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(model.get_input_embeddings().weight.device)
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
@@ -184,22 +184,6 @@ class Playground:
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
-    def default_tree_name(self) -> str:
-        """The heads' calibrated default tree if they ship one, else a 16-node tree, else a chain as deep as the heads."""
-        default = getattr(self.heads, "default_tree", None)
-        if default and default in self.tree_names():
-            return default
-        return DEFAULT_TREE if get_tree(DEFAULT_TREE).depth <= self.heads.num_heads else f"chain-{min(self.heads.num_heads, 4)}"
-
-    def default_lookup(self) -> int:
-        """The lookup branch's length when it is on: the one the heads' default tree was calibrated
-        with, else (no calibration, or calibrated without the branch) DEFAULT_LOOKUP."""
-        return getattr(self.heads, "lookup", None) or DEFAULT_LOOKUP
-
-    def lookup_on_by_default(self) -> bool:
-        """On unless the heads were calibrated without the branch (``lookup: 0`` in their config)."""
-        return getattr(self.heads, "lookup", None) != 0
-
     def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
         default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
@@ -212,8 +196,9 @@ class Playground:
                 raise PlaygroundError("The custom tree is nested too deeply; send a flat list of paths like [[0], [0, 0], [1]].") from None
         if not isinstance(lookup_branch, bool):
             raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
-        return Settings(max_new_tokens=max_new_tokens, temperature=temperature, epsilon=epsilon, delta=delta, tree=tree if tree not in (None, "") else self.default_tree_name(),
-                        custom_tree="" if custom_tree is None else custom_tree, chat_template=chat_template, lookup=self.default_lookup() if lookup_branch else 0)
+        return Settings(max_new_tokens=max_new_tokens, temperature=temperature, posterior_threshold=epsilon, posterior_alpha=delta,
+                        tree=tree if tree not in (None, "") else self.defaults.tree, custom_tree="" if custom_tree is None else custom_tree,
+                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0)
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
@@ -280,7 +265,7 @@ class Playground:
         if self._warm:
             return
         for d in decoders:
-            Decoder(self.model, method=d.method, heads=self.heads, tree=getattr(d, "tree_cpu", None), config=replace(d.config, max_new_tokens=2)).run(ids[:16])
+            Decoder(self.model, method=d.method, heads=self.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
         self._warm = True
 
     def run_method(self, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:

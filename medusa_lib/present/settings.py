@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.decoding import DecodeConfig
+from ..core.defaults import FALLBACK_TREE
 from ..core.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
 from ..core.lookup import is_length as is_lookup_length
 from ..core.messages import InputError, is_number, kind, must_be, must_be_switch, shown
 
-DEFAULT_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
-MAX_NEW_TOKENS_LIMIT = 1024
+MAX_NEW_TOKENS_LIMIT = 512  # the slider's and the API's maximum (app.py: MEDUSA_MAX_NEW_TOKENS_LIMIT)
 MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused at once (~8k tokens of English)
 MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
@@ -25,13 +25,14 @@ class PlaygroundError(InputError):
 
 @dataclass(frozen=True)
 class Settings:
-    """What the page asks for. Plain and Medusa greedy always decode greedily (T = 0)."""
+    """What the page (and ``/compare``) asks for. Plain and Medusa greedy always decode greedily (T = 0).
+    The page and the API call the two thresholds by the paper's letters, epsilon and delta."""
 
-    max_new_tokens: int = 96  # per method
+    max_new_tokens: int = 96  # per method (the slider's start and /compare's default)
     temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
-    epsilon: float = 0.09  # typical acceptance: hard threshold (posterior_threshold)
-    delta: float = 0.3  # typical acceptance: entropy-dependent threshold (posterior_alpha)
-    tree: str = DEFAULT_TREE  # preset name
+    posterior_threshold: float = 0.09  # epsilon: typical acceptance's hard threshold
+    posterior_alpha: float = 0.3  # delta: its entropy-dependent threshold, accept p > min(epsilon, delta * exp(-H))
+    tree: str = FALLBACK_TREE  # preset name (the page starts from the heads' default: core.defaults)
     custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
     chat_template: bool = True  # wrap the prompt in the model's chat template
     seed: int = 0
@@ -45,7 +46,7 @@ class Settings:
         n = self.max_new_tokens
         if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
             raise PlaygroundError(must_be("Max new tokens", whole, n))
-        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.epsilon, 0, 1), ("Delta", self.delta, 0, 1)):
+        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.posterior_threshold, 0, 1), ("Delta", self.posterior_alpha, 0, 1)):
             if not is_number(value) or not low <= value <= high:
                 raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
         if not isinstance(self.chat_template, bool):
@@ -63,7 +64,7 @@ class Settings:
             max_new_tokens=int(self.max_new_tokens),
             temperature=float(self.temperature) if typical else 0.0,
             seed=int(self.seed),
-            posterior_threshold=float(self.epsilon),
-            posterior_alpha=float(self.delta),
+            posterior_threshold=float(self.posterior_threshold),
+            posterior_alpha=float(self.posterior_alpha),
             lookup=0 if method == "plain" else int(self.lookup),
         )

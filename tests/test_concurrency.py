@@ -1,0 +1,169 @@
+"""Several users at once, Stop through the server, and memory over many runs: runs never share state."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import torch
+from conftest import (
+    LIMIT,
+    PROMPT,
+    column_text,
+    tiny_playground,
+)
+
+from medusa_lib.present import Playground, Settings
+
+
+def count_runs(monkeypatch, pg: Playground, *, step_seconds: float = 0.0) -> dict:
+    """Wrap pg.run (the page and /compare both run through it): how many runs overlap, steps decoded,
+    and whether each run's generator was closed. ``step_seconds`` makes each step that much slower
+    (the tiny model decodes 500 tokens in well under a second, faster than a cancel on a busy machine)."""
+    orig, lock = Playground.run, threading.Lock()
+    stats = {"active": 0, "peak": 0, "steps": 0, "closed": 0}
+
+    def run(ids, decoders):
+        with lock:
+            stats["active"] += 1
+            stats["peak"] = max(stats["peak"], stats["active"])
+        try:
+            for ev in orig(pg, ids, decoders):
+                stats["steps"] += ev.kind == "step"
+                time.sleep(step_seconds)
+                yield ev
+        finally:
+            with lock:
+                stats["active"] -= 1
+                stats["closed"] += 1
+
+    monkeypatch.setattr(pg, "run", run)
+    return stats
+
+
+def test_four_sessions_at_once_each_get_their_own_tokens_and_queue(served, monkeypatch):
+    from gradio_client import Client
+    from gradio_client.utils import Status
+
+    pg, url, client = served
+    prompts = [f"w{10 + i} w{40 + i} w{70 + i}" for i in range(4)]
+    alone = [client.predict(p, 24, api_name="/compare") for p in prompts]
+    stats = count_runs(monkeypatch, pg)
+    clients = [Client(url, verbose=False) for _ in prompts]
+    jobs = [c.submit(p, 24, api_name="/compare") for c, p in zip(clients, prompts)]
+    ranks = set()
+    while not all(j.done() for j in jobs):
+        for j in jobs:
+            s = j.status()
+            if s.code == Status.IN_QUEUE and s.rank is not None:
+                ranks.add(s.rank)
+        time.sleep(0.005)
+    together = [j.result() for j in jobs]
+    for a, b in zip(alone, together):
+        for m in ("plain", "medusa-greedy", "medusa-typical"):
+            assert b["methods"][m]["token_ids"] == a["methods"][m]["token_ids"]
+    assert len({tuple(r["methods"]["plain"]["token_ids"]) for r in together}) == 4  # four prompts, four answers
+    assert stats["peak"] == 1  # concurrency_limit=1: the runs took turns on the device
+    assert ranks and max(ranks) >= 1, ranks  # a waiting job was told its place in the queue
+
+
+def test_four_page_sessions_at_once_see_only_their_own_text(served):
+    from gradio_client import Client
+
+    _, url, client = served
+    prompts = [f"w{100 + i} w{130 + i}" for i in range(4)]
+    alone = [client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, api_name="/compare")["methods"] for p in prompts]
+    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run") for p in prompts]
+    for job, ref in zip(jobs, alone):
+        updates = list(job)
+        assert job.result()[0].startswith("Done")
+        for k, m in enumerate(["plain", "medusa-greedy", "medusa-typical"], start=1):
+            done = [u[k] for u in updates if isinstance(u[k], str) and 'data-state="done"' in u[k]]
+            assert column_text(done[-1]) == ref[m]["text"]
+
+
+def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, monkeypatch):
+    pg, _, client = served
+    dep = next(d for d in client.config["dependencies"] if d.get("api_name") == "run")
+    stop = [d for d in client.config["dependencies"] if d.get("cancels")]
+    assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
+    stats = count_runs(monkeypatch, pg, step_seconds=0.005)
+    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run")
+    for out in job:
+        if "Running" in str(out[0]):
+            break
+    job.cancel()
+    deadline = time.time() + 10
+    while not stats["closed"] and time.time() < deadline:
+        time.sleep(0.02)
+    assert stats["closed"] == 1  # gradio closed the handler, which closed the decoders (their caches go with them)
+    steps = stats["steps"]
+    time.sleep(0.5)
+    assert stats["steps"] == steps  # nothing decodes after Stop
+    assert steps < 500  # stopped inside the first method: plain alone runs ~505 steps (2.5 s here) to the 512-token context
+    assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+
+
+def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
+    from ui.handlers import Handlers
+
+    pg = tiny_playground(oracle=False)
+    stats = count_runs(monkeypatch, pg)
+    gen = Handlers(pg).run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy")
+    for out in gen:
+        if stats["steps"] >= 3:
+            break
+    steps = stats["steps"]
+    gen.close()  # what gradio does on Stop
+    assert stats["closed"] == 1 and stats["active"] == 0 and stats["steps"] == steps
+    outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert outs[-1][0].startswith("Done")
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def test_fifty_runs_do_not_grow_resident_memory():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: steady on a shared CPU
+    try:
+        _fifty_runs()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fifty_runs():
+    pg = tiny_playground(oracle=False)
+    settings = Settings(max_new_tokens=16, tree="topk-3x2x1")
+    for _ in range(5):  # warm-up: allocator pools, lazy imports, tokenizer caches
+        pg.compare(PROMPT, settings)
+    gc.collect()
+    before = rss_mb()
+    t0 = time.perf_counter()
+    for i in range(50):
+        pg.compare(f"w{10 + i} w{20 + i}", settings)
+    gc.collect()
+    after = rss_mb()
+    print(f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)")
+    assert after - before < 30
+
+
+def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
+    import medusa_lib.present.playground as playground
+
+    trims = []
+    monkeypatch.setattr(playground, "_malloc_trim", lambda pad: trims.append(pad))
+    monkeypatch.setattr(playground, "LONG_RUN_TOKENS", 300)  # the tiny model's context is 512 tokens
+    pg = tiny_playground(oracle=False)
+    pg.compare(PROMPT, Settings(max_new_tokens=8, tree="chain-2"))  # 14 prompt tokens + 8: short
+    assert trims == []
+    pg.compare(" ".join(["w10"] * 250), Settings(max_new_tokens=64, tree="chain-2"))  # 252 + 64: long
+    assert trims == [0]
+    gen = pg.stream(PROMPT, Settings(max_new_tokens=300, tree="chain-2"))
+    next(gen), next(gen)
+    gen.close()  # Stop: the memory goes back too
+    assert trims == [0, 0]

@@ -1,0 +1,203 @@
+"""The page's handlers (ui/handlers.py): failures as one sentence, Stop, runs without decode steps, the replay's queue."""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import (
+    API_ORDER,
+    PROMPT,
+    assert_refused_on_the_api_and_the_page,
+    column_text,
+    launch,
+    make_model,
+    tiny_playground,
+    tiny_tokenizer,
+)
+
+from medusa_lib.present import Piece, Playground, Settings, untrained_heads
+
+
+def test_api_offers_no_model_or_heads_choice(served):
+    _, _, client = served
+    api = client.view_api(print_info=False, return_format="dict")
+    assert list(api["named_endpoints"]) == ["/compare"] and not api["unnamed_endpoints"]
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/compare"]["parameters"]]
+    assert params == ["prompt", *API_ORDER]
+    components = {c["id"]: c for c in client.config["components"]}
+    for dep in client.config["dependencies"]:  # every event of the page, documented or not
+        for i in dep["inputs"]:
+            label = str(components[i].get("props", {}).get("label") or "").lower()
+            assert not re.search(r"\b(model|heads|checkpoint|folder|file|url)\b", label), label
+
+
+def script_playground() -> Playground:
+    """A tiny Llama whose lm_head bias makes it write the token '<script>' every time."""
+    model = make_model("llama")
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    tok = tiny_tokenizer()
+    old = model.lm_head
+    model.lm_head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(old.weight)
+        model.lm_head.bias.zero_()
+        model.lm_head.bias[tok.convert_tokens_to_ids("<script>")] = 100.0
+    return Playground(model, tok, untrained_heads(model))
+
+
+def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
+    from gradio_client import Client
+
+    demo, url = launch(script_playground())
+    try:
+        client = Client(url, verbose=False)
+        out = client.predict(PROMPT, 4, api_name="/compare")
+        assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run")
+        cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
+    finally:
+        demo.close()
+    assert cols and "<script>" not in cols[-1] and cols[-1].count("&lt;script&gt;") == 4
+    assert column_text(cols[-1]).split() == ["<script>"] * 4
+
+
+def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, monkeypatch):
+    """A bug (not a bad input) still ends as one sentence; its traceback goes to the log only."""
+    from ui.handlers import UNEXPECTED
+
+    pg, _, client = served
+    message = UNEXPECTED.format(name="KeyError")
+
+    def broken(*a, **k):
+        raise KeyError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(pg, "prepare", broken)
+        assert_refused_on_the_api_and_the_page(pg, client, PROMPT, message)
+    assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2  # still serving
+
+
+def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(monkeypatch):
+    from ui.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
+
+    pg = tiny_playground(oracle=False)
+    orig = Playground.run_method
+
+    def failing(self, decoder, ids):
+        for i, ev in enumerate(orig(self, decoder, ids)):
+            if decoder.method == "medusa-greedy" and i == 4:
+                raise RuntimeError("boom")
+            yield ev
+
+    monkeypatch.setattr(Playground, "run_method", failing)
+    monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    last = outs[-1]
+    assert html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
+    greedy = last[RUN_OUTPUTS.index("col_greedy")]
+    assert 'data-state="stopped"' in greedy and column_text(greedy)  # its tokens so far stay, it no longer says running
+    assert 'data-state="done"' in [o for o in outs if isinstance(o[RUN_OUTPUTS.index("col_plain")], str)][-1][RUN_OUTPUTS.index("col_plain")]
+
+
+def test_stop_turns_running_and_replaying_columns_into_stopped(served):
+    from ui.handlers import Handlers
+    from ui.render import column_html
+
+    pg, _, _ = served
+    rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=6, tree="chain-2")) if e.kind == "step" and len(e.record.views) > 2)
+    running, replay, done = (column_html("plain", rec, state=s) for s in ("running", "replay", "done"))
+    waiting = column_html("medusa-typical", None)
+    status, *cols = Handlers(pg).stop(running, replay, done)
+    assert status.startswith("Stopped")
+    for col, before in zip(cols, (running, replay)):
+        assert 'data-state="stopped"' in col and "running" not in col and "cursor" not in col
+        stats = lambda c: re.search(r'<div class="method-stats">(.*?)</div>', c).group(1)  # noqa: E731
+        assert column_text(col) == column_text(before) and stats(col) == stats(before)  # tokens and statistics stay
+    assert cols[2] == done
+    assert Handlers(pg).stop(waiting, None, "")[1:] == (waiting, None, "")  # nothing running: nothing changes
+    trick = column_html("plain", None, state="done", pieces=[Piece(5, '" data-state="running"><span class="method-state">running&hellip;</span>', "base", 1)])
+    assert Handlers(pg).stop(trick, "", "")[1] == trick  # generated text is escaped: only the column's own state marker is read
+
+
+def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(monkeypatch):
+    """Stop's update and the cancelled run's last frames travel separately: Stop must not answer before
+    the run has ended, and must show the run's last columns (not the older ones the click carried)."""
+    from types import SimpleNamespace
+
+    from ui.handlers import RUN_OUTPUTS, Handlers
+    from ui.render import stopped_column
+
+    monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
+    h = Handlers(tiny_playground(oracle=False))
+    me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
+    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=other))  # another user's finished run
+    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=me)
+    plain = RUN_OUTPUTS.index("col_plain")
+    frames = [next(gen) for _ in range(6)]
+    at_click = [[f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]  # what the page holds
+    answer = {}
+    stopper = threading.Thread(target=lambda: answer.update(out=h.stop(*at_click, request=me)))
+    stopper.start()
+    time.sleep(0.3)
+    assert stopper.is_alive()  # waiting for the run to end
+    last = next(gen)  # a frame the run sends after the click
+    assert last[plain] != at_click[0]
+    gen.close()  # what gradio's cancel does
+    stopper.join(5)
+    status, *cols = answer["out"]
+    assert status.startswith("Stopped") and cols[0] == stopped_column(last[plain]) and 'data-state="stopped"' in cols[0]
+    assert cols[1:] == at_click[1:]  # not started yet: still waiting
+    their_page = [[f[RUN_OUTPUTS.index(c)] for f in theirs if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]
+    t0 = time.perf_counter()
+    assert list(h.stop(*their_page, request=other)[1:]) == their_page  # nothing running there: done columns stay, at once
+    assert time.perf_counter() - t0 < 1 and all('data-state="done"' in c for c in their_page)
+
+
+def test_max_new_tokens_one_shows_dashes_and_says_why(served):
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    pg, _, client = served
+    out = client.predict(PROMPT, 1, api_name="/compare")
+    for m in out["methods"].values():
+        assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
+    assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
+    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    status = outs[-1][RUN_OUTPUTS.index("status")]
+    assert status == ("Done. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+                      "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
+    summary = outs[-1][RUN_OUTPUTS.index("summary")]
+    assert summary["tokens/s"].tolist() == ["\u2014"] * 3
+    tree = outs[-1][RUN_OUTPUTS.index("tree_plot")]
+    shown = html.unescape(" ".join(a.text for a in tree.layout.annotations)).replace("<br>", " ")
+    assert "ended after the prefill's first token (Max new tokens is 1)" in shown and "Run the playground" not in shown
+
+
+def test_race_replay_takes_turns_with_runs_in_the_device_queue():
+    """A replay renders frames while it plays: in the device's queue it never runs beside a timed run."""
+    from ui import build_demo
+
+    fns = {f.api_name: f for f in build_demo(tiny_playground(oracle=False)).fns.values()}
+    device = {name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")}
+    assert len(set(device.values())) == 1 and device["run"][1] == 1, device
+
+
+def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unexpected_one(caplog):
+    from ui.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
+
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes.")
+    for e in (cpu, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError()):
+        assert cannot_run(e) == OUT_OF_MEMORY
+    assert cannot_run(RuntimeError("shape mismatch")) == UNEXPECTED.format(name="RuntimeError")
+    assert "shape mismatch" in caplog.text  # the bug's details go to the log
+    pg = tiny_playground(oracle=False)
+    rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=1, tree="chain-2")) if e.kind == "end")
+    assert no_step_message(rec).endswith("no Medusa step to inspect. Raise Max new tokens and run again.")
+    eos_rec = replace(rec, views=(replace(rec.views[0], step=replace(rec.views[0].step, finish_reason="eos")),))
+    assert no_step_message(eos_rec).endswith("(the model ended its answer at once): no Medusa step to inspect.")  # no advice that would not help

@@ -1,0 +1,140 @@
+"""Prompts as input: size and context limits, the measured prompt-token limit, surrogates, non-ASCII text."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+import torch
+from conftest import (
+    PROMPT,
+    assert_refused_on_the_api_and_the_page,
+    column_text,
+    make_model,
+    tiny_playground,
+    tiny_tokenizer,
+)
+
+from medusa_lib.present import Detokenizer, Piece, Playground, Settings, untrained_heads
+
+
+def test_huge_prompt_is_refused_before_tokenising(monkeypatch):
+    import medusa_lib.present.playground as playground
+
+    pg = tiny_playground(oracle=False)
+    monkeypatch.setattr(playground, "chat_prompt_ids", lambda *a, **k: pytest.fail("tokenised a 1 MB prompt"))
+    with pytest.raises(ValueError, match="The prompt has 1,000,000 characters; the limit is 32,000: shorten it."):
+        pg.prepare("\U0001f40d" * 1_000_000, Settings())
+    small = Playground(pg.model, pg.tokenizer, pg.heads, max_prompt_chars=10)  # the limit is the operator's (MEDUSA_MAX_PROMPT_CHARS)
+    with pytest.raises(ValueError, match="The prompt has 11 characters; the limit is 10: shorten it."):
+        small.prepare("w1 w2 w3 w4", Settings())
+
+
+def test_sliding_window_model_refuses_prompts_beyond_the_window():
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    model = make_model("mistral", sliding_window=16)
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    pg = Playground(model, tiny_tokenizer(), untrained_heads(model))
+    message = "The prompt has 22 tokens but the model's context holds 16 (its sliding-window attention of 16 tokens limits tree attention); shorten the prompt."
+    long = " ".join(f"w{i}" for i in range(10, 30))
+    with pytest.raises(ValueError) as err:
+        pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
+    assert str(err.value) == message
+    with pytest.warns(UserWarning):
+        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+    assert pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1  # inside the window: runs
+
+
+def byte_level_tokenizer():
+    """A GPT-2-style byte-level BPE (ids < 320, like the tiny models): an emoji it never saw is 4 byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the cat sat on the mat. caf\u00e9 na\u00efve"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+NON_ASCII = "h\u00e9llo \U0001f980 w\u00f6rld \u2728 \u65e5\u672c\u8a9e \u0645\u0631\u062d\u0628\u0627"
+
+
+def test_non_ascii_and_emoji_prompts_work_and_show_correctly():
+    from ui.render import column_html
+
+    tok = byte_level_tokenizer()
+    ids = tok(NON_ASCII, add_special_tokens=False)["input_ids"]
+    detok = Detokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert "".join(pieces) == NON_ASCII and not any("\ufffd" in p for p in pieces)
+    assert "" in pieces  # partial UTF-8 bytes wait for the rest of their character
+    shown = column_html("plain", None, pieces=[Piece(i, p, "base", 1) for i, p in zip(ids, pieces)])
+    assert column_text(shown) == NON_ASCII
+    model = make_model("llama")
+    pg = Playground(model, tok, untrained_heads(model))
+    out = pg.compare(NON_ASCII, Settings(max_new_tokens=6, tree="chain-2", chat_template=False))
+    assert out["prompt"] == NON_ASCII and all(m["tokens"] >= 1 for m in out["methods"].values())
+
+
+def test_api_round_trips_non_ascii_prompts(served):
+    _, _, client = served
+    out = client.predict(NON_ASCII, 4, api_name="/compare")
+    assert out["prompt"] == NON_ASCII and out["methods"]["plain"]["tokens"] == 4
+
+
+def test_the_prompt_token_limit_is_measured_and_its_message_says_where_it_comes_from(served):
+    from medusa_lib.present import measured_limit_why, prompt_token_limit
+
+    pg, _, client = served
+    assert prompt_token_limit(pg.model, seconds=3.0, context_limit=512) is None  # the tiny model prefills its whole context at once: the context decides
+    assert prompt_token_limit(pg.model, seconds=1e-6, context_limit=512) == 256  # never below 256 tokens
+    long = " ".join(["w10"] * 298)
+    over_context = " ".join(["w10"] * 600)
+    try:
+        pg.max_prompt_tokens, pg.prompt_limit_why = 64, measured_limit_why(pg.model)
+        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (about what its CPU prefills in 3 s; "
+                                                                 "a run prefills it three times): shorten it.")
+        assert_refused_on_the_api_and_the_page(pg, client, over_context, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt.")
+        pg.prompt_limit_why = "the limit its operator set"  # MEDUSA_MAX_PROMPT_TOKENS
+        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (the limit its operator set): shorten it.")
+    finally:
+        pg.max_prompt_tokens = None
+    assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+class QuadraticPrefill(torch.nn.Module):
+    """A stand-in model whose prefill of n tokens takes a*n + b*n^2 seconds on a fake clock."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__()
+        self.embed, self.a, self.b, self.clock = torch.nn.Embedding(320, 4), a, b, 0.0
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, logits_to_keep=1):
+        n = input_ids.shape[1]
+        self.clock += self.a * n + self.b * n * n
+
+
+def test_the_prompt_token_limit_solves_the_measured_prefill_cost(monkeypatch):
+    import medusa_lib.present.playground as playground
+
+    for a, b, seconds in [(1e-3, 1.6e-7, 3.0), (1e-3, 0.0, 3.0), (2e-4, 5e-8, 2.0)]:
+        model = QuadraticPrefill(a, b)
+        monkeypatch.setattr(playground, "_sync", lambda device, m=model: m.clock)
+        n = (-a + (a * a + 4 * b * seconds) ** 0.5) / (2 * b) if b else seconds / a  # a*n + b*n^2 = seconds
+        want = int(n // 256 * 256)
+        assert playground.prompt_token_limit(model, seconds=seconds, context_limit=32768) == want, (a, b)
+        assert playground.prompt_token_limit(model, seconds=seconds, context_limit=want + 1) is None  # the context decides
+
+
+def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
+    _, _, client = served
+    out = client.predict(PROMPT, 24, 1e-40, api_name="/compare")["methods"]
+    assert out["medusa-typical"]["token_ids"] == out["medusa-greedy"]["token_ids"] == out["plain"]["token_ids"]
+    assert out["medusa-typical"]["tokens_per_step"] > 1.5  # was 1.0: NaN probabilities accepted nothing

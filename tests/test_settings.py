@@ -1,0 +1,133 @@
+"""The settings boundary: every bad input to /compare and to the page's Run gets its one sentence.
+
+The table of cases is docs/bad-input.md's (a test keeps the two the same); the server keeps serving
+after each, and the page keeps the previous run's results. Tiny random models, no network.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import (
+    API_DEFAULTS,
+    API_ORDER,
+    LIMIT,
+    PROMPT,
+    api_args,
+    call_api,
+    tiny_playground,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+TOO_DEEP = "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"
+
+
+TOO_BIG = json.dumps([[a] for a in range(10)] + [[a, b] for a in range(10) for b in range(10)] + [[0, b, c] for b in range(10) for c in range(10)])
+
+
+CASES = [
+    ("empty prompt", "", {}, "The prompt is empty; type a question or pick an example."),
+    ("whitespace prompt", " \n\t ", {}, "The prompt is empty; type a question or pick an example."),
+    ("1 MB paste", "x" * 1_000_000, {}, "The prompt has 1,000,000 characters; the limit is 32,000: shorten it."),
+    ("prompt longer than the context", " ".join(["w10"] * 600), {}, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt."),
+    ("max new tokens 0", PROMPT, {"max_new_tokens": 0}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 0)."),
+    ("max new tokens too large", PROMPT, {"max_new_tokens": 5000}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 5000)."),
+    ("max new tokens not whole", PROMPT, {"max_new_tokens": 2.5}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5)."),
+    ("negative temperature", PROMPT, {"temperature": -0.5}, "Temperature must be between 0 and 2 (got -0.5)."),
+    ("epsilon out of range", PROMPT, {"epsilon": 1.5}, "Epsilon must be between 0 and 1 (got 1.5)."),
+    ("delta out of range", PROMPT, {"delta": -0.1}, "Delta must be between 0 and 1 (got -0.1)."),
+    ("tree: not JSON", PROMPT, {"custom_tree": "[[0], [0, 1"}, "The tree text is not valid JSON (Expecting ',' delimiter); write it like [[0], [0, 0], [1]]."),
+    ("tree: not a list", PROMPT, {"custom_tree": '{"a": 1}'}, "The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]]."),
+    ("tree deeper than the heads", PROMPT, {"custom_tree": TOO_DEEP}, "The tree is 5 levels deep but the heads only predict 4 tokens ahead; use a tree of depth <= 4."),
+    ("tree rank >= 10", PROMPT, {"custom_tree": "[[0], [10]]"}, "Tree node [10] uses rank 10, but ranks must be between 0 and 9 (top-10 per head)."),
+    ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
+    ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
+    ("tree nested 1,000 deep", PROMPT, {"custom_tree": "[" * 1000 + "]" * 1000}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
+    ("tree nested 900 deep", PROMPT, {"custom_tree": "[" * 900 + "0" + "]" * 900}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
+    ("tree nested 3 deep", PROMPT, {"custom_tree": "[[[0]]]"}, "Tree node [[0]] must contain whole-number ranks only."),
+    ("lone surrogate in the prompt", "abc \ud800 def", {}, "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again."),
+    ("max new tokens true", PROMPT, {"max_new_tokens": True}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not true/false (got true)."),
+    ("max new tokens as text", PROMPT, {"max_new_tokens": "8"}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not text (got '8')."),
+    ("max new tokens 1e308", PROMPT, {"max_new_tokens": 1e308}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 1e+308)."),
+    ("temperature as text", PROMPT, {"temperature": "0.7"}, "Temperature must be between 0 and 2: send a number, not text (got '0.7')."),
+    ("chat template as text", PROMPT, {"chat_template": "false"}, "The chat template switch (chat_template) must be true or false, not text (got 'false')."),
+    ("lookup branch as a number", PROMPT, {"lookup_branch": 1}, "The lookup branch switch (lookup_branch) must be true or false, not a number (got 1)."),
+    ("tree preset not text", PROMPT, {"tree": 5}, "The tree preset must be the name of a preset, not a number (got 5)."),
+    ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
+]
+
+
+DOCS = ROOT / "docs" / "bad-input.md"
+
+
+TABLE_START, TABLE_END = "<!-- table from tests/test_settings.py CASES: start -->", "<!-- table from tests/test_settings.py CASES: end -->"
+
+
+def cases_table() -> str:
+    rows = ["| Input | Message (page: status line + warning; `/compare`: the error) |", "|---|---|"]
+    rows += [f"| {case} | {msg.format(presets='(the presets)').replace('|', '&#124;')} |" for case, _, _, msg in CASES]
+    return "\n".join(rows)
+
+
+def test_the_docs_table_of_bad_inputs_is_the_tests_table():
+    """docs/bad-input.md shows exactly the cases tested below; UPDATE_DOCS=1 rewrites it from them."""
+    assert len({c for c, *_ in CASES}) == len(CASES)
+    text = DOCS.read_text(encoding="utf-8")
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    want = f"{head}{TABLE_START}\n{cases_table()}\n{TABLE_END}{tail}"
+    if os.environ.get("UPDATE_DOCS") == "1":
+        DOCS.write_text(want, encoding="utf-8")
+    assert text == want, "docs/bad-input.md is out of date: run UPDATE_DOCS=1 pytest tests/test_settings.py -k docs_table"
+
+
+@pytest.mark.parametrize("case, prompt, overrides, message", CASES, ids=[c[0] for c in CASES])
+def test_api_bad_input_gets_its_sentence_and_the_server_keeps_serving(served, case, prompt, overrides, message):
+    pg, url, client = served
+    assert call_api(url, "compare", api_args(prompt, overrides)) == ("error", message.format(presets=", ".join(pg.tree_names())))
+    assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+def test_api_odd_types_get_a_sentence(served):
+    from gradio_client.exceptions import AppError
+
+    pg, _, client = served
+    for args, message in [((42,), "The prompt must be text, not a number."),
+                          (([PROMPT],), "The prompt must be text, not a list."),
+                          ((PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"), f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(pg.tree_names())}.")]:
+        with pytest.raises(AppError) as err:
+            client.predict(*args, api_name="/compare")
+        assert str(err.value) == message
+    out = client.predict(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", [[0], [0, 0]], api_name="/compare")  # the paths as JSON, not text: accepted
+    assert out["tree"] == "custom"
+
+
+def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_run_works():
+    import gradio as gr
+
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    pg = tiny_playground(oracle=False)
+    pg.max_new_tokens_limit = LIMIT
+    h = Handlers(pg)
+    status = RUN_OUTPUTS.index("status")
+    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert first[-1][status].startswith("Done")
+    for case, prompt, overrides, message in CASES:
+        message = message.format(presets=", ".join(pg.tree_names()))
+        a = {**API_DEFAULTS, **overrides}
+        with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
+            outs = list(h.run(prompt, *(a[k] for k in API_ORDER), "Medusa greedy"))
+        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
+        assert str(warned[-1].message) == message, case
+        for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
+            assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
+    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}
