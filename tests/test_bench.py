@@ -6,6 +6,7 @@ import re
 import pytest
 from conftest import make_model, random_heads, tiny_tokenizer
 
+from medusa_lib import load_heads
 from medusa_lib.pipeline import bench
 
 METHODS = ["hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail"]
@@ -73,3 +74,22 @@ def test_forward_costs_table(saved, capsys):
     printed = capsys.readouterr().out
     rows = re.findall(r"^\s+(\d+)\s+(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)x$", printed, re.M)
     assert [int(r[0]) for r in rows] == [1, 2, 5, 9, 17, 33] and rows[0][3] == "1.00"
+
+
+@pytest.mark.parametrize("lookup", [None, 0, 2])  # not calibrated; calibrated without the branch; with a 2-token branch
+def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tmp_path, lookup):
+    from medusa_lib.core.defaults import heads_defaults
+    from medusa_lib.present import Playground
+
+    model = make_model("llama")
+    heads = random_heads(3, shared=True)
+    heads.save(tmp_path / "heads", base_model="tiny-llama", **({} if lookup is None else {"default_tree": "chain-2", "lookup": lookup}))
+    loaded = load_heads(tmp_path / "heads", model=model)
+    page = Playground(model, tiny_tokenizer(), loaded).defaults
+    out = tmp_path / "out.json"
+    bench.main(["--model", str(saved / "model"), "--heads", str(tmp_path / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "medusa-greedy",
+                "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "2", "--repeats", "1", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert page == heads_defaults(loaded)
+    assert data["lookup"] == page.lookup_length and data["tree"].split(" + ")[0] == page.tree
+    assert (page.tree, page.lookup_length) == {None: ("topk-4x3x2-16", 4), 0: ("chain-2", 0), 2: ("chain-2", 2)}[lookup]

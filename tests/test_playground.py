@@ -58,12 +58,13 @@ def test_event_stream_runs_three_methods_in_order(events):
         assert block[0] == "start" and block[-1] == "end" and set(block[1:-1]) == {"step"}
         first, last = kinds.index((m, "start")), kinds.index((m, "end"))
         assert all(mm == m for mm, _ in kinds[first : last + 1])
+    seen: dict[str, int] = {}
     for e in events:
         views = e.record.views
         assert [v.step.index for v in views] == list(range(len(views)))  # step 0 = prefill
         assert all(a.elapsed <= b.elapsed for a, b in zip(views, views[1:]))  # cumulative time
-        if e.kind == "step":
-            assert e.view is views[-1]
+        assert len(views) == seen.get(e.method, 0) + (e.kind == "step")  # each step event adds exactly its own view
+        seen[e.method] = len(views)
 
 
 def test_three_outputs_and_greedy_equality(events):

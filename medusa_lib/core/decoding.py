@@ -171,6 +171,13 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First position where two token sequences differ (the shorter one's length if one is a prefix
+    of the other), None if they are equal: how exactness is checked everywhere."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
     float32, ties still go to the first index) and on CPU ~3x faster than a bfloat16 argmax."""

@@ -255,7 +255,7 @@ class MedusaHeads(nn.Module):
 
     def check_fits(self, model: nn.Module) -> None:
         """Refuse heads whose hidden size or vocabulary does not match the base model."""
-        d = _hidden_size(model.config)
+        d = hidden_size_of(model.config)
         V = model.get_output_embeddings().weight.shape[0]
         if self.config.hidden_size != d:
             raise HeadsError(
@@ -311,7 +311,8 @@ class MedusaHeads(nn.Module):
         return folder
 
 
-def _hidden_size(config) -> int:
+def hidden_size_of(config) -> int:
+    """The hidden size of a transformers config, whatever the family calls it."""
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(config, name, None):
             return int(getattr(config, name))

@@ -65,7 +65,8 @@ def input_device(model: nn.Module) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-def _eos_ids(model: nn.Module) -> tuple[int, ...]:
+def eos_token_ids(model: nn.Module) -> tuple[int, ...]:
+    """The model's end-of-sequence ids as a tuple (generation config first, then the model config; () if none)."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
@@ -99,7 +100,7 @@ def _info_from_config(model: nn.Module) -> ModelInfo:
     # A 4D mask replaces the model's own sliding-window mask, so a run is exact only while it
     # fits inside the window: the window becomes the context limit (refused beyond it).
     limit = min(max_pos, int(window)) if uses_window else max_pos
-    return ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=_eos_ids(model))
+    return ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=eos_token_ids(model))
 
 
 # Models whose logits were checked to be lm_head(last_hidden_state) (one tiny forward each). Weak

@@ -29,12 +29,13 @@ from pathlib import Path
 
 import torch
 
-from ..core.decoding import DecodeConfig, Decoder, _sync, new_cache
+from ..core.decoding import DecodeConfig, Decoder, _sync, first_difference, new_cache
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
-from ..core.model import body_and_lm_head, chat_prompt_ids, load_model
+from ..core.model import body_and_lm_head, chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree
+from .cli import add_model_arguments
 from .distill import load_jsonl
 
 ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail")
@@ -60,11 +61,11 @@ class ForwardClock:
 
 
 def run_hf(model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos) -> dict:
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     clock = ForwardClock(model, device)
     try:
         inp = torch.tensor([ids], device=device)
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos if isinstance(eos, int) else eos[0], temperature=None, top_p=None, top_k=None)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos[0] if eos else None, temperature=None, top_p=None, top_k=None)
         if lookup:
             kwargs["prompt_lookup_num_tokens"] = 10
         t0 = _sync(device)
@@ -99,7 +100,7 @@ def forward_costs(model, *, sizes=(1, 2, 5, 9, 17, 33), prefix: int = 256, repea
     """Median ms of one body forward of L new tokens after a cached prefix (causal 4D float mask,
     explicit positions, as in a tree step) and of the lm_head over those L rows."""
     body, lm_head = body_and_lm_head(model)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     dtype = next(model.parameters()).dtype
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -135,13 +136,6 @@ def format_forward_costs(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
@@ -149,10 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
     ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, 0 if calibrated without it, else 4; 0 = heads only)")
-    ap.add_argument("--model", default="default")
+    add_model_arguments(ap)
     ap.add_argument("--heads", default=str(DEFAULT_HEADS))
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
@@ -184,13 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     prepacked = is_prepacked(model)
     attention = model.config._attn_implementation
     dtype = next(model.parameters()).dtype
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     setup = f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | attention {attention} | torch threads {torch.get_num_threads()}"
     if args.forward_costs:
         print(setup)
         print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
         return
-    eos = model.generation_config.eos_token_id
+    eos = eos_token_ids(model)
     decoders = {}
     tree_name, lookup = None, 0
     if any(m.startswith("medusa") for m in methods):

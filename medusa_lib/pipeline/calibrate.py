@@ -34,8 +34,9 @@ import torch
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
-from ..core.model import body_and_lm_head, chat_prompt_ids, load_model
+from ..core.model import body_and_lm_head, chat_prompt_ids, input_device, load_model
 from ..core.tree import TOPK, build_tree, greedy_choices
+from .cli import add_model_arguments
 from .distill import generate_answers, load_jsonl
 
 SIZES = (4, 8, 16, 32, 64)
@@ -47,7 +48,7 @@ def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torc
     position ``start`` (it predicts the first answer token) to the end. Computed once and shared by
     :func:`head_accuracy` and :func:`simulated_accepts` (pass it as ``states``)."""
     body, _ = body_and_lm_head(model)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     out = []
     for r in records:
         seq = list(r["prompt_ids"]) + list(r["answer_ids"])
@@ -60,7 +61,7 @@ def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torc
 def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK, states: list | None = None) -> torch.Tensor:
     """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
     _, lm_head = body_and_lm_head(model)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     K = heads.num_heads
     hits = torch.zeros(K, topk)
     counts = torch.zeros(K)
@@ -206,9 +207,7 @@ def split_prompts(prompts: list, n_acc: int, n_speed: int) -> tuple[list, list]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default="assets/heads/smollm2-135m-instruct")
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--device", default="auto")
+    add_model_arguments(ap)
     ap.add_argument("--prompts", default="assets/data/heldout_prompts.jsonl")
     ap.add_argument("--answers", default=None, help="held-out answers JSONL (else generated)")
     ap.add_argument("--acc-prompts", type=int, default=200, help="prompts used to measure head accuracy")

@@ -30,7 +30,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.model import chat_prompt_ids
+from ..core.model import chat_prompt_ids, eos_token_ids, input_device
+from .cli import add_model_arguments
 from .jsonl import load_jsonl  # calibrate, train and bench import it from here
 from .prompts import key_pattern
 
@@ -55,9 +56,8 @@ def batches(items: list, size: int) -> Iterator[list]:
 def generate_answers(model, tokenizer, prompts: Iterable[dict], *, max_new_tokens: int, batch_size: int, do_sample: bool = False, seed: int = 0) -> Iterator[dict]:
     """Yield {"id", "category", "prompt_ids", "answer_ids"} for each prompt, generated in batches."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    device = model.get_input_embeddings().weight.device
+    eos_ids = set(eos_token_ids(model))
+    device = input_device(model)
     rows = [(p, chat_prompt_ids(tokenizer, p["prompt"])) for p in prompts]
     rows.sort(key=lambda r: len(r[1]))  # similar lengths together: less padding
     for group in batches(rows, batch_size):
@@ -129,9 +129,8 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
         stats.setdefault(why, 0)
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    stop = set(eos if isinstance(eos, list) else [eos])
-    device = model.get_input_embeddings().weight.device
+    stop = set(eos_token_ids(model))
+    device = input_device(model)
     banned = [key_pattern(k) for k in exclude]  # the same whole-phrase match the held-out split is made with
     seen = {" ".join(k.split()).lower() for k in known}
     made, rounds = 0, 0
@@ -169,9 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default="assets/data/train_prompts.jsonl")
     ap.add_argument("--out", default="runs/distill/train.jsonl")
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--device", default="auto")
+    add_model_arguments(ap)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")

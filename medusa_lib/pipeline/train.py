@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, load_model
+from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, eos_token_ids, input_device, load_model
 from .distill import load_jsonl
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
@@ -72,7 +72,7 @@ class HiddenCache:
     @torch.inference_mode()
     def build(cls, model, records: list[dict], *, num_heads: int, batch_tokens: int = 8192, log=print) -> "HiddenCache":
         body, _ = body_and_lm_head(model)
-        device = model.get_input_embeddings().weight.device
+        device = input_device(model)
         hiddens, nexts, ends = [], [], []
         offset = 0
         order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
@@ -438,8 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"starting from the heads in {args.init_heads}")
     else:
         if cfg.proposal_tokens:
-            eos = model.generation_config.eos_token_id
-            heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=eos if isinstance(eos, list) else [eos]))
+            heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=list(eos_token_ids(model))))
             coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
             print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
         heads.init_from_lm_head(model.get_output_embeddings())

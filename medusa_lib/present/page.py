@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..core.decoding import METHODS, typical_threshold_of_entropy
+from ..core.decoding import METHODS, first_difference, typical_threshold_of_entropy
 from .records import RunRecord
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
@@ -50,9 +50,7 @@ class GreedyCheck:
 
 def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
     """Did Medusa greedy produce exactly plain greedy's tokens? If not, where do they first differ?"""
-    first = next((i for i, (a, b) in enumerate(zip(plain, medusa)) if a != b), None)
-    if first is None and len(plain) != len(medusa):
-        first = min(len(plain), len(medusa))
+    first = first_difference(plain, medusa)
     return GreedyCheck(first is None, first, len(plain), len(medusa))
 
 

@@ -24,7 +24,7 @@ import torch
 
 from ..core.decoding import METHODS, Decoder, _sync, model_info
 from ..core.defaults import heads_defaults
-from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, input_device, load_model
 from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
@@ -35,8 +35,7 @@ from .settings import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MA
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
     """Identity ResBlocks on the shared lm_head: every head proposes the base model's next token."""
-    cfg = model.config
-    hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
+    hidden = hidden_size_of(model.config)
     vocab = model.get_output_embeddings().weight.shape[0]
     p = model.get_output_embeddings().weight
     return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
@@ -141,7 +140,7 @@ class Playground:
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.defaults = heads_defaults(heads)  # tree, lookup length, lookup on: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.device = str(model.get_input_embeddings().weight.device)
+        self.device = str(input_device(model))
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         self._warm = False
 
@@ -255,7 +254,7 @@ class Playground:
     @torch.inference_mode()
     def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> float:
         """Top-1 minus top-2 logit of the base model after prompt + tokens (one plain forward, no cache)."""
-        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=self.model.get_input_embeddings().weight.device)
+        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(self.model))
         top = self.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().topk(2).values
         return float(top[0] - top[1])
 

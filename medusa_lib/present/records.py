@@ -85,10 +85,6 @@ class Event:
     method: str
     record: RunRecord
 
-    @property
-    def view(self) -> StepView | None:
-        return self.record.views[-1] if self.kind == "step" and self.record.views else None
-
 
 class Detokenizer:
     """Token ids -> text pieces, one token at a time (decode the whole answer, emit the new suffix)."""
