@@ -145,6 +145,18 @@ def call_api(url: str, api_name: str, args: list, *, timeout: float = 120) -> tu
     return event, data[0] if isinstance(data, list) and data else data
 
 
+def answer_records(n=6, seed=0) -> list[dict]:
+    """Tiny prompt/answer records (token ids) whose answers repeat a pattern the heads can learn."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(3, 300, (5 + i,), generator=g).tolist()
+        # a repetitive answer: learnable structure for the heads
+        answer = [(10 + i + j % 4) for j in range(20 + i)]
+        out.append({"id": str(i), "prompt_ids": prompt, "answer_ids": answer})
+    return out
+
+
 # ------------------------------------------------------------------ the playground and its server
 PROMPT = "w10 w11 w12 w13"
 

@@ -1,11 +1,13 @@
-"""The calibration CLI end to end on a tiny saved model: trees, the pick and what it writes."""
+"""Calibration on tiny models: head accuracy, the simulation of accepts against real decoding, the tree pick, the CLI end to end."""
 
 import json
 
-from conftest import make_model, random_heads, tiny_tokenizer
+import torch
+from conftest import answer_records, make_model, random_heads, tiny_tokenizer
 
-from medusa_lib import load_heads
+from medusa_lib import HeadsConfig, MedusaHeads, load_heads
 from medusa_lib.pipeline import calibrate
+from medusa_lib.pipeline.calibrate import head_accuracy, pick_default, split_prompts
 
 
 def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, capsys):
@@ -32,3 +34,162 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     assert "trees + lookup-3" in printed and f"default_tree={cfg['default_tree']} and lookup=3" in printed
     heads = load_heads(tmp_path / "heads", model=model)
     assert heads.lookup == 3 and heads.default_tree == cfg["default_tree"] and heads.tree_presets == trees
+
+
+def test_head_accuracy_of_identity_heads_is_the_lm_head_hit_rate():
+    model = make_model("llama")
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2))  # identity: every head = lm_head
+    recs = answer_records(2)
+    acc = head_accuracy(model, heads, recs)
+    assert acc.shape == (2, 10) and torch.all(acc >= 0) and torch.all(acc.sum(1) <= 1 + 1e-6)
+    hits = total = 0
+    for r in recs:
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        with torch.no_grad():
+            pred = model(input_ids=torch.tensor([s])).logits[0].argmax(-1)
+        for t in range(start, len(s) - 2):  # head 1 at t predicts x_{t+2}
+            hits += int(pred[t] == s[t + 2])
+            total += 1
+    assert abs(acc[0, 0].item() - hits / total) < 1e-6
+
+
+def test_head_accuracy_gives_path_conditioned_heads_the_true_branch():
+    model = make_model("llama")
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True))
+    seen = []
+    real = heads.propose
+    heads.propose = lambda h, lm_head, **kw: seen.append((kw["root_emb"], kw["path_emb"])) or real(h, lm_head, **kw)
+    recs = answer_records(2)
+    head_accuracy(model, heads, recs)
+    W = model.get_input_embeddings().weight
+    for r, (root, path) in zip(recs, seen):
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        after = s[start + 1 :] + [0, 0, 0]
+        n = len(s) - start
+        assert torch.equal(root, W[torch.tensor(after[:n])])  # x_{t+1}
+        assert path.shape == (n, 2, 64) and torch.equal(path, W[torch.tensor([[after[i + 1], after[i + 2]] for i in range(n)])])  # x_{t+2}, x_{t+3}
+
+
+def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
+    model = make_model("llama")
+    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, root_conditioned=True))
+    seen = []
+    real = heads.propose
+    heads.propose = lambda h, lm_head, **kw: seen.append((h.shape[0], kw["root_emb"])) or real(h, lm_head, **kw)
+    recs = answer_records(2)
+    head_accuracy(model, heads, recs)
+    W = model.get_input_embeddings().weight
+    for r, (n, emb) in zip(recs, seen):
+        s = r["prompt_ids"] + r["answer_ids"]
+        start = len(r["prompt_ids"]) - 1
+        assert n == len(s) - start and torch.equal(emb, W[torch.tensor(s[start + 1 :] + [0])])  # x_{t+1} after each h_t
+
+
+def test_calibration_splits_a_category_sorted_prompt_set_into_disjoint_representative_parts():
+    from collections import Counter
+
+    # like assets/data/heldout_prompts.jsonl: sorted by category, categories of unequal size
+    sizes = {"writing": 70, "roleplay": 70, "math": 60, "coding": 70, "stem": 70, "qa": 60, "translation": 70, "extraction": 60}
+    prompts = [{"id": f"{c}-{i}", "category": c} for c, n in sizes.items() for i in range(n)]
+    acc, speed = split_prompts(prompts, 300, 8)
+    assert len(acc) == 300 and len(speed) == 8
+    assert not {p["id"] for p in acc} & {p["id"] for p in speed}
+    assert Counter(p["category"] for p in speed) == Counter(sizes.keys())  # one speed prompt per category
+    counts = Counter(p["category"] for p in acc)
+    for c, n in sizes.items():  # every category in proportion (300 of 530)
+        assert abs(counts[c] - n * 300 / 530) <= 1.5, (c, counts[c])
+    acc, speed = split_prompts(prompts[:20], 300, 30)  # fewer prompts than asked: all of them, still disjoint
+    assert len(speed) == 20 and acc == []
+
+
+def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
+    nodes = {"calibrated-4": 5, "calibrated-5": 6, "calibrated-6": 7, "calibrated-8": 9}
+    speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the root-only heads' calibration (session 4)
+    assert pick_default(speeds, nodes, 0.02) == "calibrated-5"
+    assert pick_default(speeds, nodes, 0.0) == "calibrated-6"  # no tolerance: the fastest
+    assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
+
+
+def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
+    from conftest import OracleHeads
+
+    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
+
+    model = make_model("llama")
+    prompt = [1, 17, 33, 250, 99]
+    answer = run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=60, stop_on_eos=False)).tokens
+    heads = OracleHeads(model, prompt + answer)  # proposes the greedy future, at rank 1 now and then
+    tree = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]])
+    record = {"id": "r", "prompt_ids": prompt, "answer_ids": answer}
+    sim = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
+    assert sim.shape == (len(answer),) and sim.max() == 3 and sim.min() == 0  # long runs, and the end of the answer
+    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=60, stop_on_eos=False))
+    assert res.tokens == answer
+    emitted, checked = len(res.steps[0].tokens), 0
+    for step in res.steps[1:-1]:  # (the last step is cut at max_new_tokens)
+        root = emitted - 1  # the step's root is answer[root]: the simulation's position root
+        if root + tree.depth < len(answer) - 1:
+            assert step.accept_length == int(sim[root]), step.index
+            checked += 1
+        emitted += len(step.tokens)
+    assert checked >= 10
+    import pytest
+
+    from medusa_lib.pipeline.calibrate import answer_states
+
+    assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
+    walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
+    assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())
+
+
+def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
+    import pytest
+
+    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
+
+    model = make_model("llama")
+    prompt = [5, 6, 7, 8, 5, 6, 7]  # the tiny model's answer soon repeats itself
+    answer = run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=80, stop_on_eos=False)).tokens
+    heads = random_heads(4, shared=True)  # untrained: nearly everything accepted comes from the lookup branch
+    tree = build_tree([[0], [1], [0, 0]])
+    record = {"id": "r", "prompt_ids": prompt, "answer_ids": answer}
+    alone = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
+    sim = simulated_accepts(model, heads, {"t": tree}, [record], lookup=4)["t"][0]
+    assert (sim >= alone).all() and sim.max() == 4 and sim.sum() > alone.sum()
+    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=80, stop_on_eos=False, lookup=4))
+    assert res.tokens == answer and res.lookup_tokens > 0
+    emitted, checked = len(res.steps[0].tokens), 0
+    for step in res.steps[1:-1]:
+        root = emitted - 1
+        if root + 4 < len(answer) - 1:
+            assert step.accept_length == int(sim[root]), step.index
+            checked += 1
+        emitted += len(step.tokens)
+    assert checked >= 10
+    assert simulated_tokens_per_step(model, heads, {"t": tree}, [record], lookup=4)["t"] == pytest.approx(res.tokens_per_step)
+
+
+def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
+    from types import SimpleNamespace
+
+    import medusa_lib.pipeline.calibrate as cal
+
+    # tokens/s by (decoder, prompt): the tree is 3x plain on the short prompt and 1.5x on the long one
+    rates = {("plain", 1): 10.0, ("plain", 2): 40.0, ("tree", 1): 30.0, ("tree", 2): 60.0}
+
+    class FakeDecoder:
+        def __init__(self, model, *, method, config, heads=None, tree=None):
+            self.name = "plain" if method == "plain" else "tree"
+
+        def run(self, ids):
+            return SimpleNamespace(tokens_per_second=rates.get((self.name, len(ids)), 1.0), tokens_per_step=1.0 if self.name == "plain" else 2.5)
+
+    monkeypatch.setattr(cal, "Decoder", FakeDecoder)
+    out = cal.measure(None, None, {"tree": None}, [[7], [7, 8]], max_new_tokens=4, repeats=2)
+    assert out["plain"]["speedup"] == 1.0 and out["tree"]["tokens_per_step"] == 2.5
+    assert out["tree"]["speedup"] == 2.25  # median of 3.0, 3.0, 1.5, 1.5 (a ratio of medians would say 45 / 25 = 1.8)
+    assert out["tree"]["tok_s"] == 45.0

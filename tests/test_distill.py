@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from conftest import make_model, tiny_tokenizer
 
 from medusa_lib.pipeline.distill import clean_prompt, main as distill_main, openers, self_instruct, user_turn_prefix
