@@ -78,7 +78,6 @@ def test_forward_costs_table(saved, capsys):
 
 @pytest.mark.parametrize("lookup", [None, 0, 2])  # not calibrated; calibrated without the branch; with a 2-token branch
 def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tmp_path, lookup):
-    from medusa_lib.core.defaults import heads_defaults
     from medusa_lib.present import Playground
 
     model = make_model("llama")
@@ -90,6 +89,5 @@ def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tm
     bench.main(["--model", str(saved / "model"), "--heads", str(tmp_path / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "medusa-greedy",
                 "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "2", "--repeats", "1", "--json", str(out)])
     data = json.loads(out.read_text())
-    assert page == heads_defaults(loaded)
     assert data["lookup"] == page.lookup_length and data["tree"].split(" + ")[0] == page.tree
     assert (page.tree, page.lookup_length) == {None: ("topk-4x3x2-16", 4), 0: ("chain-2", 0), 2: ("chain-2", 2)}[lookup]

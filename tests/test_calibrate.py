@@ -26,6 +26,7 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     cfg = json.loads((tmp_path / "heads" / "config.json").read_text())
     assert set(trees) == {"calibrated-2", "calibrated-4"} and [len(trees[n]) for n in ("calibrated-2", "calibrated-4")] == [2, 4]
     assert cfg["default_tree"] in trees and cfg["lookup"] == 3 == cfg["calibration"]["lookup"]
+    assert cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads"
     rows = cfg["calibration"]["trees"]
     for name in trees:
         r = rows[name]

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
-from medusa_lib.core.model import chat_prompt_ids
-from medusa_lib.pipeline.distill import load_jsonl
-from medusa_lib.core.model import PACKED_GQA, default_gguf_path, resolve_dtype
+from medusa_lib.pipeline.jsonl import load_jsonl
+from medusa_lib.core.model import PACKED_GQA, chat_prompt_ids, default_gguf_path, resolve_dtype
 from medusa_lib.core.packing import PackedLinear
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,18 +18,30 @@ def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
+def is_module(name: str) -> bool:
+    """Whether a dotted medusa_lib name is a module or a package (else it is a name inside one)."""
+    if not name.startswith("medusa_lib."):
+        return False
+    where = PACKAGE / Path(*name.split(".")[1:])
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
 def imports_of(path: Path) -> set[str]:
     """medusa_lib modules a file imports (relative imports resolved), at any depth in the file."""
     name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    return imports_in(path.read_text(encoding="utf-8"), package=name if path.name == "__init__.py" else name.rsplit(".", 1)[0])
+
+
+def imports_in(source: str, *, package: str) -> set[str]:
+    """medusa_lib modules (and gradio, ui) that ``source``, a module of ``package``, imports."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found |= {f"{base}.{a.name}" if (PACKAGE / Path(*f"{base}.{a.name}".split(".")[1:])).with_suffix(".py").exists() else base for a in node.names}
+            found |= {f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
     return {m for m in found if m == "medusa_lib" or m.startswith("medusa_lib.") or m.split(".")[0] in ("gradio", "ui")}
@@ -47,8 +59,15 @@ def test_each_wing_imports_only_inward_and_nothing_imports_gradio():
         parts = module.split(".")
         if len(parts) < 3:
             continue
+        assert "medusa_lib" not in deps, f"{module} imports the top-level package, which loads every wing"
         wings = {d.split(".")[1] for d in deps if d.count(".") >= 1 and d.split(".")[1] in ALLOWED}
         assert wings <= ALLOWED[parts[1]], f"{module} imports {sorted(wings - ALLOWED[parts[1]])}"
+
+
+def test_a_package_imported_by_name_counts_as_that_package():
+    """`from medusa_lib import present` and `from .. import core` are imports of those packages."""
+    source = "from medusa_lib import present\nfrom .. import core\nfrom ..core import tree\nfrom medusa_lib import load_model\nimport gradio as gr\n"
+    assert imports_in(source, package="medusa_lib.pipeline") == {"medusa_lib.present", "medusa_lib.core", "medusa_lib.core.tree", "medusa_lib", "gradio"}
 
 
 def test_no_import_cycles():

@@ -50,14 +50,19 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
     why = ("**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a "
            "one-token step, and more for bigger trees. Medusa wins when the heads are accurate enough that the "
            "extra tokens per step outweigh the extra cost per step.")
-    tree = ((calibration or {}).get("trees") or {}).get(default_tree or "")
+    calibration = calibration or {}
+    tree = (calibration.get("trees") or {}).get(default_tree or "")
     if tree and tree.get("speedup") and tree.get("measured_tokens_per_step"):
         per_step, speedup = tree["measured_tokens_per_step"], tree["speedup"]
+        lookup = calibration.get("lookup", lookup)  # the branch the figures were measured with
         branch = f", with a lookup branch of {lookup}" if lookup else ""
+        nodes = f", {tree['nodes']} nodes" if tree.get("nodes") else ""
         heads_only = tree.get("heads_only_simulated_tokens_per_step")
         alone = f" ({heads_only:.1f} from the heads alone, simulated)" if heads_only else ""
-        why += (f" When these heads were calibrated ({calibration.get('dtype', 'on the calibration machine').replace('torch.', '')}), "
-                f"a step of their default tree ({default_tree}, {tree['nodes']} nodes{branch}) cost about {per_step / speedup:.1f}x "
+        dtype = str(calibration.get("dtype", "")).replace("torch.", "")
+        where = f"{dtype + ', ' if dtype else ''}on {calibration.get('device') or 'the machine they were calibrated on'}"
+        why += (f" When these heads were calibrated ({where}), "
+                f"a step of their default tree ({default_tree}{nodes}{branch}) cost about {per_step / speedup:.1f}x "
                 f"a one-token step and made {per_step:.1f} tokens a step{alone}: {speedup:.2f}x plain decoding's speed.")
     return why + (" With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.")
 

@@ -138,6 +138,18 @@ def _check_lm_head_is_the_output(model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------- loading
+def device_name(device: torch.device) -> str:
+    """The device as a message names it: 'CPU', or the GPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type.upper()
+
+
+def device_label(device: torch.device) -> str:
+    """The device as a figure's label names it: the GPU's model name, or 'CPU, N threads'."""
+    return device_name(device) if device.type != "cpu" else f"CPU, {torch.get_num_threads()} threads"
+
+
 def resolve_device(device: str | None = None) -> torch.device:
     """'auto' (or None) picks CUDA when present, else CPU."""
     if device in (None, "", "auto"):

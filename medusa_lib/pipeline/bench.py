@@ -36,7 +36,7 @@ from ..core.model import body_and_lm_head, chat_prompt_ids, eos_token_ids, input
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree
 from .cli import add_model_arguments
-from .distill import load_jsonl
+from .jsonl import load_jsonl
 
 ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"

@@ -34,10 +34,11 @@ import torch
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
-from ..core.model import body_and_lm_head, chat_prompt_ids, input_device, load_model
+from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.tree import TOPK, build_tree, greedy_choices
 from .cli import add_model_arguments
-from .distill import generate_answers, load_jsonl
+from .distill import generate_answers
+from .jsonl import load_jsonl
 
 SIZES = (4, 8, 16, 32, 64)
 
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             "tie": args.tie,
             "lookup": args.lookup,
             "dtype": str(next(model.parameters()).dtype),
+            "device": device_label(input_device(model)),
         }
         (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
         print(f"wrote {folder / TREES_FILE}, default_tree={best} and lookup={args.lookup}")

@@ -32,7 +32,7 @@ import torch
 
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device
 from .cli import add_model_arguments
-from .jsonl import load_jsonl  # calibrate, train and bench import it from here
+from .jsonl import load_jsonl
 from .prompts import key_pattern
 
 

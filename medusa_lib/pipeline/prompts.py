@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .jsonl import load_jsonl, write_jsonl  # noqa: F401  (load_jsonl reads the written files back)
+from .jsonl import load_jsonl, write_jsonl  # noqa: F401  (tests read the written files back with P.load_jsonl)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "assets" / "data"

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, eos_token_ids, input_device, load_model
-from .distill import load_jsonl
+from .cli import add_model_arguments
+from .jsonl import load_jsonl
 
 DECAY = 0.8  # lambda_k = 0.8^k (paper)
 
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     from .distill import main as distill_main
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default")
+    add_model_arguments(ap)
     ap.add_argument("--out", default="assets/heads/smollm2-135m-instruct")
     ap.add_argument("--work", default="runs/train", help="answers, hidden-state caches, resume state")
     ap.add_argument("--train-prompts", default="assets/data/train_prompts.jsonl")
@@ -407,13 +408,13 @@ def main(argv: list[str] | None = None) -> None:
     for split, prompts, given in (("train", args.train_prompts, args.train_answers), ("heldout", args.heldout_prompts, args.heldout_answers)):
         paths = [Path(g) for g in given] if given else [work / f"{split}_answers.jsonl"]
         if not given:
-            distill_main(["--prompts", prompts, "--out", str(paths[0]), "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)])
+            distill_main(["--prompts", prompts, "--out", str(paths[0]), "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--max-new-tokens", str(args.max_new_tokens)])
         parts = [load_jsonl(p) for p in paths]
         answers[split] = [r for part in parts for r in part]
         bounds[split] = [sum(map(len, parts[: i + 1])) for i in range(len(parts))]  # record count after each file
         print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
 
-    model, tok = load_model(args.model, dtype="auto", progress=print)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     model.requires_grad_(False)
     caches = {split: cached_hidden(model, answers[split], bounds[split], work, split, cfg.num_heads) for split in ("train", "heldout")}
     if args.prepare_only:

@@ -26,7 +26,7 @@ from ..core.decoding import METHODS, Decoder, _sync, model_info
 from ..core.defaults import heads_defaults
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import kind, must_be_switch, shown
-from ..core.model import chat_prompt_ids, input_device, load_model
+from ..core.model import chat_prompt_ids, device_name, input_device, load_model
 from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
 from .page import LABELS, GreedyCheck, greedy_check, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
@@ -43,13 +43,6 @@ def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
 
 PREFILL_SECONDS = 3.0  # the longest prompt a server takes is about what its device prefills in this time
 LONG_RUN_TOKENS = 1024  # after a run whose prompt + budget reach this, freed memory goes back to the system
-
-
-def device_name(device: torch.device) -> str:
-    """The device as a message names it: 'CPU', or the GPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type.upper()
 
 
 def measured_limit_why(model) -> str:
