@@ -182,10 +182,10 @@ def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playgro
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
 
-API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch"]
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed"]
 
 
-API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True}
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0}
 
 
 def api_args(prompt: str, overrides: dict) -> list:
@@ -230,5 +230,5 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
         client.predict(prompt, 4, api_name="/compare")
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"

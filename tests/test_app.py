@@ -65,7 +65,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, "Medusa greedy", api_name="/run")
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "Medusa greedy / exact sampling", api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3
@@ -74,9 +74,10 @@ def test_ui_run_streams_into_the_three_columns(server):
     badge = final[5]
     assert 'data-equal="true"' in badge
     summary = final[6]
-    assert [row[0] for row in summary["data"]] == ["Plain (greedy)", "Medusa greedy", "Medusa typical"]
+    assert [row[0] for row in summary["data"]] == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]  # T = 0.7: the page samples
+    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed: all 12 tokens identical." in badge
     streamed = " ".join(str(u) for u in updates)
-    for name in ("Plain (greedy)", "Medusa greedy", "Medusa typical"):
+    for name in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"):
         assert name in streamed
 
 
@@ -85,7 +86,7 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 
     h = Handlers(tiny_playground(oracle=False))
     with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning
-        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, "Medusa greedy"))
+        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, 0, "Medusa greedy / exact sampling"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
     with pytest.warns(UserWarning, match="Run the three methods first"):

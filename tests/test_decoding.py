@@ -6,7 +6,9 @@ from conftest import OracleHeads, make_model, random_heads
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
 from medusa_lib.core.attention import use_packed_gqa
-from medusa_lib.core.decoding import compact_cache, greedy_accept, greedy_tokens, new_cache, typical_accept, typical_threshold, typical_threshold_of_entropy
+from medusa_lib.core.decoding import (
+    compact_cache, greedy_accept, greedy_tokens, new_cache, sample_token, sample_walk, sampling_probs, typical_accept, typical_threshold, typical_threshold_of_entropy,
+)
 from medusa_lib.core.model import model_info
 from medusa_lib.core.tree import tree_attention_bias, with_lookup
 
@@ -109,6 +111,109 @@ def test_greedy_equals_generate_for_qwen2_and_gqa_llama_in_one_chain(models):
     gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
     med = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)).tokens
     assert gen == med
+
+
+# ------------------------------------------------------------------ exact sampling
+def sampled(model, n, *, temperature, seed, top_p=1.0):
+    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p)
+    return cfg, run_method(model, PROMPT, method="plain", config=cfg).tokens
+
+
+HEAD_KINDS = {"plain": {}, "root": {"root": True}, "path": {"path": True}}
+
+
+@pytest.mark.parametrize("head_kind", HEAD_KINDS)
+@pytest.mark.parametrize("tree_name", TREES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_medusa_exact_sampling_equals_plain_sampling_with_the_same_seed(models, arch, tree_name, head_kind):
+    """The sampling counterpart of Medusa greedy == plain greedy: every emitted token is one draw
+    from the same generator, so with the same seed the outputs are identical (float32)."""
+    model = models[arch]
+    heads = random_heads(4, shared=arch != "gpt2", **HEAD_KINDS[head_kind])
+    for temperature, seed, top_p in [(0.7, 0, 1.0), (1.0, 1, 1.0), (1.3, 2, 0.9), (0.3, 3, 1.0)]:
+        cfg, ref = sampled(model, 40, temperature=temperature, seed=seed, top_p=top_p)
+        res = run_method(model, PROMPT, method="medusa-sample", heads=heads, tree=TREES[tree_name], config=cfg)
+        assert res.tokens == ref, (temperature, seed, top_p)
+
+
+@pytest.mark.parametrize("lookup", [0, 3])
+@pytest.mark.parametrize("tree_name", TREES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(models, arch, tree_name, lookup):
+    """Heads that foresee the sampled answer (at rank 0 or 1): long walks, the same tokens."""
+    model = models[arch]
+    for seed in (0, 5):
+        cfg, ref = sampled(model, N_NEW + 8, temperature=0.9, seed=seed)
+        cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, seed=seed, lookup=lookup)
+        res = run_method(model, PROMPT, method="medusa-sample", heads=OracleHeads(model, PROMPT + ref), tree=TREES[tree_name], config=cfg)
+        assert res.tokens == ref[:N_NEW]
+        assert res.tokens_per_step > {"chain-4": 1.2, "cartesian-3x2x2": 2.5, "mc_sim_7b_63": 3.0}[tree_name]
+        for s in res.steps[1:]:  # the record's path is the walk's: its tokens are the accepted ones
+            assert len(s.accepted_nodes) == s.accept_length + 1
+            assert [s.tree_token_ids[j] for j in s.accepted_nodes[1:]] == list(s.tokens[: s.accept_length])
+
+
+def test_exact_sampling_at_temperature_zero_is_greedy(models):
+    model = models["qwen2"]
+    cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False)
+    res = run_method(model, PROMPT, method="medusa-sample", heads=random_heads(4, shared=True), tree=TREES["mc_sim_7b_63"], config=cfg)
+    assert res.tokens == plain_tokens(model, 30)
+
+
+def walk_case():
+    """A hand-made step: root's children hold tokens 5 and 7, node 1 (token 5) has child 3 (token 2)."""
+    tree = build_tree([[0], [1], [0, 0]])
+    tokens = [9, 5, 7, 2]
+    logits = torch.full((4, 10), -30.0)
+    return tree, tokens, logits
+
+
+def test_the_walk_descends_while_the_draw_is_a_child_and_ends_with_the_first_draw_that_is_not():
+    tree, tokens, logits = walk_case()
+    assert tree.children == ((1, 2), (3,), (), ())
+    draw = dict(temperature=1.0, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    logits[0, 5] = logits[1, 2] = logits[3, 4] = 30.0  # (near) one-hot: 5 at the root, then 2, then 4 at the leaf
+    assert sample_walk(logits, tokens, tree.children, **draw) == ([0, 1, 3], 4)  # at a leaf the draw is the bonus
+    logits[1, 2], logits[1, 8] = -30.0, 30.0  # after 5 the model says 8: no child holds it
+    assert sample_walk(logits, tokens, tree.children, **draw) == ([0, 1], 8)
+    logits[0, 5], logits[0, 7] = -30.0, 30.0  # 7: the root's second child, a leaf
+    logits[2, 1] = 30.0
+    assert sample_walk(logits, tokens, tree.children, **draw) == ([0, 2], 1)
+    logits[0, 7], logits[0, 6] = -30.0, 30.0  # 6: no child: nothing accepted, 6 is the bonus
+    assert sample_walk(logits, tokens, tree.children, **draw) == ([0], 6)
+
+
+def test_the_walks_tokens_are_distributed_as_the_model_says():
+    """20,000 walks over a hand-made step: the first token follows p at the root, the second
+    (after descending) follows p at that child: the joint law of plain sampling's two draws."""
+    tree, tokens, _ = walk_case()
+    torch.manual_seed(0)
+    logits = torch.randn(4, 10) * 1.5
+    p_root, p_child = sampling_probs(logits[0], temperature=0.8, top_p=1.0), sampling_probs(logits[1], temperature=0.8, top_p=1.0)
+    gen, n = torch.Generator().manual_seed(1), 20_000
+    first, second = torch.zeros(10), torch.zeros(10)
+    for _ in range(n):
+        path, bonus = sample_walk(logits, tokens, tree.children, temperature=0.8, top_p=1.0, generator=gen)
+        y1 = tokens[path[1]] if len(path) > 1 else bonus
+        first[y1] += 1
+        if y1 == 5:  # descended to node 1: the next token is drawn there
+            second[tokens[path[2]] if len(path) > 2 else bonus] += 1
+    for freq, p, count in ((first / n, p_root, n), (second / second.sum(), p_child, second.sum())):
+        sigma = (p * (1 - p) / count).sqrt()
+        assert ((freq - p).abs() <= 5 * sigma + 1e-3).all(), (freq, p)
+
+
+def test_sample_token_draws_from_the_nucleus_and_consumes_the_generator_the_same_way_for_any_p():
+    logits = torch.tensor([3.0, 2.0, 1.0, -5.0])
+    probs = sampling_probs(logits, temperature=1.0, top_p=0.8)
+    assert probs[3] == 0 and probs[2] == 0 and probs[:2].sum() == pytest.approx(1.0)  # {0, 1} holds >= 0.8 of the mass
+    gen = torch.Generator().manual_seed(0)
+    draws = {int(sample_token(logits, temperature=1.0, top_p=0.8, generator=gen)) for _ in range(200)}
+    assert draws == {0, 1}
+    a, b = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    sample_token(torch.randn(50), temperature=0.5, top_p=1.0, generator=a)
+    sample_token(torch.randn(50) * 9, temperature=2.0, top_p=0.5, generator=b)
+    assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
 
 
 def test_typical_at_temperature_zero_equals_greedy(models):

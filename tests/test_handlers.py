@@ -59,7 +59,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
         assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", api_name="/run")
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -89,16 +89,16 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
     pg = tiny_playground(oracle=False)
     orig = Playground.run_method
 
-    def failing(self, decoder, ids):
-        for i, ev in enumerate(orig(self, decoder, ids)):
-            if decoder.method == "medusa-greedy" and i == 4:
+    def failing(self, view, decoder, ids):
+        for i, ev in enumerate(orig(self, view, decoder, ids)):
+            if view == "medusa-sample" and i == 4:  # T = 0.7: the page runs the sampled comparison
                 raise RuntimeError("boom")
             yield ev
 
     monkeypatch.setattr(Playground, "run_method", failing)
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
     last = outs[-1]
     assert html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
     greedy = last[RUN_OUTPUTS.index("col_greedy")]
@@ -137,8 +137,8 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
     h = Handlers(tiny_playground(oracle=False))
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
-    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=other))  # another user's finished run
-    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy", request=me)
+    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", request=other))  # another user's finished run
+    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", request=me)
     plain = RUN_OUTPUTS.index("col_plain")
     frames = [next(gen) for _ in range(6)]
     at_click = [[f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]  # what the page holds
@@ -168,9 +168,9 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     for m in out["methods"].values():
         assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
     assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
-    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
-    assert status == ("Done. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+    assert status == ("Done. Sampled at T = 0.7, seed 0; speedups are against plain sampling. Plain (sampling), Medusa exact sampling, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
                       "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
     summary = outs[-1][RUN_OUTPUTS.index("summary")]
     assert summary["tokens/s"].tolist() == ["\u2014"] * 3
@@ -201,3 +201,35 @@ def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unex
     assert no_step_message(rec).endswith("no Medusa step to inspect. Raise Max new tokens and run again.")
     eos_rec = replace(rec, views=(replace(rec.views[0], step=replace(rec.views[0].step, finish_reason="eos")),))
     assert no_step_message(eos_rec).endswith("(the model ended its answer at once): no Medusa step to inspect.")  # no advice that would not help
+
+
+def test_the_page_samples_above_temperature_zero_and_is_greedy_at_zero():
+    """T > 0: plain sampling, Medusa exact sampling, typical, speed-ups against plain sampling, the
+    cost panel and the exact-sampling badge; T = 0: today's greedy page with the panel's pointer."""
+    from ui.handlers import INSPECT_CHOICES, RUN_OUTPUTS, Handlers
+
+    h = Handlers(tiny_playground())
+    at = {n: RUN_OUTPUTS.index(n) for n in RUN_OUTPUTS}
+    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, INSPECT_CHOICES[0]))
+    sampled = list(frames[-1])
+    for col in ("col_plain", "col_greedy"):  # the columns as the page holds them: the last frame that sent each
+        sampled[at[col]] = [f[at[col]] for f in frames if isinstance(f[at[col]], str)][-1]
+    assert list(sampled[at["session"]]) == ["plain-sample", "medusa-sample", "medusa-typical"]
+    assert "Sampled at T = 0.9, seed 7; speedups are against plain sampling." in sampled[at["status"]]
+    badge = sampled[at["badge"]]
+    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed: all 16 tokens identical." in badge
+    assert 'data-method="plain-sample"' in sampled[at["col_plain"]] and "Plain (sampling)" in sampled[at["col_plain"]]
+    assert 'data-method="medusa-sample"' in sampled[at["col_greedy"]] and "Medusa exact sampling" in sampled[at["col_greedy"]]
+    assert list(sampled[at["summary"]]["method"]) == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]
+    panel = sampled[at["sampling"]]
+    assert 'data-rows="3"' in panel and "at T = 0.9" in panel and all(f"<td>{m}</td>" in panel for m in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"))
+    tree_title = sampled[at["tree_plot"]].layout.title.text
+    assert tree_title.startswith("Medusa exact sampling, step")  # the inspector shows the run the middle column made
+    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, INSPECT_CHOICES[0]))[-1]
+    assert other_seed[at["session"]]["plain-sample"].tokens != sampled[at["session"]]["plain-sample"].tokens  # the seed is used
+
+    greedy = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, INSPECT_CHOICES[0]))[-1]
+    assert list(greedy[at["session"]]) == ["plain", "medusa-greedy", "medusa-typical"]
+    assert 'data-sampled="false"' in greedy[at["badge"]] and "Medusa greedy = plain greedy: all 16 tokens identical." in greedy[at["badge"]]
+    assert 'data-rows="0"' in greedy[at["sampling"]] and "Sampled at" not in greedy[at["status"]]
+    assert greedy[at["tree_plot"]].layout.title.text.startswith("Medusa greedy, step")

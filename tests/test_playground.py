@@ -15,6 +15,8 @@ import torch
 from conftest import PROMPT, VOCAB, tiny_playground
 
 from medusa_lib.present import (
+    GREEDY_VIEWS,
+    SAMPLED_VIEWS,
     LABELS,
     SUMMARY_COLUMNS,
     Detokenizer,
@@ -227,8 +229,71 @@ def test_custom_tree_and_compare_dict(pg):
     out = pg.compare(PROMPT, Settings(max_new_tokens=8, custom_tree="[[0], [0, 0], [1]]"))
     json.dumps(out)  # JSON-able
     assert out["tree"] == "custom" and set(out["methods"]) == {"plain", "medusa-greedy", "medusa-typical"}
-    assert out["greedy_match"]["equal"] is True and [r["method"] for r in out["summary"]] == list(LABELS.values())
+    assert out["greedy_match"]["equal"] is True and [r["method"] for r in out["summary"]] == [LABELS[v] for v in GREEDY_VIEWS]
     assert all(m["tokens"] == 8 and m["text"] for m in out["methods"].values())
+
+
+# ------------------------------------------------------------------ the sampled comparison
+def test_compare_without_sample_is_todays_greedy_comparison(pg):
+    out = pg.compare(PROMPT, Settings(max_new_tokens=6))
+    assert list(out["methods"]) == list(GREEDY_VIEWS) and "greedy_match" in out and "sampling" not in out and "sampling_match" not in out
+
+
+def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling(pg):
+    settings = Settings(max_new_tokens=24, temperature=0.8, seed=11, sample=True, tree="topk-3x2x1")
+    out = pg.compare(PROMPT, settings)
+    json.dumps(out)
+    methods = out["methods"]
+    assert list(methods) == list(SAMPLED_VIEWS)
+    assert methods["medusa-sample"]["token_ids"] == methods["plain-sample"]["token_ids"]  # lossless: the same seed, the same tokens
+    assert out["sampling_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False,
+                                     "message": "Medusa exact sampling = plain sampling, same seed: all 24 tokens identical."}
+    greedy = pg.compare(PROMPT, Settings(max_new_tokens=24, tree="topk-3x2x1"))["methods"]["plain"]["token_ids"]
+    assert methods["plain-sample"]["token_ids"] != greedy  # it did sample
+    other = pg.compare(PROMPT, replace(settings, seed=12))["methods"]
+    assert other["plain-sample"]["token_ids"] != methods["plain-sample"]["token_ids"] and other["medusa-sample"]["token_ids"] == other["plain-sample"]["token_ids"]
+    rows = {r["method"]: r for r in out["summary"]}
+    plain = methods["plain-sample"]["tokens_per_second"]
+    assert rows["Plain (sampling)"]["speedup"] == 1.0  # the speed-ups are against plain sampling
+    assert rows["Medusa exact sampling"]["speedup"] == round(methods["medusa-sample"]["tokens_per_second"] / plain, 2)
+    assert out["sampling"]["temperature"] == 0.8 and out["sampling"]["seed"] == 11
+    panel = {r["method"]: r for r in out["sampling"]["rows"]}
+    assert list(panel) == [LABELS[v] for v in SAMPLED_VIEWS]
+    same = ("mean log p", "mean entropy", "log p + entropy")
+    assert [panel["Plain (sampling)"][k] for k in same] == [panel["Medusa exact sampling"][k] for k in same]  # the same tokens score the same
+
+
+def test_sample_scores_are_the_models_log_probabilities_at_t(pg):
+    settings = Settings(max_new_tokens=12, temperature=0.6, seed=2, sample=True, tree="topk-3x2x1")
+    rec = {e.method: e.record for e in pg.stream(PROMPT, settings) if e.kind == "end"}["plain-sample"]
+    logp, entropy = pg.sample_scores(rec, temperature=0.6)
+    ids = list(rec.prompt_ids) + list(rec.tokens)
+    want_logp, want_h = [], []
+    with torch.no_grad():
+        for i, t in enumerate(rec.tokens):  # one forward per token, the way the run saw them
+            z = pg.model(input_ids=torch.tensor([ids[: len(rec.prompt_ids) + i]])).logits[0, -1].float() / 0.6
+            lp = torch.log_softmax(z, -1)
+            want_logp.append(float(lp[t]))
+            want_h.append(float(-(lp.exp() * lp).sum()))
+    assert logp == pytest.approx(sum(want_logp) / len(want_logp), abs=1e-4) and entropy == pytest.approx(sum(want_h) / len(want_h), abs=1e-4)
+
+
+def test_draw_gap_replays_the_seeded_draw_that_chose_each_token(pg):
+    """Where exact sampling and plain sampling differ, the badge says how close the draw was: the
+    replayed draw must rank plain's own token first at every position (else the replay is off)."""
+    settings = Settings(max_new_tokens=10, temperature=0.9, seed=4, sample=True, tree="topk-3x2x1")
+    rec = {e.method: e.record for e in pg.stream(PROMPT, settings) if e.kind == "end"}["plain-sample"]
+    cfg = settings.config("medusa-sample")
+    for k in (0, 3, 9):
+        a = rec.tokens[k]
+        others = [b for b in (5, 77, 150, 300) if b != a]
+        gaps = [pg.draw_gap(rec.prompt_ids, rec.tokens[:k], a, b, cfg, draw=k, signed=True) for b in others]
+        assert all(g > 0 for g in gaps), (k, gaps)
+    fake = replace(rec, views=rec.views[:-1] + (replace(rec.views[-1], pieces=(replace(rec.views[-1].pieces[0], token_id=(rec.tokens[-1] + 1) % VOCAB),)),))
+    check = pg.greedy_check(rec, fake, settings)
+    assert check.sampled and check.first_diff == 9 and check.logit_gap > 0
+    assert check.headline == "Medusa exact sampling differs from plain sampling, same seed from token 9 on (0-based; 10 vs 10 tokens)."
+    assert "log p - log E" in check.reason
 
 
 def test_untrained_heads_and_calibrated_tree_presets():

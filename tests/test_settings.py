@@ -59,6 +59,11 @@ CASES = [
     ("chat template as text", PROMPT, {"chat_template": "false"}, "The chat template switch (chat_template) must be true or false, not text (got 'false')."),
     ("lookup branch as a number", PROMPT, {"lookup_branch": 1}, "The lookup branch switch (lookup_branch) must be true or false, not a number (got 1)."),
     ("tree preset not text", PROMPT, {"tree": 5}, "The tree preset must be the name of a preset, not a number (got 5)."),
+    ("seed negative", PROMPT, {"seed": -1}, "The seed must be a whole number from 0 to 9223372036854775807 (got -1)."),
+    ("seed not whole", PROMPT, {"seed": 1.5}, "The seed must be a whole number from 0 to 9223372036854775807 (got 1.5)."),
+    ("seed as text", PROMPT, {"seed": "7"}, "The seed must be a whole number from 0 to 9223372036854775807: send a number, not text (got '7')."),
+    ("sampling switch as text", PROMPT, {"sample": "yes"}, "The sampling switch (sample) must be true or false, not text (got 'yes')."),
+    ("sampling at temperature 0", PROMPT, {"sample": True, "temperature": 0}, "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off."),
     ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
 ]
 
@@ -117,17 +122,19 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     pg.max_new_tokens_limit = LIMIT
     h = Handlers(pg)
     status = RUN_OUTPUTS.index("status")
-    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
     assert first[-1][status].startswith("Done")
     for case, prompt, overrides, message in CASES:
+        if "sample" in overrides:  # the page has no sampling switch: it samples whenever T > 0
+            continue
         message = message.format(presets=", ".join(pg.tree_names()))
         a = {**API_DEFAULTS, **overrides}
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
-            outs = list(h.run(prompt, *(a[k] for k in API_ORDER), "Medusa greedy"))
+            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k != "sample"), "Medusa greedy / exact sampling"))  # the page samples when T > 0
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
         assert str(warned[-1].message) == message, case
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
-    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, "Medusa greedy"))
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
     assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
-    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}
+    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # T = 0.7: the sampled comparison

@@ -20,8 +20,7 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from medusa_lib.core.decoding import METHODS
-from medusa_lib.core.messages import InputError
+from medusa_lib.core.messages import InputError, is_number
 from medusa_lib.present import (
     LABELS,
     NOT_TIMED,
@@ -39,7 +38,7 @@ from medusa_lib.present import (
 )
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
-from .render import badge_html, column_html, stopped_column
+from .render import badge_html, column_html, sampling_html, stopped_column
 
 try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
     import spaces
@@ -49,11 +48,12 @@ except ImportError:
     def on_gpu(fn: Callable) -> Callable:
         return fn
 
-COLUMN = {"plain": "col_plain", "medusa-greedy": "col_greedy", "medusa-typical": "col_typical"}
-RUN_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline", "badge", "summary", "session", "insp_step", "tree_plot", "mask_plot", "path_table"]
+COLUMN = {"plain": "col_plain", "plain-sample": "col_plain", "medusa-greedy": "col_greedy", "medusa-sample": "col_greedy", "medusa-typical": "col_typical"}
+RUN_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline", "badge", "summary", "sampling", "session", "insp_step", "tree_plot", "mask_plot", "path_table"]
 REPLAY_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline"]
 INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
-INSPECT_CHOICES = [LABELS["medusa-greedy"], LABELS["medusa-typical"]]
+INSPECTED = {"Medusa greedy / exact sampling": ("medusa-greedy", "medusa-sample"), LABELS["medusa-typical"]: ("medusa-typical",)}  # the inspector's choice -> the views it shows
+INSPECT_CHOICES = list(INSPECTED)
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
@@ -98,8 +98,10 @@ def empty_paths() -> pd.DataFrame:
     return pd.DataFrame(columns=PATH_COLUMNS)
 
 
-def method_of(label: str) -> str:
-    return next((m for m, lab in LABELS.items() if lab == label), "medusa-greedy")
+def method_of(label: str, records: dict | None = None) -> str:
+    """The run the inspector's choice shows: the middle column's (greedy, or exact sampling) or typical's."""
+    views = INSPECTED.get(label, INSPECTED[INSPECT_CHOICES[0]])
+    return next((v for v in views if v in (records or {})), views[0])
 
 
 def best_step(record: RunRecord) -> int:
@@ -161,8 +163,9 @@ class Handlers:
 
     # ---------------------------------------------------------------- inspector
     def inspector(self, records: dict | None, label: str, step: float) -> tuple:
-        method = method_of(label)
+        method = method_of(label, records)
         rec = (records or {}).get(method)
+        label = LABELS[method]
         title = f"{label}: candidate tree"
         if rec is None or len(rec.views) < 2:
             msg = "Run the playground to inspect a Medusa step." if rec is None else no_step_message(rec)
@@ -176,7 +179,7 @@ class Handlers:
         return tree, mask, pd.DataFrame(path_rows(rec, self.pg.tokenizer), columns=PATH_COLUMNS)
 
     def inspector_update(self, records: dict, label: str) -> dict:
-        rec = records.get(method_of(label))
+        rec = records.get(method_of(label, records))
         n = max(len(rec.views) - 1, 1) if rec else 1
         step = best_step(rec) if rec else 1
         tree, mask, table = self.inspector(records, label, step)
@@ -186,27 +189,31 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label,
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label,
             request: gr.Request = None) -> Iterator[tuple]:
-        """Plain, Medusa greedy, Medusa typical one after another, each streaming into its column.
+        """The three columns one after another, each streaming into its column: at Temperature 0 plain
+        greedy, Medusa greedy and typical acceptance; above 0 plain sampling, Medusa exact sampling and
+        typical acceptance, all at that temperature and seed (the fair comparison).
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label)
+        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label)
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, insp_label) -> Iterator[tuple]:
+    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
+            sample = is_number(temperature) and temperature > 0  # the page samples whenever T > 0
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed)
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
             return
         records: dict[str, RunRecord] = {}
-        yield out(status="Starting&hellip;", col_plain=column_html("plain", None), col_greedy=column_html("medusa-greedy", None),
-                  col_typical=column_html("medusa-typical", None), timeline=timeline_figure({}), badge=badge_html(None), summary=empty_summary(), session=None)
+        views = settings.views
+        yield out(status="Starting&hellip;", **{COLUMN[v]: column_html(v, None) for v in views}, timeline=timeline_figure({}), badge=badge_html(None),
+                  summary=empty_summary(), sampling=sampling_html(None), session=None)
         last = 0.0
         try:
             for ev in self.pg.run(ids, decoders):
@@ -218,16 +225,20 @@ class Handlers:
                 state = "done" if ev.kind == "end" else "running"
                 upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state), "timeline": timeline_figure(records)}
                 if ev.kind == "start":
-                    upd["status"] = f"Running **{LABELS[ev.method]}** ({METHODS.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
-                if ev.kind == "end" and ev.method == method_of(insp_label):
+                    upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                if ev.kind == "end" and ev.method == method_of(insp_label, records):
                     upd.update(self.inspector_update(records, insp_label))
                 yield out(**upd)
-            check = self.pg.greedy_check(records["plain"], records["medusa-greedy"])  # may run one more forward
+            plain, medusa = records[views[0]], records[views[1]]
+            check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
+            rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
             note = untimed_note(records)
+            done = f"Sampled at T = {settings.temperature:g}, seed {settings.seed}; speedups are against plain sampling. " if settings.sample else ""
             final = out(
-                status="Done. " + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
-                badge=badge_html(check, plain=records["plain"], medusa=records["medusa-greedy"], tokenizer=self.pg.tokenizer),
-                summary=summary_frame(records), session=records, **self.inspector_update(records, insp_label),
+                status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
+                badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
+                summary=summary_frame(records), sampling=sampling_html(rows, temperature=float(settings.temperature)), session=records,
+                **self.inspector_update(records, insp_label),
             )
         except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
             cut = {COLUMN[m]: column_html(m, r, state="stopped") for m, r in records.items() if not r.done}
@@ -255,7 +266,7 @@ class Handlers:
 
     def _replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
         out = lambda **kw: pack(REPLAY_OUTPUTS, **kw)  # noqa: E731
-        if not records or any(m not in records for m in METHODS):
+        if not records or len(records) < 3:
             gr.Warning("Run the three methods first: the race replay uses their recorded step times.")
             yield out(status="**Nothing to replay yet:** press Run first.")
             return
@@ -265,8 +276,7 @@ class Handlers:
             start, t = time.perf_counter(), 0.0
             while True:
                 cols = {}
-                for m in METHODS:
-                    rec = records[m]
+                for m, rec in records.items():
                     k = visible_steps(rec, t)
                     part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
                     cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
@@ -284,10 +294,11 @@ class Handlers:
             yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
-    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch) -> dict:
+    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0) -> dict:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         try:
-            return self.pg.compare(prompt, self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch))
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed)
+            return self.pg.compare(prompt, settings)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
 

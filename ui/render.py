@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from medusa_lib.present import LABELS, GreedyCheck, Piece, RunRecord
+from medusa_lib.present import LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
 
-METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00"}  # Okabe-Ito
+METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00", "plain-sample": "#555555", "medusa-sample": "#0072B2"}  # Okabe-Ito, by column
 CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
 STATE_BADGES = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay", "stopped": "stopped"}  # top right of a column
 
@@ -72,21 +72,24 @@ def stopped_column(col: str | None) -> str | None:
 
 
 def badge_html(check: GreedyCheck | None, *, plain: RunRecord | None = None, medusa: RunRecord | None = None, tokenizer=None) -> str:
-    """Green when Medusa greedy reproduced plain greedy token for token; else the first differing position,
-    amber when the base model's two best logits tie there (floating-point rounding), red otherwise."""
+    """Green when Medusa greedy (exact sampling) reproduced plain greedy (sampling, same seed) token for
+    token; else the first differing position, amber when the base model's choice there was a
+    floating-point tie, red otherwise. ``numerics`` (e.g. "bfloat16") is said in the badge."""
     if check is None:
-        return '<div class="badge badge-wait" data-equal="unknown">Greedy check: runs Plain and Medusa greedy, then compares their tokens.</div>'
+        return ('<div class="badge badge-wait" data-equal="unknown">Exactness check: compares the tokens of the first two columns '
+                "(Medusa greedy against plain greedy, or Medusa exact sampling against plain sampling with the same seed).</div>")
+    sampled = f' data-sampled="{str(check.sampled).lower()}"'
     if check.equal:
-        return f'<div class="badge badge-ok" data-equal="true">&#10004; {html.escape(check.message)}</div>'
+        return f'<div class="badge badge-ok" data-equal="true"{sampled}>&#10004; {html.escape(check.message)}</div>'
     detail = ""
     if tokenizer is not None and plain is not None and medusa is not None:
         i = check.first_diff
         a = plain.tokens[i : i + 1]
         b = medusa.tokens[i : i + 1]
         show = lambda ids: repr(tokenizer.decode(ids)) if ids else "(end)"  # noqa: E731
-        detail = f" Plain has {html.escape(show(a))}, Medusa greedy has {html.escape(show(b))}."
+        detail = f" Plain has {html.escape(show(a))}, {check.names[0]} has {html.escape(show(b))}."
     kind, mark = ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")  # a floating-point tie is amber, a real difference red
-    return (f'<div class="badge {kind}" data-equal="false" data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
+    return (f'<div class="badge {kind}" data-equal="false"{sampled} data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
             f"{mark} {html.escape(check.headline)}{detail} {html.escape(check.reason)}</div>")
 
 
@@ -99,6 +102,30 @@ LEGEND_HTML = (
     "(what followed an earlier occurrence of the last few tokens)"
     "</div>"
 )
+
+
+def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = None) -> str:
+    """The panel "what typical acceptance costs": the sampled runs' speed and how their tokens score
+    under the model at T (``present.sample_rows``); a pointer to it when the runs were greedy."""
+    if not rows:
+        return ('<div class="sampling-panel" data-rows="0"><b>Sampling:</b> set Temperature above 0 and run to compare plain sampling, '
+                "Medusa exact sampling and typical acceptance at that temperature, with the same seed.</div>")
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy"))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(NOT_TIMED if r[c] is None else r[c]))}</td>" for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy")) + "</tr>"
+        for r in rows
+    )
+    t = f" at T = {temperature:g}" if temperature is not None else ""
+    return (
+        f'<div class="sampling-panel" data-rows="{len(rows)}"><b>What typical acceptance costs, on this prompt{t}</b> '
+        "(scores under the model at T, nats per token, from one forward over each output, not timed)"
+        f'<table class="sampling-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        '<div class="sampling-note">A true sample from the model has mean log p = &minus;(mean entropy), up to noise: '
+        "log p + entropy near 0, as for plain and exact sampling. Typical acceptance keeps a guess whenever the model gives it "
+        "more than min(&epsilon;, &delta;&middot;e<sup>&minus;H</sup>), a bar that favours likely tokens; a positive log p + entropy "
+        "is its text leaning toward the model's mode. Raising &epsilon; and &delta; accepts fewer guesses: slower, with more of the text "
+        "drawn from the model itself.</div></div>"
+    )
 
 
 def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str) -> str:

@@ -33,11 +33,17 @@ head 2's best guess, `[1]` = head 1's second guess. All paths go into the model 
 and itself, never a sibling branch. The step inspector draws the tree (accepted path in green, rejected
 guesses greyed out; the lookup branch as triangles) and the mask (green = cells on the accepted path).
 
-**Greedy vs typical acceptance.** *Medusa greedy* accepts a guess only if it is exactly the base model's
-top choice, so its text must be identical to plain greedy decoding (the badge checks this token by token).
-*Medusa typical* accepts a guess whose probability p is above `min(epsilon, delta * exp(-H))`, where H is the
-entropy of the base model's prediction: when the model is unsure (large H) more guesses pass. Its text may
-differ; it is usually as fluent and accepts more tokens per step.
+**Greedy, exact sampling and typical acceptance.** At Temperature 0, *Medusa greedy* accepts a guess only
+if it is exactly the base model's top choice, so its text must be identical to plain greedy decoding (the
+badge checks this token by token). Above 0 the page samples: *plain sampling* draws each token from the
+model's distribution at that temperature; *Medusa exact sampling* makes the same draw at the root of the tree
+and walks down while the drawn token is one of the guesses, so every token it writes is a true sample, the
+very one plain sampling draws from the same **seed** (the badge checks this too). *Medusa typical* accepts
+a guess whose probability p is above `min(epsilon, delta * exp(-H))`, where H is the entropy of the base
+model's prediction: when the model is unsure (large H) more guesses pass. It is faster, but it is not a
+sample any more: the panel under the badge shows how far its tokens lean toward the model's likely ones.
+Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the text is drawn from
+the model itself; lowering them does the opposite.
 
 {why}
 """

@@ -12,7 +12,7 @@ from medusa_lib.present import Playground, Settings
 
 from .figures import empty_figure, timeline_figure
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
-from .render import LEGEND_HTML, badge_html, column_html, info_html
+from .render import LEGEND_HTML, badge_html, column_html, info_html, sampling_html
 from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
@@ -57,7 +57,8 @@ def build_demo(
             with gr.Column(scale=4, elem_id="settings"):
                 with gr.Row():
                     max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens")
-                    temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (typical)")
+                    temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (0: greedy; above 0: all three sample)", elem_id="temperature")
+                    seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90)
                 with gr.Row():
                     with gr.Column(min_width=200):
                         epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
@@ -76,6 +77,7 @@ def build_demo(
             c["col_greedy"] = gr.HTML(column_html("medusa-greedy", None), elem_id="out-greedy")
             c["col_typical"] = gr.HTML(column_html("medusa-typical", None), elem_id="out-typical")
         c["badge"] = gr.HTML(badge_html(None), elem_id="greedy-badge")
+        c["sampling"] = gr.HTML(sampling_html(None), elem_id="sampling-panel")
         with gr.Row(equal_height=False):
             with gr.Column(scale=7):
                 c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
@@ -97,7 +99,7 @@ def build_demo(
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
-        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup]
+        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed]
         run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
         submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
@@ -123,11 +125,14 @@ def build_demo(
         @on_gpu
         def compare(prompt: str, max_new_tokens: int = start, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.posterior_threshold,
                     delta: float = DEFAULTS.posterior_alpha, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True,
-                    lookup_branch: bool = pg.defaults.lookup_on) -> dict:
+                    lookup_branch: bool = pg.defaults.lookup_on, sample: bool = False, seed: int = DEFAULTS.seed) -> dict:
             """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
-            check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree."""
-            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch)
+            check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree.
+            sample: the fair sampled comparison instead: plain sampling, Medusa exact sampling (== plain sampling with the same
+            seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain sampling; "sampling_match"
+            instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T."""
+            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed)
 
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

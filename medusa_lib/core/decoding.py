@@ -1,10 +1,19 @@
-"""Three decoders as generators of immutable step records.
+"""Four decoders as generators of immutable step records.
 
 * ``plain``: one token per forward (greedy, or sampling with temperature / top-p / seed).
 * ``medusa-greedy``: Medusa-1 tree decoding, accept a candidate iff it is the base model's
   argmax; the output equals plain greedy decoding (up to floating-point ties).
+* ``medusa-sample``: exact (lossless) speculative sampling over the tree: at the root draw y from
+  the model's p = softmax(logits / T) (top-p), descend to the child whose token is y and draw
+  again there, until y is no child's token (or a leaf is reached): y is the bonus token. Every
+  emitted token is one draw from the model's conditional given the tokens before it, made with
+  the same function (``sample_token``) of the same generator as plain sampling, so with the same
+  seed the output equals plain sampling's token for token (up to floating-point ties). The tree's
+  candidates are deterministic (top-k), so no draft probabilities are needed (q = 1; EAGLE's
+  ``evaluate_posterior``, the Medusa maintainers' recommendation for exact sampling).
 * ``medusa-typical``: the paper's typical acceptance (arXiv 2401.10774, Sec. 2.3.1):
-  accept iff p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T).
+  accept iff p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T). Faster than
+  exact sampling but not lossless: its text is not a sample from the model's distribution.
 
 One Medusa step (reference FasterDecoding/Medusa ``medusa_generate``), with a single forward; each
 phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifies:
@@ -17,11 +26,12 @@ phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifie
   verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
            (reference ``tree_decoding``)
   accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
-           (reference ``evaluate_posterior``)
+           (reference ``evaluate_posterior``); exact sampling walks the tree draw by draw instead.
+           The bonus token is chosen here too (argmax, or a draw)
   commit   gather the accepted tree slots of every cache layer to the front of the tree
-           region, crop the rest; the bonus token (argmax at the last accepted node) is the next
-           root and the heads read that node's hidden state to seed the next tree (reference
-           ``update_inference_inputs``).
+           region, crop the rest; the bonus token (the base model's token after the last accepted
+           node) is the next root and the heads read that node's hidden state to seed the next
+           tree (reference ``update_inference_inputs``).
 Tokens per step = accept_length + 1.
 """
 
@@ -44,7 +54,7 @@ from .messages import InputError
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
 from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
 
-METHODS = ("plain", "medusa-greedy", "medusa-typical")
+METHODS = ("plain", "medusa-greedy", "medusa-typical", "medusa-sample")
 
 
 class DecodeError(InputError):
@@ -59,7 +69,7 @@ class DecodeConfig:
     seed: int = 0  # sampling seed (a run is reproducible)
     posterior_threshold: float = 0.09  # epsilon of typical acceptance (hard threshold)
     posterior_alpha: float = 0.3  # delta of typical acceptance (entropy-dependent threshold)
-    sample_root: bool = False  # typical: sample the root/bonus token instead of argmax
+    sample_root: bool = False  # typical: sample the root/bonus token instead of argmax (medusa-sample always samples)
     stop_on_eos: bool = True
     record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
     lookup: int = 0  # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
@@ -194,16 +204,47 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / temperature, dim=-1)
 
 
-def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """argmax at T=0; else a sample from softmax(logits/T) restricted to the top-p nucleus."""
-    if temperature <= 0:
-        return greedy_tokens(logits)
+def sampling_probs(logits: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution a draw is made from: softmax(logits / T), restricted to the top-p nucleus."""
     probs = tempered_probs(logits, temperature)
     if top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix with mass >= top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """argmax at T=0; else one draw from ``sampling_probs``, made by the exponential race
+    argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p). Each draw consumes one exponential
+    per vocabulary entry from ``generator`` whatever p is, so plain sampling and exact Medusa
+    sampling, drawing one token at a time from the same generator, stay in step."""
+    if temperature <= 0:
+        return greedy_tokens(logits)
+    probs = sampling_probs(logits, temperature=temperature, top_p=top_p)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(-1)
+
+
+def sample_walk(
+    logits: torch.Tensor, tokens: Sequence[int], children: Sequence[Sequence[int]], *, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """Exact speculative sampling over a tree of deterministic candidates.
+
+    From the root (node 0): draw y from the model's distribution at the node (``logits[node]``);
+    if a child of the node holds token y, descend to it (the first such child: any gives the same
+    prefix) and draw again; otherwise y is the bonus token and the walk ends (at a leaf every draw
+    ends it). Returns (the path of tree nodes from the root, the bonus token). Every emitted token
+    is one ``sample_token`` draw from the model's conditional given the tokens before it."""
+    node, path = 0, [0]
+    while True:
+        y = int(sample_token(logits[node], temperature=temperature, top_p=top_p, generator=generator))
+        child = next((c for c in children[node] if tokens[c] == y), None)
+        if child is None:
+            return path, y
+        path.append(child)
+        node = child
 
 
 def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,7 +306,7 @@ class Verdict(NamedTuple):
     best: int  # row of retrieve_indices that was accepted
     accept_length: int  # candidates accepted on it
     nodes: torch.Tensor  # [accept_length + 1] tree positions of the root and the accepted candidates (CPU)
-    argmax: torch.Tensor  # [L] the base model's greedy choice after every node
+    bonus: torch.Tensor  # the base model's token after the last accepted node (argmax, or a draw): the next root
 
 
 class Decoder:
@@ -289,7 +330,7 @@ class Decoder:
         self.tree: TreeBuffers | None = None  # the tree every Medusa step verifies
         self.root_tree: TreeBuffers | None = None  # the root alone: a plain step, near the context limit
         self.lookup_trees: dict[int, TreeBuffers] = {}  # the tree plus a lookup branch of each length
-        if method != "plain":
+        if method != "plain":  # every Medusa method
             if heads is None or tree is None:
                 raise DecodeError(f"{method} needs Medusa heads and a tree.")
             heads.check_fits(model)
@@ -381,7 +422,7 @@ class Decoder:
     @property
     def _samples_root(self) -> bool:
         cfg = self.config
-        return self.method == "medusa-typical" and cfg.sample_root and cfg.temperature > 0
+        return cfg.temperature > 0 and (self.method == "medusa-sample" or (self.method == "medusa-typical" and cfg.sample_root))
 
     def _pick_root(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
         cfg = self.config
@@ -415,9 +456,12 @@ class Decoder:
         h = self.body(input_ids=proposal.tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
         return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
 
-    def accept(self, logits: torch.Tensor, proposal: Proposal) -> Verdict:
-        """Per root-to-leaf path, the leading candidates that pass (greedy or typical); the best path wins."""
+    def accept(self, logits: torch.Tensor, proposal: Proposal, gen: torch.Generator | None) -> Verdict:
+        """Per root-to-leaf path, the leading candidates that pass (greedy or typical); the best path
+        wins; then the bonus token after it. Exact sampling walks the tree draw by draw instead."""
         cfg = self.config
+        if self.method == "medusa-sample" and cfg.temperature > 0:
+            return self._accept_by_sampling(logits, proposal, gen)
         argmax = greedy_tokens(logits)  # [L]: the base model's greedy choice after every node
         ri = proposal.buffers.out.retrieve_indices
         valid = ri >= 0  # padded slots never pass
@@ -429,11 +473,23 @@ class Decoder:
             accept_length, score = greedy_accept(logits, path_tokens, ri, valid, argmax=argmax)
         best = int(score.argmax())  # first best path on ties
         n = int(accept_length[best])
-        return Verdict(best, n, proposal.buffers.cpu.retrieve_indices[best, : n + 1], argmax)
+        nodes = proposal.buffers.cpu.retrieve_indices[best, : n + 1]
+        last = int(nodes[-1])
+        bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
+        return Verdict(best, n, nodes, bonus)
+
+    def _accept_by_sampling(self, logits: torch.Tensor, proposal: Proposal, gen: torch.Generator | None) -> Verdict:
+        """``sample_walk`` over the proposal's tree; the accepted path is reported as the first
+        root-to-leaf row of the tree that starts with it."""
+        cfg, tree = self.config, proposal.buffers.cpu
+        path, bonus = sample_walk(logits, proposal.tokens.tolist(), tree.children, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+        nodes = torch.tensor(path, dtype=torch.long)
+        rows = tree.retrieve_indices[:, : len(path)]
+        best = int((rows == nodes).all(dim=1).long().argmax())  # every node lies on some root-to-leaf row
+        return Verdict(best, len(path) - 1, nodes, torch.tensor(bonus, device=logits.device))
 
     def commit(
-        self, proposal: Proposal, verdict: Verdict, *, logits: torch.Tensor, hidden: torch.Tensor, cache: DynamicCache,
-        history: torch.Tensor, seq_len: int, produced: int, gen: torch.Generator | None,
+        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, cache: DynamicCache, history: torch.Tensor, seq_len: int, produced: int
     ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | None]:
         """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree.
 
@@ -441,8 +497,7 @@ class Decoder:
         nodes = verdict.nodes
         compact_cache(cache, seq_len - 1, nodes, proposal.buffers.num_nodes)  # cache = prefix + root + accepted
         last = int(nodes[-1])
-        # bonus = the base model's own next token after the last accepted node; it is the next root
-        bonus = self._pick_root(logits[last], gen) if self._samples_root else verdict.argmax[last]
+        bonus = verdict.bonus  # the base model's own next token after the last accepted node; the next root
         accepted = proposal.tokens[nodes.to(self.device)][1:].tolist()
         new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
         history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
@@ -491,9 +546,9 @@ class Decoder:
             t1 = _sync(dev)
             logits, hidden = self.verify(proposal, cache=cache, prefix_len=seq_len - 1)
             t2 = _sync(dev)
-            verdict = self.accept(logits, proposal)
+            verdict = self.accept(logits, proposal, gen)
             t3 = _sync(dev)
-            new, reason, root, drafted = self.commit(proposal, verdict, logits=logits, hidden=hidden, cache=cache, history=history, seq_len=seq_len, produced=produced, gen=gen)
+            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, cache=cache, history=history, seq_len=seq_len, produced=produced)
             t4 = _sync(dev)
             yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1

@@ -87,6 +87,15 @@ class MedusaTree:
         return max((len(c) for c in self.choices), default=0)
 
     @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """The child nodes of each node, in tree order (exact sampling descends through them)."""
+        kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                kids[parent].append(node)
+        return tuple(map(tuple, kids))
+
+    @cached_property
     def levels(self) -> tuple[TreeLevel, ...]:
         """One :class:`TreeLevel` per depth 1 .. D, on the device of the tree's buffers."""
         dev = self.tree_indices.device

@@ -7,10 +7,13 @@ from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_lay
 from .page import (
     LABELS,
     NOT_TIMED,
+    PLAIN_VIEWS,
+    SAMPLE_COLUMNS,
     SUMMARY_COLUMNS,
     GreedyCheck,
     greedy_check,
     load_examples,
+    sample_rows,
     summary_rows,
     threshold_curve,
     untimed_note,
@@ -19,6 +22,6 @@ from .page import (
 )
 from .playground import PREFILL_SECONDS, Playground, measured_limit_why, prompt_token_limit, release_memory, untrained_heads
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, SAMPLED_VIEWS, PlaygroundError, Settings
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "page", "playground", "records", "settings")]

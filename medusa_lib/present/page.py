@@ -15,10 +15,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..core.decoding import METHODS, first_difference, typical_threshold_of_entropy
+from ..core.decoding import first_difference, typical_threshold_of_entropy
 from .records import RunRecord
 
-LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical"}
+LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical",
+          "plain-sample": "Plain (sampling)", "medusa-sample": "Medusa exact sampling"}
 
 
 @dataclass(frozen=True)
@@ -27,20 +28,29 @@ class GreedyCheck:
     first_diff: int | None  # first token position (0-based) where the two outputs differ
     plain_tokens: int
     medusa_tokens: int
-    logit_gap: float | None = None  # base model's top-1 minus top-2 logit at first_diff (set by Playground.greedy_check)
+    logit_gap: float | None = None  # at first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T (set by Playground.exact_check)
     tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
+    sampled: bool = False  # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return ("Medusa exact sampling", "plain sampling") if self.sampled else ("Medusa greedy", "plain greedy")
 
     @property
     def headline(self) -> str:
+        medusa, plain = self.names
+        same = ", same seed" if self.sampled else ""
         if self.equal:
-            return f"Medusa greedy = plain greedy: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
-        return f"Medusa greedy differs from plain greedy from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+            return f"{medusa} = {plain}{same}: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
+        return f"{medusa} differs from {plain}{same} from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
 
     @property
     def reason(self) -> str:
         if self.equal or self.logit_gap is None:
             return ""
         why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
+        if self.sampled:  # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
+            return f"There the draw's two best candidates were {self.logit_gap:.4f} apart (log p - log E, times T, in logit units): {why}."
         return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
 
     @property
@@ -48,10 +58,10 @@ class GreedyCheck:
         return f"{self.headline} {self.reason}".strip()
 
 
-def greedy_check(plain: Sequence[int], medusa: Sequence[int]) -> GreedyCheck:
-    """Did Medusa greedy produce exactly plain greedy's tokens? If not, where do they first differ?"""
+def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool = False) -> GreedyCheck:
+    """Did Medusa greedy (or exact sampling) produce exactly plain greedy's (sampling's) tokens? If not, where do they first differ?"""
     first = first_difference(plain, medusa)
-    return GreedyCheck(first is None, first, len(plain), len(medusa))
+    return GreedyCheck(first is None, first, len(plain), len(medusa), sampled=sampled)
 
 
 SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
@@ -60,15 +70,18 @@ SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "t
 NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
 
 
+PLAIN_VIEWS = ("plain", "plain-sample")  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
+
+
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
-    """One row per method: wall time (prefill + decode), prefill, decode tokens/s, tokens/step, steps,
-    speedup = tokens/s over plain's tokens/s. A rate that cannot be measured is None (JSON null): that of a
-    run without decode steps, and the speedup when plain has none or did not run."""
-    base = records["plain"].result.tokens_per_second if "plain" in records else 0.0
+    """One row per method, in run order: wall time (prefill + decode), prefill, decode tokens/s,
+    tokens/step, steps, speedup = tokens/s over plain's (plain sampling's, when the runs sampled).
+    A rate that cannot be measured is None (JSON null): that of a run without decode steps, and
+    the speedup when plain has none or did not run."""
+    plain = next((records[v] for v in PLAIN_VIEWS if v in records), None)
+    base = plain.result.tokens_per_second if plain is not None else 0.0
     rows = []
-    for method in METHODS:
-        if method not in records:
-            continue
+    for method in records:
         rec, r = records[method], records[method].result
         timed = r.decode_steps > 0
         rows.append(
@@ -86,6 +99,32 @@ def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
     return rows
 
 
+SAMPLE_COLUMNS = ["method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy"]
+
+
+def sample_rows(records: Mapping[str, RunRecord], scores: Mapping[str, tuple[float, float]], *, temperature: float) -> list[dict]:
+    """What typical acceptance costs, measured on this prompt: per sampled run, its speed and how
+    its tokens score under the model at T (``scores``: mean log p, mean entropy per token, from
+    ``Playground.sample_scores``). For a true sample from the model, mean log p = -(mean entropy)
+    up to noise, so "log p + entropy" is near 0; a positive value means the run picked tokens
+    likelier than a sample would: its text drifted from the model's distribution toward its mode."""
+    rows = []
+    for method, rec in records.items():
+        if method not in scores:
+            continue
+        r, (logp, entropy) = rec.result, scores[method]
+        timed = r.decode_steps > 0
+        rows.append({
+            "method": LABELS[method],
+            "tokens/step": round(r.tokens_per_step, 2) if timed else None,
+            "tokens/s": round(r.tokens_per_second, 1) if timed else None,
+            "mean log p": round(logp, 3),
+            "mean entropy": round(entropy, 3),
+            "log p + entropy": round(logp + entropy, 3),
+        })
+    return rows
+
+
 def why_it_ended(record: RunRecord) -> str:
     """A run's finish reason in words (for runs that ended at their prefill, where budget = 1)."""
     return {"length": "Max new tokens is 1", "eos": "the model ended its answer at once", "context": "the context is full"}.get(record.result.finish_reason, "it stopped")
@@ -93,7 +132,7 @@ def why_it_ended(record: RunRecord) -> str:
 
 def untimed_note(records: Mapping[str, RunRecord]) -> str:
     """Why some rates show NOT_TIMED: which runs ended at their prefill, and what to change ('' if none did)."""
-    ended = [m for m in METHODS if m in records and records[m].result.decode_steps == 0]
+    ended = [m for m in records if records[m].result.decode_steps == 0]
     if not ended:
         return ""
     reasons = sorted({why_it_ended(records[m]) for m in ended})

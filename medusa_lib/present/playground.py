@@ -18,19 +18,19 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from ..core.decoding import METHODS, Decoder, _sync, model_info
+from ..core.decoding import Decoder, _sync, model_info, sampling_probs
 from ..core.defaults import heads_defaults
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
 from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
-from .page import LABELS, GreedyCheck, greedy_check, summary_rows
+from .page import LABELS, GreedyCheck, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+from .settings import DECODER_METHOD, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -176,7 +176,7 @@ class Playground:
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True) -> Settings:
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
         default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
         becomes the heads' branch length or 0. Only what these conversions need is checked here (the
@@ -190,7 +190,7 @@ class Playground:
             raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
         return Settings(max_new_tokens=max_new_tokens, temperature=temperature, posterior_threshold=epsilon, posterior_alpha=delta,
                         tree=tree if tree not in (None, "") else self.defaults.tree, custom_tree="" if custom_tree is None else custom_tree,
-                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0)
+                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0, sample=sample, seed=seed)
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
@@ -222,27 +222,69 @@ class Playground:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
         return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
 
-    def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], list[Decoder]]:
-        """Check everything before anything runs; raise one clear sentence (an InputError) on bad input."""
+    def prepare(self, prompt: str, settings: Settings) -> tuple[list[int], dict[str, Decoder]]:
+        """Check everything before anything runs; raise one clear sentence (an InputError) on bad input.
+        Returns the prompt's ids and a decoder per column (``settings.views``, in run order)."""
         self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
         tree = self.resolve_tree(settings)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
-        decoders = [Decoder(self.model, method=m, heads=self.heads, tree=tree, config=settings.config(m)) for m in METHODS]
-        decoders[0]._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
+        decoders = {v: Decoder(self.model, method=DECODER_METHOD.get(v, v), heads=self.heads, tree=tree, config=settings.config(v)) for v in settings.views}
+        next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PlaygroundError(f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it.")
         return ids, decoders
 
-    def greedy_check(self, plain: RunRecord, medusa: RunRecord) -> GreedyCheck:
-        """greedy_check, and where the outputs differ, the base model's top-2 logit gap at that position:
-        a tree forward and a one-token forward round differently, so a near-tie may flip the argmax."""
-        check = greedy_check(plain.tokens, medusa.tokens)
-        if check.equal or check.first_diff >= min(len(plain.tokens), len(medusa.tokens)):
+    def greedy_check(self, plain: RunRecord, medusa: RunRecord, settings: Settings | None = None) -> GreedyCheck:
+        """greedy_check (exact sampling against plain sampling, when ``settings.sample``), and where the
+        outputs differ, how close the base model's choice was there: the top-2 logit gap (greedy), or
+        the gap between the two tokens' scores in the draw (sampling). A tree forward and a one-token
+        forward round differently, so a near-tie may flip the choice."""
+        sampled = settings is not None and settings.sample
+        check = greedy_check(plain.tokens, medusa.tokens, sampled=sampled)
+        k = check.first_diff
+        if check.equal or k >= min(len(plain.tokens), len(medusa.tokens)):
             return check
-        gap = self.logit_gap(plain.prompt_ids, plain.tokens[: check.first_diff])
+        if sampled:
+            gap = self.draw_gap(plain.prompt_ids, plain.tokens[:k], plain.tokens[k], medusa.tokens[k], settings.config(medusa.method), draw=k)
+        else:
+            gap = self.logit_gap(plain.prompt_ids, plain.tokens[:k])
         tol = 1e-3 if self.dtype == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
         return replace(check, logit_gap=gap, tie=gap <= tol)
+
+    @torch.inference_mode()
+    def draw_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], a: int, b: int, config, *, draw: int, signed: bool = False) -> float:
+        """How far apart tokens a and b were in draw number ``draw`` (0-based) of a seeded sampled run
+        after prompt + tokens: T x |(log p_a - log E_a) - (log p_b - log E_b)|, in logit units, where
+        the draw is argmax(p / E) (``sample_token``) and E is replayed from the seed (``signed``:
+        without the absolute value, positive where a wins the draw)."""
+        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(self.model))
+        logits = self.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+        probs = sampling_probs(logits, temperature=config.temperature, top_p=config.top_p)
+        gen = torch.Generator(device=logits.device).manual_seed(config.seed)
+        for _ in range(draw + 1):  # one draw per token, as in the run (each consumes one exponential per vocabulary entry)
+            race = torch.empty_like(probs).exponential_(generator=gen)
+        score = probs.log() - race.log()
+        gap = float(config.temperature * (score[a] - score[b]))
+        return gap if signed else abs(gap)
+
+    @torch.inference_mode()
+    def sample_scores(self, record: RunRecord, *, temperature: float) -> tuple[float, float]:
+        """(mean log p, mean entropy) of the model's distribution at T over the tokens a run produced,
+        from one forward over prompt + output (not timed). For a true sample the mean log p is
+        minus the mean entropy, up to noise; tokens chosen for being likely score higher."""
+        n = len(record.tokens)
+        ids = torch.tensor([list(record.prompt_ids) + list(record.tokens)], device=input_device(self.model))
+        logits = self.model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()  # the distribution each token was drawn from
+        probs = sampling_probs(logits, temperature=temperature, top_p=1.0)
+        logp = probs.gather(-1, torch.tensor(record.tokens, device=probs.device)[:, None]).clamp_min(1e-30).log()
+        return float(logp.mean()), float(torch.special.entr(probs).sum(-1).mean())
+
+    def sample_fidelity(self, records: dict[str, RunRecord], settings: Settings) -> list[dict]:
+        """The sampled comparison's cost panel (``page.sample_rows``); [] when the runs did not sample."""
+        if not settings.sample:
+            return []
+        return sample_rows(records, {v: self.sample_scores(r, temperature=float(settings.temperature)) for v, r in records.items() if r.tokens}, temperature=float(settings.temperature))
 
     @torch.inference_mode()
     def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> float:
@@ -252,7 +294,7 @@ class Playground:
         return float(top[0] - top[1])
 
     # ------------------------------------------------------------------ running
-    def warmup(self, ids: Sequence[int], decoders: Sequence[Decoder]) -> None:
+    def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder]) -> None:
         """Run each method for two tokens once, so the first timed run pays no one-off costs."""
         if self._warm:
             return
@@ -260,47 +302,54 @@ class Playground:
             Decoder(self.model, method=d.method, heads=self.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
         self._warm = True
 
-    def run_method(self, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
+    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
+        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder)."""
         detok = Detokenizer(self.tokenizer)
-        record = RunRecord(decoder.method, tuple(ids))
-        yield Event("start", decoder.method, record)
+        record = RunRecord(view, tuple(ids))
+        yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         for step in decoder.steps(ids):
             elapsed += step.seconds
             pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
-            view = StepView(step, pieces, elapsed, len(ids) + committed - 1)
+            shown_step = StepView(step, pieces, elapsed, len(ids) + committed - 1)
             committed += len(step.tokens)
-            record = replace(record, views=record.views + (view,))
-            yield Event("step", decoder.method, record)
+            record = replace(record, views=record.views + (shown_step,))
+            yield Event("step", view, record)
         record = replace(record, done=True)
-        yield Event("end", decoder.method, record)
+        yield Event("end", view, record)
 
-    def run(self, ids: Sequence[int], decoders: Sequence[Decoder]) -> Iterator[Event]:
+    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder]) -> Iterator[Event]:
         """Prepared decoders (``prepare``), one after another; an Event after every step. When the
         run ends or is stopped, memory its caches held goes back to the system (``release_memory``)."""
         try:
-            self.warmup(ids, decoders)
-            for decoder in decoders:
-                yield from self.run_method(decoder, ids)
+            self.warmup(ids, decoders.values())
+            for view, decoder in decoders.items():
+                yield from self.run_method(view, decoder, ids)
         finally:
-            release_memory(self.model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders))
+            release_memory(self.model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
 
     def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
-        """Plain, Medusa greedy, Medusa typical, one after another; an Event after every step."""
+        """The three columns (``settings.views``), one after another; an Event after every step."""
         ids, decoders = self.prepare(prompt, settings)
         yield from self.run(ids, decoders)
 
     def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
-        """Run all three and return texts + statistics as a JSON-able dict (the API endpoint)."""
+        """Run all three and return texts + statistics as a JSON-able dict (the API endpoint). The
+        exactness check is "greedy_match" (Medusa greedy vs plain greedy), or "sampling_match"
+        (Medusa exact sampling vs plain sampling, same seed) with "sampling", the cost panel's rows."""
         records = {ev.method: ev.record for ev in self.stream(prompt, settings) if ev.kind == "end"}
-        check = self.greedy_check(records["plain"], records["medusa-greedy"])
-        return {
+        plain, medusa, _ = settings.views
+        check = self.greedy_check(records[plain], records[medusa], settings)
+        out = {
             "prompt": prompt,
             "tree": self.resolve_tree(settings).name,
             "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
-            "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
+            "sampling_match" if settings.sample else "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
             "summary": summary_rows(records),
         }
+        if settings.sample:
+            out["sampling"] = {"temperature": float(settings.temperature), "seed": int(settings.seed), "rows": self.sample_fidelity(records, settings)}
+        return out
 
 
 __all__ = ["PREFILL_SECONDS", "LONG_RUN_TOKENS", "Playground", "device_name", "measured_limit_why", "prompt_token_limit", "release_memory", "untrained_heads"]

@@ -17,6 +17,14 @@ MAX_NEW_TOKENS_LIMIT = 512  # the slider's and the API's maximum (app.py: MEDUSA
 MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused at once (~8k tokens of English)
 MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
+MAX_SEED = 2**63 - 1  # a torch.Generator seed
+
+# What the three columns run. Greedy: plain greedy, Medusa greedy (== plain greedy) and typical
+# acceptance at T. Sampled (the fair comparison at a temperature): plain sampling, Medusa exact
+# sampling (== plain sampling, same seed) and typical acceptance, all at T with the same seed.
+GREEDY_VIEWS = ("plain", "medusa-greedy", "medusa-typical")
+SAMPLED_VIEWS = ("plain-sample", "medusa-sample", "medusa-typical")
+DECODER_METHOD = {"plain-sample": "plain"}  # a view's decoder method, where the names differ
 
 
 class PlaygroundError(InputError):
@@ -25,8 +33,11 @@ class PlaygroundError(InputError):
 
 @dataclass(frozen=True)
 class Settings:
-    """What the page (and ``/compare``) asks for. Plain and Medusa greedy always decode greedily (T = 0).
-    The page and the API call the two thresholds by the paper's letters, epsilon and delta."""
+    """What the page (and ``/compare``) asks for. With ``sample`` off, plain and Medusa greedy decode
+    greedily (T = 0) and only typical acceptance uses T; with it on, all three sample at T from the
+    same seed (``SAMPLED_VIEWS``). The page turns it on whenever T > 0; ``/compare`` takes it as a
+    parameter (off by default, as before). The page and the API call the two thresholds by the
+    paper's letters, epsilon and delta."""
 
     max_new_tokens: int = 96  # per method (the slider's start and /compare's default)
     temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
@@ -35,7 +46,8 @@ class Settings:
     tree: str = FALLBACK_TREE  # preset name (the page starts from the heads' default: core.defaults)
     custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
     chat_template: bool = True  # wrap the prompt in the model's chat template
-    seed: int = 0
+    seed: int = 0  # the generator every sampled method starts from
+    sample: bool = False  # the sampled comparison (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
@@ -49,6 +61,12 @@ class Settings:
         for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.posterior_threshold, 0, 1), ("Delta", self.posterior_alpha, 0, 1)):
             if not is_number(value) or not low <= value <= high:
                 raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
+        if not isinstance(self.sample, bool):
+            raise PlaygroundError(must_be_switch("The sampling switch (sample)", self.sample))
+        if self.sample and self.temperature == 0:
+            raise PlaygroundError("Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off.")
+        if not is_number(self.seed) or int(self.seed) != self.seed or not 0 <= self.seed <= MAX_SEED:
+            raise PlaygroundError(must_be("The seed", f"a whole number from 0 to {MAX_SEED}", self.seed))
         if not isinstance(self.chat_template, bool):
             raise PlaygroundError(must_be_switch("The chat template switch (chat_template)", self.chat_template))
         if not is_lookup_length(self.lookup):
@@ -58,13 +76,21 @@ class Settings:
         if not isinstance(self.custom_tree, str):
             raise PlaygroundError(f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)}).")
 
-    def config(self, method: str) -> DecodeConfig:
-        typical = method == "medusa-typical"
+    @property
+    def views(self) -> tuple[str, str, str]:
+        """What the three columns run, left to right (the first is the speed-ups' reference)."""
+        return SAMPLED_VIEWS if self.sample else GREEDY_VIEWS
+
+    def config(self, view: str) -> DecodeConfig:
+        """The decoder settings of one column. In the sampled comparison typical acceptance samples
+        its root and bonus tokens too (as the reference Medusa does), from the same seed."""
+        sampled = view in SAMPLED_VIEWS  # typical acceptance always uses T
         return DecodeConfig(
             max_new_tokens=int(self.max_new_tokens),
-            temperature=float(self.temperature) if typical else 0.0,
+            temperature=float(self.temperature) if sampled else 0.0,
             seed=int(self.seed),
             posterior_threshold=float(self.posterior_threshold),
             posterior_alpha=float(self.posterior_alpha),
-            lookup=0 if method == "plain" else int(self.lookup),
+            sample_root=self.sample and view == "medusa-typical",
+            lookup=0 if view in ("plain", "plain-sample") else int(self.lookup),
         )
