@@ -91,3 +91,48 @@ def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tm
     data = json.loads(out.read_text())
     assert data["lookup"] == page.lookup_length and data["tree"].split(" + ")[0] == page.tree
     assert (page.tree, page.lookup_length) == {None: ("topk-4x3x2-16", 4), 0: ("chain-2", 0), 2: ("chain-2", 2)}[lookup]
+
+
+SAMPLED = ["plain-sample", "medusa-sample", "medusa-typical"]
+
+
+def test_bench_sampled_methods_draw_from_one_seed_and_the_exact_sampler_matches_plain_sampling(saved, capsys):
+    out = saved / "sampled.json"
+    bench.main(["--model", str(saved / "model"), "--heads", str(saved / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "hf-generate,baseline,medusa-greedy," + ",".join(SAMPLED),
+                "--temperature", "0.8", "--seed", "3", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "16", "--repeats", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert (data["temperature"], data["top_p"], data["seed"]) == (0.8, 1.0, 3) and data["sampled_methods"] == SAMPLED
+    by = {(r["method"], r["id"]): r["output_token_ids"] for r in data["records"]}
+    for p in PROMPTS:  # float32: lossless speculative sampling == plain sampling with the same seed
+        assert by[("medusa-sample", p["id"])] == by[("plain-sample", p["id"])]
+    assert any(by[("plain-sample", p["id"])] != by[("baseline", p["id"])] for p in PROMPTS)  # it did sample
+    assert data["exact_sampling"] == {"medusa-sample": {"reference": "plain-sample", "identical": 3, "prompts": 3, "first_difference": {}}}
+    assert re.search(r"^medusa-sample == plain-sample: 3/3 identical$", printed, re.M)
+    # Sampled methods' speed-ups are against plain-sample, greedy ones' against baseline.
+    assert data["speedup_reference"] == {"hf-generate": "baseline", "baseline": "baseline", "medusa-greedy": "baseline", **dict.fromkeys(SAMPLED, "plain-sample")}
+    rows = {m: (vs, ref) for m, vs, ref in re.findall(r"^(\S+)\s.*\s(\S+x)\s+\d+\.\d\s+(baseline|plain-sample)$", printed, re.M)}
+    assert set(rows) == {"hf-generate", "baseline", "medusa-greedy", *SAMPLED}  # "vs plain" and "plain ref" of every row
+    assert rows["baseline"] == ("1.00x", "baseline") and rows["plain-sample"] == ("1.00x", "plain-sample")
+    assert rows["medusa-greedy"][1] == "baseline" and rows["medusa-sample"][1] == rows["medusa-typical"][1] == "plain-sample"
+    assert '"plain ref": plain-sample for the sampled methods' in printed
+    # The greedy equality table leaves the samples out (they are not meant to match greedy decoding).
+    greedy_table = printed.split("outputs identical to hf-generate")[1].split("\n\n")[0]
+    assert re.search(r"^\s+medusa-greedy\s+3/3$", greedy_table, re.M) and not any(m in greedy_table for m in SAMPLED)
+
+
+def test_bench_sampled_preset_and_the_refusals(saved, capsys):
+    out = saved / "preset.json"
+    bench.main(["--model", str(saved / "model"), "--heads", str(saved / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--sampled",
+                "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "6", "--repeats", "1", "--limit", "1", "--top-p", "0.9", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert sorted({r["method"] for r in data["records"]}) == sorted(SAMPLED) and data["top_p"] == 0.9 and data["seed"] == 0
+    assert data["exact_sampling"]["medusa-sample"]["identical"] == 1
+    assert "medusa-sample == plain-sample: 1/1 identical" in capsys.readouterr().out
+    common = ["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl")]
+    with pytest.raises(SystemExit, match=r"^plain-sample and medusa-sample need --temperature > 0 \(at 0 they are baseline and medusa-greedy\)\.$"):
+        bench.main([*common, "--sampled", "--temperature", "0"])
+    with pytest.raises(SystemExit, match=r"^top_p must be in \(0, 1\]"):
+        bench.main([*common, "--methods", "plain-sample", "--top-p", "1.5"])
+    with pytest.raises(SystemExit):  # argparse: one or the other
+        bench.main([*common, "--sampled", "--methods", "baseline"])

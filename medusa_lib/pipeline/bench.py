@@ -1,6 +1,7 @@
 """Benchmark: Medusa against what a user would pick instead, on one model and one device.
 
     python -m medusa_lib.pipeline.bench --methods hf-generate,baseline,hf-prompt-lookup,medusa-greedy --repeats 3
+    python -m medusa_lib.pipeline.bench --sampled --temperature 0.7 --seed 0 --dtype float32   # sampling: exact and typical
     python -m medusa_lib.pipeline.bench --forward-costs [--no-prepack] [--stock-attention]   # what a forward of L tokens costs
 
 Methods (all greedy unless noted, same dtype, same chat-templated prompts):
@@ -9,8 +10,19 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-prompt-lookup  ``model.generate(prompt_lookup_num_tokens=10)``: draft-free n-gram speculation
   medusa-greedy     Medusa heads + tree attention (+ the lookup branch, --lookup), exact greedy
   medusa-heads-only Medusa greedy with the heads' tree alone (no lookup branch)
-  medusa-typical    Medusa typical acceptance (epsilon, delta; T = --temperature)
+  medusa-typical    Medusa typical acceptance (epsilon, delta; T = --temperature), root sampled with --seed
   medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
+  plain-sample      our plain loop sampling at --temperature, --top-p, --seed
+  medusa-sample     Medusa exact (lossless) speculative sampling, same tree and lookup as medusa-greedy
+Sampled methods (--sampled = plain-sample,medusa-sample,medusa-typical) share one DecodeConfig
+(temperature, top-p, seed); every run seeds its own generator from it, so with the same seed
+medusa-sample's output equals plain-sample's token for token in float32 (bfloat16 may differ at
+near-ties): the report counts that, as it counts greedy outputs identical to hf-generate.
+medusa-typical always samples its root/bonus token with the seed (as the reference Medusa's
+typical mode does), so the three draw from one seed; it is faster than exact sampling but not
+lossless. Their speed-ups ("vs plain", "step vs plain") are against plain-sample when it ran,
+greedy methods' against baseline (the table's "plain ref" column names which). --temperature 0
+with plain-sample or medusa-sample is refused: at 0 they are baseline and medusa-greedy.
 Timing: a warm-up run first; device-synchronised timestamps; the methods run one after another
 (never concurrently); medians over ``--repeats``. "e2e tok/s" (end to end) = new tokens /
 (prefill + decode) for every method, so HF and ours are measured the same way; the playground's
@@ -25,11 +37,12 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..core.decoding import DecodeConfig, Decoder, _sync, first_difference, new_cache
+from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference, new_cache
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
 from ..core.model import body_and_lm_head, chat_prompt_ids, eos_token_ids, input_device, load_model
@@ -38,8 +51,10 @@ from ..core.tree import get_tree
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
-ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail")
+ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail", "plain-sample", "medusa-sample")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
+SAMPLED_METHODS = ("plain-sample", "medusa-sample", "medusa-typical")  # draw from the seed when --temperature > 0 (--sampled)
+EXACT_SAMPLERS = {"medusa-sample": "plain-sample"}  # lossless: same seed, same output as its reference
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
 DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
 
@@ -139,7 +154,9 @@ def format_forward_costs(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
-    ap.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)}")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS})")
+    which.add_argument("--sampled", action="store_const", const=",".join(SAMPLED_METHODS), dest="methods", default=DEFAULT_METHODS, help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
     ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, 0 if calibrated without it, else 4; 0 = heads only)")
@@ -148,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
-    ap.add_argument("--temperature", type=float, default=0.7, help="temperature of medusa-typical")
+    ap.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled methods (plain-sample, medusa-sample, medusa-typical)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of plain-sample, medusa-sample and medusa-typical's root")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed of plain-sample, medusa-sample and medusa-typical (which always samples its root with it)")
     ap.add_argument("--no-chat-template", action="store_true")
     ap.add_argument("--no-prepack", action="store_true", help="keep stock nn.Linear weights on CPU (every method; to measure what pre-packing gives)")
     ap.add_argument("--stock-attention", action="store_true", help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)")
@@ -160,6 +179,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise SystemExit(f"Unknown method {unknown[0]!r}; choose from {', '.join(ALL_METHODS)}.")
+    # One sampling config for every sampled method: same temperature, top-p and seed, so the exact
+    # sampler's outputs can be compared with plain sampling's prompt by prompt.
+    sample_cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    try:
+        sample_cfg.check()
+    except DecodeError as e:
+        raise SystemExit(str(e)) from None
+    if args.temperature == 0 and {"plain-sample", "medusa-sample"} & set(methods):
+        raise SystemExit("plain-sample and medusa-sample need --temperature > 0 (at 0 they are baseline and medusa-greedy).")
+    sampled = [m for m in methods if m in SAMPLED_METHODS and args.temperature > 0]
     prompts = load_jsonl(args.prompts)
     if args.per_category:
         seen: dict[str, int] = defaultdict(int)
@@ -196,8 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         decoders["medusa-greedy"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
         decoders["medusa-heads-only"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens))
         decoders["medusa-greedy-nodetail"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False, lookup=lookup))
-        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, lookup=lookup))
+        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=replace(sample_cfg, sample_root=True, lookup=lookup))
+        decoders["medusa-sample"] = Decoder(model, method="medusa-sample", heads=heads, tree=tree, config=replace(sample_cfg, lookup=lookup))
     decoders["baseline"] = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=args.max_new_tokens))
+    decoders["plain-sample"] = Decoder(model, method="plain", config=sample_cfg)
 
     def run(method: str, ids: list[int]) -> dict:
         if method == "hf-generate":
@@ -207,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         return run_ours(decoders[method], ids)
 
     encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
-    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}", flush=True)
+    sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
+    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}", flush=True)
     for m in methods:  # warm-up: every code path once
         run(m, encoded[0][1][:32])
 
@@ -229,15 +261,37 @@ def main(argv: list[str] | None = None) -> None:
             records.append(rec)
         print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} e2e tok/s" for m in methods), flush=True)
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
-    print(report(records, methods))
+    print(report(records, methods, sampled=sampled))
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention, "records": records}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
+        out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
+        out["speedup_reference"] = {m: reference_of(m, methods, sampled) for m in methods}
+        out["exact_sampling"] = {m: identical_outputs(records, m, ref) for m, ref in EXACT_SAMPLERS.items() if m in methods and ref in methods}
+        out["records"] = records
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
 
 
-def report(records: list[dict], methods: list[str]) -> str:
-    """The tables: per method, per category, per phase, and output equality against hf-generate."""
+def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:
+    """The plain loop a method's speed-up is measured against: plain-sample for sampled methods
+    (when it ran: sampling costs a little per token, and typical/exact acceptance should be
+    credited only for what the tree adds), baseline for the rest (and sampled ones without it)."""
+    if method in sampled and "plain-sample" in methods:
+        return "plain-sample"
+    return "baseline" if "baseline" in methods else None
+
+
+def identical_outputs(records: list[dict], method: str, reference: str) -> dict:
+    """Prompts whose output under ``method`` equals ``reference``'s, and where the others first differ."""
+    ref = {r["id"]: r["output_token_ids"] for r in records if r["method"] == reference}
+    diffs = {r["id"]: first_difference(r["output_token_ids"], ref[r["id"]]) for r in records if r["method"] == method}
+    bad = {i: d for i, d in diffs.items() if d is not None}
+    return {"reference": reference, "identical": len(diffs) - len(bad), "prompts": len(diffs), "first_difference": bad}
+
+
+def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) -> str:
+    """The tables: per method, per category, per phase, output equality of the greedy methods against
+    hf-generate and of the exact sampler against plain-sample (``sampled``: the methods that sampled)."""
     by = defaultdict(list)
     for r in records:
         by[r["method"]].append(r)
@@ -249,19 +303,21 @@ def report(records: list[dict], methods: list[str]) -> str:
         steps = sum(r["steps"] for r in rs)
         return 1000 * sum(r["decode_seconds"] for r in rs) / max(steps, 1)
 
-    ref_rate = {k: rate(by[k]) for k in ("hf-generate", "baseline") if by.get(k)}
-    base_step = step_ms(by["baseline"]) if by.get("baseline") else None
-    lines = [f"{'method':<24}{'e2e tok/s':>10}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}{'vs baseline':>13}{'prefill ms':>12}"]
+    nan = float("nan")
+    hf_rate = rate(by["hf-generate"]) if by.get("hf-generate") else None
+    lines = [f"{'method':<24}{'e2e tok/s':>10}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}{'vs plain':>10}{'prefill ms':>12}  plain ref"]
     for m in methods:
-        rs = by[m]
+        rs, ref = by[m], reference_of(m, methods, list(sampled))
         tps = sum(r["new_tokens"] for r in rs) / max(sum(r["steps"] for r in rs), 1)
         ms = step_ms(rs)
         row = f"{m:<24}{rate(rs):>10.1f}{tps:>10.2f}{ms:>9.1f}"
-        row += f"{(ms / base_step if base_step else float('nan')):>14.2f}x"
-        row += f"{(rate(rs) / ref_rate['hf-generate'] if 'hf-generate' in ref_rate else float('nan')):>15.2f}x"
-        row += f"{(rate(rs) / ref_rate['baseline'] if 'baseline' in ref_rate else float('nan')):>12.2f}x"
-        row += f"{1000 * statistics.median(r['prefill_seconds'] for r in rs):>12.1f}"
+        row += f"{(ms / step_ms(by[ref]) if ref else nan):>14.2f}x"
+        row += f"{(rate(rs) / hf_rate if hf_rate else nan):>15.2f}x"
+        row += f"{(rate(rs) / rate(by[ref]) if ref else nan):>9.2f}x"
+        row += f"{1000 * statistics.median(r['prefill_seconds'] for r in rs):>12.1f}  {ref or '-'}"
         lines.append(row)
+    if any(reference_of(m, methods, list(sampled)) == "plain-sample" for m in methods):
+        lines.append("(step vs plain, vs plain: against the plain loop named in \"plain ref\": plain-sample for the sampled methods, baseline for greedy ones)")
 
     cats = sorted({r["category"] for r in records})
     lines += ["", "e2e tok/s per category", f"{'category':<16}" + "".join(f"{m[:18]:>20}" for m in methods)]
@@ -286,16 +342,23 @@ def report(records: list[dict], methods: list[str]) -> str:
             n = sum(r.get("lookup_tokens", 0) for r in by[m])
             lines.append(f"  {m:<24}{n:>6} ({n / max(sum(r['new_tokens'] for r in by[m]), 1):.1%})")
 
-    if by.get("hf-generate"):
+    if by.get("hf-generate") and any(m != "hf-generate" and m not in sampled for m in methods):
         ref = {r["id"]: r["output_token_ids"] for r in by["hf-generate"]}
         lines += ["", "outputs identical to hf-generate"]
         for m in methods:
-            if m == "hf-generate":
+            if m == "hf-generate" or m in sampled:  # a sample is not meant to match greedy decoding
                 continue
             diffs = [(r["id"], first_difference(r["output_token_ids"], ref[r["id"]])) for r in by[m]]
             bad = [(i, d) for i, d in diffs if d is not None]
             where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
             lines.append(f"  {m:<24}{len(diffs) - len(bad)}/{len(diffs)}" + (f"   differ: {where}" if bad else ""))
+
+    for m, ref in EXACT_SAMPLERS.items():  # lossless sampling: same seed, same tokens (float32)
+        if by.get(m) and by.get(ref):
+            same = identical_outputs(records, m, ref)
+            bad = list(same["first_difference"].items())
+            where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
+            lines += ["", f"{m} == {ref}: {same['identical']}/{same['prompts']} identical" + (f"   differ: {where} (exact in float32; low precision may flip near-ties)" if bad else "")]
     return "\n".join(lines)
 
 
