@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--heads", default=HEADS, help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)")
     ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
+    ap.add_argument("--no-float32-copy", dest="float32_copy", action="store_false",
+                    help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when memory allows)")
     ap.add_argument("--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)")
     ap.add_argument("--trust-remote-code", action="store_true", default=TRUST_REMOTE_CODE,
                     help="let a Hub model run its own Python code (off by default; only for models you trust)")
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
-                             trust_remote_code=args.trust_remote_code, progress=print, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
+                             trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
                              max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS if MAX_PROMPT_TOKENS == "auto" else int(MAX_PROMPT_TOKENS))
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")

@@ -179,13 +179,22 @@ def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playgro
     return Playground(model, tok, heads, heads_note="test heads")
 
 
+def two_numerics_playground() -> Playground:
+    """The tiny float32 playground plus a bfloat16 copy of its model and heads as a second variant."""
+    import copy
+
+    base = tiny_playground(oracle=False)
+    m16 = copy.deepcopy(base.model).to(torch.bfloat16)
+    return Playground(base.model, base.tokenizer, base.heads, heads_note="test heads", variants={"bfloat16": (m16, copy.deepcopy(base.heads).to(torch.bfloat16))})
+
+
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
 
-API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed"]
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed", "numerics"]
 
 
-API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0}
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0, "numerics": "float32"}
 
 
 def api_args(prompt: str, overrides: dict) -> list:
@@ -230,5 +239,5 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
         client.predict(prompt, 4, api_name="/compare")
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"

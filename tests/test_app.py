@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROMPT, free_port, tiny_playground
+from conftest import PROMPT, free_port, tiny_playground, two_numerics_playground
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,9 @@ def test_compare_returns_three_texts_and_statistics(server):
         assert m["text"].strip() and m["tokens"] == 16 and m["steps"] >= 1
         assert m["tokens_per_second"] > 0 and m["wall_seconds"] >= m["prefill_seconds"] > 0
     assert methods["medusa-greedy"]["text"] == methods["plain"]["text"]
-    assert out["greedy_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False, "message": "Medusa greedy = plain greedy: all 16 tokens identical."}
+    assert out["greedy_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False, "message": "Medusa greedy = plain greedy (float32): all 16 tokens identical."}
     assert [r["speedup"] for r in out["summary"]][0] == 1.0
+    assert out["numerics"] == "float32"  # the loaded dtype: /compare's default
     assert methods["medusa-greedy"]["tokens_per_step"] > 1.5  # the rigged heads get guesses accepted
 
 
@@ -65,7 +66,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "Medusa greedy / exact sampling", api_name="/run")
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3
@@ -75,7 +76,7 @@ def test_ui_run_streams_into_the_three_columns(server):
     assert 'data-equal="true"' in badge
     summary = final[6]
     assert [row[0] for row in summary["data"]] == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]  # T = 0.7: the page samples
-    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed: all 12 tokens identical." in badge
+    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed (float32): all 12 tokens identical." in badge
     streamed = " ".join(str(u) for u in updates)
     for name in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"):
         assert name in streamed
@@ -86,7 +87,7 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 
     h = Handlers(tiny_playground(oracle=False))
     with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning
-        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, 0, "Medusa greedy / exact sampling"))
+        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, 0, None, "Medusa greedy / exact sampling"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
     with pytest.warns(UserWarning, match="Run the three methods first"):
@@ -97,6 +98,28 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 def test_cli_help_lists_the_flags_and_defaults():
     out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    for flag in ("--host", "--port", "--model", "--heads", "--device", "--dtype", "--share"):
+    for flag in ("--host", "--port", "--model", "--heads", "--device", "--dtype", "--no-float32-copy", "--share"):
         assert flag in out.stdout
     assert "127.0.0.1" in out.stdout and "7860" in out.stdout
+
+
+def test_the_numerics_choice_is_on_the_page_when_two_copies_are_loaded():
+    from medusa_lib.present import load_examples
+    from ui import build_demo
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    def radio(pg):
+        demo = build_demo(pg, examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=16)
+        return next(c["props"] for c in demo.config["components"] if c.get("props", {}).get("elem_id") == "numerics")
+
+    pg2 = two_numerics_playground()
+    props = radio(pg2)
+    assert props["visible"] is True and props["value"] == "float32" and props["label"] == "Numerics"
+    assert [list(c) for c in props["choices"]] == [["float32 (exact)", "float32"], ["bfloat16 (fast)", "bfloat16"]]
+    assert radio(tiny_playground(oracle=False))["visible"] is False  # one copy: nothing to choose
+    from ui.render import info_html
+
+    assert "(float32, and a bfloat16 copy (the Numerics choice))" in info_html(model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=list(pg2.variants))
+    assert "(float32)" in info_html(model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=["float32"])
+    outs = list(Handlers(pg2).run(PROMPT, 6, 0.0, 0.09, 0.3, "chain-2", "", True, True, 0, "bfloat16", "Medusa greedy / exact sampling"))
+    assert "(bfloat16)" in outs[-1][RUN_OUTPUTS.index("badge")]

@@ -59,7 +59,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
         assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", api_name="/run")
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -98,7 +98,7 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
     monkeypatch.setattr(Playground, "run_method", failing)
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     last = outs[-1]
     assert html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
     greedy = last[RUN_OUTPUTS.index("col_greedy")]
@@ -137,8 +137,8 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
     h = Handlers(tiny_playground(oracle=False))
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
-    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", request=other))  # another user's finished run
-    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling", request=me)
+    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=other))  # another user's finished run
+    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=me)
     plain = RUN_OUTPUTS.index("col_plain")
     frames = [next(gen) for _ in range(6)]
     at_click = [[f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]  # what the page holds
@@ -168,7 +168,7 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     for m in out["methods"].values():
         assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
     assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
-    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == ("Done. Sampled at T = 0.7, seed 0; speedups are against plain sampling. Plain (sampling), Medusa exact sampling, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
                       "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
@@ -210,14 +210,14 @@ def test_the_page_samples_above_temperature_zero_and_is_greedy_at_zero():
 
     h = Handlers(tiny_playground())
     at = {n: RUN_OUTPUTS.index(n) for n in RUN_OUTPUTS}
-    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, INSPECT_CHOICES[0]))
+    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))
     sampled = list(frames[-1])
     for col in ("col_plain", "col_greedy"):  # the columns as the page holds them: the last frame that sent each
         sampled[at[col]] = [f[at[col]] for f in frames if isinstance(f[at[col]], str)][-1]
     assert list(sampled[at["session"]]) == ["plain-sample", "medusa-sample", "medusa-typical"]
     assert "Sampled at T = 0.9, seed 7; speedups are against plain sampling." in sampled[at["status"]]
     badge = sampled[at["badge"]]
-    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed: all 16 tokens identical." in badge
+    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed (float32): all 16 tokens identical." in badge
     assert 'data-method="plain-sample"' in sampled[at["col_plain"]] and "Plain (sampling)" in sampled[at["col_plain"]]
     assert 'data-method="medusa-sample"' in sampled[at["col_greedy"]] and "Medusa exact sampling" in sampled[at["col_greedy"]]
     assert list(sampled[at["summary"]]["method"]) == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]
@@ -225,11 +225,11 @@ def test_the_page_samples_above_temperature_zero_and_is_greedy_at_zero():
     assert 'data-rows="3"' in panel and "at T = 0.9" in panel and all(f"<td>{m}</td>" in panel for m in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"))
     tree_title = sampled[at["tree_plot"]].layout.title.text
     assert tree_title.startswith("Medusa exact sampling, step")  # the inspector shows the run the middle column made
-    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, INSPECT_CHOICES[0]))[-1]
+    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, None, INSPECT_CHOICES[0]))[-1]
     assert other_seed[at["session"]]["plain-sample"].tokens != sampled[at["session"]]["plain-sample"].tokens  # the seed is used
 
-    greedy = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, INSPECT_CHOICES[0]))[-1]
+    greedy = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))[-1]
     assert list(greedy[at["session"]]) == ["plain", "medusa-greedy", "medusa-typical"]
-    assert 'data-sampled="false"' in greedy[at["badge"]] and "Medusa greedy = plain greedy: all 16 tokens identical." in greedy[at["badge"]]
+    assert 'data-sampled="false"' in greedy[at["badge"]] and "Medusa greedy = plain greedy (float32): all 16 tokens identical." in greedy[at["badge"]]
     assert 'data-rows="0"' in greedy[at["sampling"]] and "Sampled at" not in greedy[at["status"]]
     assert greedy[at["tree_plot"]].layout.title.text.startswith("Medusa greedy, step")

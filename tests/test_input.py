@@ -42,7 +42,7 @@ def test_sliding_window_model_refuses_prompts_beyond_the_window():
         pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
     assert pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1  # inside the window: runs
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPT, VOCAB, tiny_playground
+from conftest import PROMPT, VOCAB, tiny_playground, two_numerics_playground
 
 from medusa_lib.present import (
     GREEDY_VIEWS,
@@ -22,6 +22,7 @@ from medusa_lib.present import (
     Detokenizer,
     Piece,
     Playground,
+    PlaygroundError,
     RunRecord,
     Settings,
     greedy_check,
@@ -247,7 +248,7 @@ def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling
     assert list(methods) == list(SAMPLED_VIEWS)
     assert methods["medusa-sample"]["token_ids"] == methods["plain-sample"]["token_ids"]  # lossless: the same seed, the same tokens
     assert out["sampling_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False,
-                                     "message": "Medusa exact sampling = plain sampling, same seed: all 24 tokens identical."}
+                                     "message": "Medusa exact sampling = plain sampling, same seed (float32): all 24 tokens identical."}
     greedy = pg.compare(PROMPT, Settings(max_new_tokens=24, tree="topk-3x2x1"))["methods"]["plain"]["token_ids"]
     assert methods["plain-sample"]["token_ids"] != greedy  # it did sample
     other = pg.compare(PROMPT, replace(settings, seed=12))["methods"]
@@ -292,7 +293,7 @@ def test_draw_gap_replays_the_seeded_draw_that_chose_each_token(pg):
     fake = replace(rec, views=rec.views[:-1] + (replace(rec.views[-1], pieces=(replace(rec.views[-1].pieces[0], token_id=(rec.tokens[-1] + 1) % VOCAB),)),))
     check = pg.greedy_check(rec, fake, settings)
     assert check.sampled and check.first_diff == 9 and check.logit_gap > 0
-    assert check.headline == "Medusa exact sampling differs from plain sampling, same seed from token 9 on (0-based; 10 vs 10 tokens)."
+    assert check.headline == "Medusa exact sampling differs from plain sampling, same seed (float32) from token 9 on (0-based; 10 vs 10 tokens)."
     assert "log p - log E" in check.reason
 
 
@@ -327,3 +328,51 @@ def test_example_prompts_file():
     examples = load_examples(ROOT / "assets" / "examples.json")
     assert len(examples) >= 6 and all(e["prompt"].strip() and e.get("label") for e in examples)
     assert load_examples(ROOT / "no-such-file.json") == []
+
+
+def test_each_run_uses_the_model_of_its_numerics_and_the_default_is_the_loaded_dtype():
+    pg2 = two_numerics_playground()
+    assert list(pg2.variants) == ["float32", "bfloat16"] and pg2.dtype == "float32"
+    for numerics, dtype in ((None, torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        _, decoders = pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics=numerics))
+        assert {d.dtype for d in decoders.values()} == {dtype} and {next(d.heads.parameters()).dtype for d in decoders.values()} == {dtype}
+    out = pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2", numerics="bfloat16"))
+    assert out["numerics"] == "bfloat16" and "(bfloat16)" in out["greedy_match"]["message"]
+    assert pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2"))["numerics"] == "float32"
+    assert pg2._warm == {"float32", "bfloat16"}  # each copy warmed up once
+
+
+def test_a_numerics_value_not_loaded_gets_one_sentence():
+    pg2 = two_numerics_playground()
+    with pytest.raises(PlaygroundError, match=r"^Numerics must be one of: float32, bfloat16 \(got 'float16'\)\.$"):
+        pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics="float16"))
+    with pytest.raises(PlaygroundError, match=r"^Numerics must be the name of one of: float32, bfloat16, not a number \(got 32\)\.$"):
+        pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics=32))
+
+
+def test_the_badge_names_the_numerics_and_a_16_bit_tie_points_to_float32_only_when_loaded():
+    from medusa_lib.present.page import GreedyCheck
+
+    same = GreedyCheck(True, None, 40, 40, numerics="float32")
+    assert same.message == "Medusa greedy = plain greedy (float32): all 40 tokens identical."
+    tie = GreedyCheck(False, 7, 40, 40, logit_gap=0.25, tie=True, numerics="bfloat16", exact_available=True)
+    assert tie.headline.startswith("Medusa greedy differs from plain greedy (bfloat16) from token 7 on")
+    assert tie.reason.endswith("a floating-point tie, not a bug: bfloat16 rounding. Switch Numerics to float32 for the exact result.")
+    assert replace(tie, exact_available=False).reason.endswith("a floating-point tie, not a bug: bfloat16 rounding.")
+    assert "Switch" not in replace(tie, tie=False).reason and "Switch" not in replace(tie, numerics="float32").reason
+
+
+def test_load_adds_a_float32_copy_of_a_bfloat16_model(tmp_path):
+    from conftest import make_model, tiny_tokenizer
+
+    make_model("llama").save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    said: list[str] = []
+    pg2 = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, progress=said.append)
+    assert list(pg2.variants) == ["bfloat16", "float32"] and pg2.dtype == "bfloat16"
+    m32, h32 = pg2.variants["float32"]
+    assert next(m32.parameters()).dtype == torch.float32 and next(h32.parameters()).dtype == torch.float32
+    assert "Numerics: bfloat16 (fast) and float32 (exact) loaded" in said
+    assert pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="float32"))["numerics"] == "float32"
+    one = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, numerics_copy=False)
+    assert list(one.variants) == ["bfloat16"]

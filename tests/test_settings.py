@@ -65,6 +65,8 @@ CASES = [
     ("sampling switch as text", PROMPT, {"sample": "yes"}, "The sampling switch (sample) must be true or false, not text (got 'yes')."),
     ("sampling at temperature 0", PROMPT, {"sample": True, "temperature": 0}, "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off."),
     ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
+    ("numerics not loaded", PROMPT, {"numerics": "float64"}, "Numerics must be one of: float32 (got 'float64')."),
+    ("numerics not text", PROMPT, {"numerics": 16}, "Numerics must be the name of one of: float32, not a number (got 16)."),
 ]
 
 
@@ -122,7 +124,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     pg.max_new_tokens_limit = LIMIT
     h = Handlers(pg)
     status = RUN_OUTPUTS.index("status")
-    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert first[-1][status].startswith("Done")
     for case, prompt, overrides, message in CASES:
         if "sample" in overrides:  # the page has no sampling switch: it samples whenever T > 0
@@ -135,6 +137,6 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         assert str(warned[-1].message) == message, case
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
-    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "Medusa greedy / exact sampling"))
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # T = 0.7: the sampled comparison

@@ -189,7 +189,7 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label,
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label,
             request: gr.Request = None) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: at Temperature 0 plain
         greedy, Medusa greedy and typical acceptance; above 0 plain sampling, Medusa exact sampling and
@@ -197,15 +197,15 @@ class Handlers:
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label)
+        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label)
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, insp_label) -> Iterator[tuple]:
+    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
             sample = is_number(temperature) and temperature > 0  # the page samples whenever T > 0
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed)
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
@@ -294,10 +294,10 @@ class Handlers:
             yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
-    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0) -> dict:
+    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0, numerics=None) -> dict:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         try:
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed)
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
             return self.pg.compare(prompt, settings)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None

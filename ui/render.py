@@ -121,14 +121,16 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
         "(scores under the model at T, nats per token, from one forward over each output, not timed)"
         f'<table class="sampling-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         '<div class="sampling-note">A true sample from the model has mean log p = &minus;(mean entropy), up to noise: '
-        "log p + entropy near 0, as for plain and exact sampling. Typical acceptance keeps a guess whenever the model gives it "
+        "so plain and exact sampling should show log p + entropy near 0. Typical acceptance keeps a guess whenever the model gives it "
         "more than min(&epsilon;, &delta;&middot;e<sup>&minus;H</sup>), a bar that favours likely tokens; a positive log p + entropy "
         "is its text leaning toward the model's mode. Raising &epsilon; and &delta; accepts fewer guesses: slower, with more of the text "
         "drawn from the model itself.</div></div>"
     )
 
 
-def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str) -> str:
+def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = ()) -> str:
     warn = "untrained" in heads_note
     note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
-    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}) &middot; {heads} Medusa heads: {note}</div>'
+    more = [n for n in numerics if n != dtype]
+    copies = f", and a {', '.join(map(html.escape, more))} copy (the Numerics choice)" if more else ""
+    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}</div>'

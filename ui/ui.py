@@ -40,7 +40,7 @@ def build_demo(
 
     with gr.Blocks(title="Medusa Playground") as demo:
         gr.Markdown(HEADER, elem_id="header")
-        gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note), elem_id="info")
+        gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note, numerics=list(pg.variants)), elem_id="info")
 
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
@@ -69,6 +69,9 @@ def build_demo(
                     with gr.Column(min_width=160):
                         chat = gr.Checkbox(value=True, label="Use the chat template")
                         lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
+                # bfloat16 is fast; only float32 keeps Medusa greedy == plain greedy through near-ties (Playground.load's copy)
+                numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in pg.variants], value=pg.dtype, label="Numerics",
+                                    visible=len(pg.variants) > 1, elem_id="numerics")
                 custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
         gr.HTML(LEGEND_HTML, elem_id="legend")
@@ -99,7 +102,7 @@ def build_demo(
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
-        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed]
+        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed, numerics]
         run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
         submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
@@ -125,14 +128,16 @@ def build_demo(
         @on_gpu
         def compare(prompt: str, max_new_tokens: int = start, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.posterior_threshold,
                     delta: float = DEFAULTS.posterior_alpha, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True,
-                    lookup_branch: bool = pg.defaults.lookup_on, sample: bool = False, seed: int = DEFAULTS.seed) -> dict:
+                    lookup_branch: bool = pg.defaults.lookup_on, sample: bool = False, seed: int = DEFAULTS.seed,
+                    numerics: str = pg.dtype) -> dict:
             """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
             check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree.
             sample: the fair sampled comparison instead: plain sampling, Medusa exact sampling (== plain sampling with the same
             seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain sampling; "sampling_match"
-            instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T."""
-            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed)
+            instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
+            numerics: which loaded copy runs (e.g. "bfloat16" or "float32"; default the loaded dtype); the JSON's "numerics" says which ran."""
+            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed, numerics)
 
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

@@ -31,6 +31,8 @@ class GreedyCheck:
     logit_gap: float | None = None  # at first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T (set by Playground.exact_check)
     tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
     sampled: bool = False  # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
+    numerics: str = ""  # the dtype the run used ("bfloat16", "float32"): only float32 keeps both identities through near-ties
+    exact_available: bool = False  # a float32 copy is loaded, so a 16-bit tie can point to it
 
     @property
     def names(self) -> tuple[str, str]:
@@ -39,7 +41,7 @@ class GreedyCheck:
     @property
     def headline(self) -> str:
         medusa, plain = self.names
-        same = ", same seed" if self.sampled else ""
+        same = (", same seed" if self.sampled else "") + (f" ({self.numerics})" if self.numerics else "")
         if self.equal:
             return f"{medusa} = {plain}{same}: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
         return f"{medusa} differs from {plain}{same} from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
@@ -49,6 +51,8 @@ class GreedyCheck:
         if self.equal or self.logit_gap is None:
             return ""
         why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
+        if self.tie and self.numerics in ("bfloat16", "float16"):
+            why += f": {self.numerics} rounding" + (". Switch Numerics to float32 for the exact result" if self.exact_available else "")
         if self.sampled:  # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
             return f"There the draw's two best candidates were {self.logit_gap:.4f} apart (log p - log E, times T, in logit units): {why}."
         return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."

@@ -16,6 +16,7 @@ import ctypes
 import gc
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -111,6 +112,20 @@ def _libc_malloc_trim():
 _malloc_trim = _libc_malloc_trim()
 
 
+def _dtype_name(model) -> str:
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def _free_memory(device: torch.device) -> int:
+    """Bytes free on the device (CUDA) or in RAM (elsewhere); 0 when unknown, so no copy is loaded."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return 0
+
+
 def _short_path(path: Path) -> str:
     """A path as the user reads it: relative to the working folder when it lies inside it."""
     try:
@@ -123,7 +138,8 @@ class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
-                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set"):
+                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
+                 variants: Mapping[str, tuple] | None = None):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
@@ -135,16 +151,35 @@ class Playground:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-        self._warm = False
+        # numerics -> (model, heads): the loaded dtype first, then e.g. a float32 copy, so a page can
+        # show the bfloat16 speed-up and the float32 exactness on one prompt (a run names its pair)
+        self.variants: dict[str, tuple] = {self.dtype: (model, heads), **{k: v for k, v in (variants or {}).items() if k != self.dtype}}
+        self._warm: set[str] = set()  # numerics already warmed up
+
+    def pair(self, settings: Settings | None) -> tuple:
+        """The (model, heads) a run uses: its settings' numerics, or the loaded dtype."""
+        numerics = settings.numerics if settings is not None and settings.numerics is not None else self.dtype
+        return self.variants[numerics]
+
+    def check_numerics(self, numerics) -> None:
+        if numerics is None:
+            return
+        names = ", ".join(self.variants)
+        if not isinstance(numerics, str):
+            raise PlaygroundError(f"Numerics must be the name of one of: {names}, not {kind(numerics)} (got {shown(numerics)}).")
+        if numerics not in self.variants:
+            raise PlaygroundError(f"Numerics must be one of: {names} (got {shown(numerics)}).")
 
     @classmethod
     def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
              trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, max_prompt_tokens: int | str | None = "auto",
-             **kwargs) -> "Playground":
+             numerics_copy: bool = True, **kwargs) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
-        ``max_prompt_tokens="auto"`` measures what the device prefills in PREFILL_SECONDS."""
+        ``max_prompt_tokens="auto"`` measures what the device prefills in PREFILL_SECONDS.
+        ``numerics_copy``: a 16-bit model also gets a float32 copy (with the same heads) when memory
+        allows, because only float32 keeps Medusa greedy == plain greedy through near-ties."""
         say = progress or (lambda msg: None)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
@@ -166,6 +201,16 @@ class Playground:
             h = untrained_heads(m)
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
         say(f"Medusa: {h.num_heads} {note}")
+        loaded = str(next(m.parameters()).dtype).replace("torch.", "")
+        if numerics_copy and loaded != "float32":
+            need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
+            if _free_memory(input_device(m)) > need:
+                m32, _ = load_model(model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code)
+                h32 = load_heads(path, model=m32) if note.startswith("trained") else untrained_heads(m32)
+                kwargs["variants"] = {"float32": (m32, h32)}
+                say(f"Numerics: {loaded} (fast) and float32 (exact) loaded")
+            else:
+                say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         if max_prompt_tokens == "auto":
             max_prompt_tokens, why = prompt_token_limit(m, context_limit=model_info(m).context_limit), measured_limit_why(m)
             say(f"Prompts: up to {max_prompt_tokens:,} tokens ({why})" if max_prompt_tokens else "Prompts: up to the model's context")
@@ -176,7 +221,7 @@ class Playground:
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0) -> Settings:
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0, numerics=None) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
         default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
         becomes the heads' branch length or 0. Only what these conversions need is checked here (the
@@ -190,7 +235,8 @@ class Playground:
             raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
         return Settings(max_new_tokens=max_new_tokens, temperature=temperature, posterior_threshold=epsilon, posterior_alpha=delta,
                         tree=tree if tree not in (None, "") else self.defaults.tree, custom_tree="" if custom_tree is None else custom_tree,
-                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0, sample=sample, seed=seed)
+                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0, sample=sample, seed=seed,
+                        numerics=numerics if numerics != "" else None)
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
@@ -227,9 +273,11 @@ class Playground:
         Returns the prompt's ids and a decoder per column (``settings.views``, in run order)."""
         self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
+        self.check_numerics(settings.numerics)
         tree = self.resolve_tree(settings)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
-        decoders = {v: Decoder(self.model, method=DECODER_METHOD.get(v, v), heads=self.heads, tree=tree, config=settings.config(v)) for v in settings.views}
+        model, heads = self.pair(settings)
+        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=settings.config(v)) for v in settings.views}
         next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PlaygroundError(f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it.")
@@ -241,25 +289,28 @@ class Playground:
         the gap between the two tokens' scores in the draw (sampling). A tree forward and a one-token
         forward round differently, so a near-tie may flip the choice."""
         sampled = settings is not None and settings.sample
-        check = greedy_check(plain.tokens, medusa.tokens, sampled=sampled)
+        model = self.pair(settings)[0]
+        numerics = _dtype_name(model)
+        check = replace(greedy_check(plain.tokens, medusa.tokens, sampled=sampled), numerics=numerics, exact_available="float32" in self.variants)
         k = check.first_diff
         if check.equal or k >= min(len(plain.tokens), len(medusa.tokens)):
             return check
         if sampled:
-            gap = self.draw_gap(plain.prompt_ids, plain.tokens[:k], plain.tokens[k], medusa.tokens[k], settings.config(medusa.method), draw=k)
+            gap = self.draw_gap(plain.prompt_ids, plain.tokens[:k], plain.tokens[k], medusa.tokens[k], settings.config(medusa.method), draw=k, model=model)
         else:
-            gap = self.logit_gap(plain.prompt_ids, plain.tokens[:k])
-        tol = 1e-3 if self.dtype == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
+            gap = self.logit_gap(plain.prompt_ids, plain.tokens[:k], model=model)
+        tol = 1e-3 if numerics == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
         return replace(check, logit_gap=gap, tie=gap <= tol)
 
     @torch.inference_mode()
-    def draw_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], a: int, b: int, config, *, draw: int, signed: bool = False) -> float:
+    def draw_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], a: int, b: int, config, *, draw: int, signed: bool = False, model=None) -> float:
         """How far apart tokens a and b were in draw number ``draw`` (0-based) of a seeded sampled run
         after prompt + tokens: T x |(log p_a - log E_a) - (log p_b - log E_b)|, in logit units, where
         the draw is argmax(p / E) (``sample_token``) and E is replayed from the seed (``signed``:
         without the absolute value, positive where a wins the draw)."""
-        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(self.model))
-        logits = self.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+        model = model or self.model
+        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(model))
+        logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
         probs = sampling_probs(logits, temperature=config.temperature, top_p=config.top_p)
         gen = torch.Generator(device=logits.device).manual_seed(config.seed)
         for _ in range(draw + 1):  # one draw per token, as in the run (each consumes one exponential per vocabulary entry)
@@ -269,13 +320,13 @@ class Playground:
         return gap if signed else abs(gap)
 
     @torch.inference_mode()
-    def sample_scores(self, record: RunRecord, *, temperature: float) -> tuple[float, float]:
+    def sample_scores(self, record: RunRecord, *, temperature: float, model=None) -> tuple[float, float]:
         """(mean log p, mean entropy) of the model's distribution at T over the tokens a run produced,
         from one forward over prompt + output (not timed). For a true sample the mean log p is
         minus the mean entropy, up to noise; tokens chosen for being likely score higher."""
-        n = len(record.tokens)
-        ids = torch.tensor([list(record.prompt_ids) + list(record.tokens)], device=input_device(self.model))
-        logits = self.model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()  # the distribution each token was drawn from
+        n, model = len(record.tokens), model or self.model
+        ids = torch.tensor([list(record.prompt_ids) + list(record.tokens)], device=input_device(model))
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()  # the distribution each token was drawn from
         probs = sampling_probs(logits, temperature=temperature, top_p=1.0)
         logp = probs.gather(-1, torch.tensor(record.tokens, device=probs.device)[:, None]).clamp_min(1e-30).log()
         return float(logp.mean()), float(torch.special.entr(probs).sum(-1).mean())
@@ -284,23 +335,26 @@ class Playground:
         """The sampled comparison's cost panel (``page.sample_rows``); [] when the runs did not sample."""
         if not settings.sample:
             return []
-        return sample_rows(records, {v: self.sample_scores(r, temperature=float(settings.temperature)) for v, r in records.items() if r.tokens}, temperature=float(settings.temperature))
+        return sample_rows(records, {v: self.sample_scores(r, temperature=float(settings.temperature), model=self.pair(settings)[0]) for v, r in records.items() if r.tokens}, temperature=float(settings.temperature))
 
     @torch.inference_mode()
-    def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> float:
+    def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], *, model=None) -> float:
         """Top-1 minus top-2 logit of the base model after prompt + tokens (one plain forward, no cache)."""
-        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(self.model))
-        top = self.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().topk(2).values
+        model = model or self.model
+        ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(model))
+        top = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().topk(2).values
         return float(top[0] - top[1])
 
     # ------------------------------------------------------------------ running
     def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder]) -> None:
-        """Run each method for two tokens once, so the first timed run pays no one-off costs."""
-        if self._warm:
+        """Run each method for two tokens once per numerics, so the first timed run pays no one-off costs."""
+        decoders = list(decoders)
+        numerics = _dtype_name(decoders[0].model)
+        if numerics in self._warm:
             return
         for d in decoders:
-            Decoder(self.model, method=d.method, heads=self.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
-        self._warm = True
+            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
+        self._warm.add(numerics)
 
     def run_method(self, view: str, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
         """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder)."""
@@ -326,7 +380,7 @@ class Playground:
             for view, decoder in decoders.items():
                 yield from self.run_method(view, decoder, ids)
         finally:
-            release_memory(self.model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
+            release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
 
     def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
         """The three columns (``settings.views``), one after another; an Event after every step."""
@@ -343,6 +397,7 @@ class Playground:
         out = {
             "prompt": prompt,
             "tree": self.resolve_tree(settings).name,
+            "numerics": _dtype_name(self.pair(settings)[0]),
             "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
             "sampling_match" if settings.sample else "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
             "summary": summary_rows(records),

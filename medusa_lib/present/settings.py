@@ -49,6 +49,7 @@ class Settings:
     seed: int = 0  # the generator every sampled method starts from
     sample: bool = False  # the sampled comparison (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
+    numerics: str | None = None  # which loaded copy runs, e.g. "bfloat16" or "float32" (None: the loaded dtype; Playground.prepare checks it)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         """The check of the settings a page or an API caller sent (``Playground.settings`` has already
