@@ -33,8 +33,10 @@ def url():
     from medusa_lib.present import Playground, load_examples
 
     heads = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
-    # float32: Medusa greedy must then equal plain greedy exactly (bfloat16, the CPU default where it is native, may flip near-ties)
-    pg = Playground.load(model="default", heads=heads, default_heads=heads, device="cpu", dtype="float32")
+    # bfloat16 (the CPU default where it is native) plus the float32 copy the page's Numerics choice runs:
+    # the test picks float32, where Medusa exact sampling must equal plain sampling token for token
+    pg = Playground.load(model="default", heads=heads, default_heads=heads, device="cpu", dtype="bfloat16")
+    assert list(pg.variants) == ["bfloat16", "float32"]
     demo = build_demo(pg, examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=MAX_NEW_TOKENS)
     port = free_port()
     demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
@@ -62,10 +64,14 @@ def test_run_an_example_and_inspect_it(page):
     assert page.is_checked("#lookup-branch input")  # the shipped heads were calibrated with the lookup branch on
     page.get_by_role("button", name="Explanation").first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('sky is blue')", timeout=30_000)
+    assert page.is_checked("#numerics input[value='bfloat16']")  # the loaded dtype first
+    page.locator("#numerics label", has_text="float32").click()
     page.click("#run-btn")
     badge = page.wait_for_selector("#greedy-badge [data-equal='true'], #greedy-badge [data-equal='false']", timeout=540_000)
-    # float32: Medusa greedy == plain greedy, up to an exact tie of the two best logits (the badge then says so)
+    # T = 0.7, float32: Medusa exact sampling == plain sampling from the same seed, up to an exact tie (the badge then says so)
+    assert badge.get_attribute("data-sampled") == "true" and "(float32)" in badge.inner_text()
     assert badge.get_attribute("data-equal") == "true" or badge.get_attribute("data-tie") == "true", badge.inner_text()
+    assert page.get_attribute("#sampling-panel .sampling-panel", "data-rows") == "3"
     for col in ("#out-plain", "#out-greedy", "#out-typical"):
         assert page.get_attribute(f"{col} .method-col", "data-state") == "done"
         assert len(page.inner_text(f"{col} .method-text").strip()) > 20
