@@ -1,4 +1,4 @@
-"""HTML for the token columns, their live statistics, the greedy badge and the colour legend.
+"""HTML for the token columns, their live statistics, the exactness badge, the sampling panel and the colour legend.
 
 Generated text is untrusted: every token goes through html.escape, so a model that writes
 ``<script>`` shows the characters, never runs them.
