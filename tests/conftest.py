@@ -188,6 +188,18 @@ def two_numerics_playground() -> Playground:
     return Playground(base.model, base.tokenizer, base.heads, heads_note="test heads", variants={"bfloat16": (m16, copy.deepcopy(base.heads).to(torch.bfloat16))})
 
 
+CUDA_CALIBRATION = {"device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda", "dtype": "torch.bfloat16", "lookup": 0,
+                    "trees": {"calibrated-3": {"nodes": 4, "measured_tokens_per_step": 2.5, "speedup": 2.25}}}
+
+
+def cuda_calibrated_playground() -> Playground:
+    """The tiny CPU playground with heads calibrated on a GPU only (what load_heads sets from config.json)."""
+    pg = tiny_playground(oracle=False)
+    heads = untrained_heads(pg.model, num_heads=3)
+    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = {"calibrated-3": [[0], [0, 0], [1]]}, "calibrated-3", 0, CUDA_CALIBRATION
+    return Playground(pg.model, pg.tokenizer, heads)
+
+
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
 

@@ -123,3 +123,25 @@ def test_the_numerics_choice_is_on_the_page_when_two_copies_are_loaded():
     assert "(float32)" in info_html(model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=["float32"])
     outs = list(Handlers(pg2).run(PROMPT, 6, 0.0, 0.09, 0.3, "chain-2", "", True, True, 0, "bfloat16", "Medusa greedy / exact sampling"))
     assert "(bfloat16)" in outs[-1][RUN_OUTPUTS.index("badge")]
+
+
+def test_heads_calibrated_on_another_device_kind_say_so_beside_the_tree_and_the_page_quotes_that_calibration():
+    import html
+
+    from conftest import CUDA_CALIBRATION, cuda_calibrated_playground
+
+    from ui import build_demo
+
+    def props(pg) -> dict:
+        demo = build_demo(pg, max_new_tokens=16)
+        return {c["props"]["elem_id"]: c["props"] for c in demo.config["components"] if c.get("props", {}).get("elem_id")}
+
+    pg = cuda_calibrated_playground()
+    page = props(pg)
+    assert html.unescape(page["calibration-note"]["value"]) == f'<div class="calibration-note">{pg.defaults.note}</div>'
+    assert page["tree-preset"]["value"] == "calibrated-3" and page["lookup-branch"]["value"] is False
+    tree = CUDA_CALIBRATION["trees"]["calibrated-3"]
+    explain = page["explain"]["value"]  # the figures of the calibration the tree came from, the device it was made on named
+    assert f"calibrated (bfloat16, on {CUDA_CALIBRATION['device']})" in explain and f"({tree['nodes']} nodes" not in explain
+    assert f"(calibrated-3, {tree['nodes']} nodes)" in explain and f"{tree['speedup']:.2f}x plain decoding's speed" in explain
+    assert "calibration-note" not in props(tiny_playground(oracle=False))  # never calibrated: no note

@@ -136,3 +136,24 @@ def test_bench_sampled_preset_and_the_refusals(saved, capsys):
         bench.main([*common, "--methods", "plain-sample", "--top-p", "1.5"])
     with pytest.raises(SystemExit):  # argparse: one or the other
         bench.main([*common, "--sampled", "--methods", "baseline"])
+
+
+def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(saved, capsys):
+    out = saved / "static.json"
+    bench.main(["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "hf-generate,hf-generate-static",
+                "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "12", "--repeats", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    by = {(r["method"], r["id"]): r for r in data["records"]}
+    longest = max(len(bench.chat_prompt_ids(tiny_tokenizer(), p["prompt"])) for p in PROMPTS)
+    assert data["static_cache_len"] == longest + 12  # one cache length for every prompt (so none recompiles the decode step)
+    for p in PROMPTS:  # float32 greedy: the static cache changes where the keys live, not the tokens
+        ref, static = by[("hf-generate", p["id"])], by[("hf-generate-static", p["id"])]
+        assert static["output_token_ids"] == ref["output_token_ids"] and len(ref["output_token_ids"]) == 12
+        assert static["steps"] == ref["steps"] == 11 and static["prefill_seconds"] > 0 and static["decode_seconds"] > 0
+    assert set(data["warmup_seconds"]) == {"hf-generate", "hf-generate-static"} and all(w > 0 for w in data["warmup_seconds"].values())
+    assert re.search(r"^hf-generate-static\s+\d+\.\d\s+1\.\d\d\s", printed, re.MULTILINE)
+    assert re.search(r"^\s+hf-generate-static\s+3/3$", printed, re.MULTILINE)  # compared with hf-generate's output
+    assert re.search(r"^warm-up s \(before the timed runs, not in the tables\): hf-generate \d+\.\d\d, hf-generate-static \d+\.\d\d$", printed, re.MULTILINE)
+    assert "| static cache " in printed and bench.DEFAULT_METHODS.split(",")[0] == "hf-generate" and "hf-generate-static" not in bench.DEFAULT_METHODS.split(",")
+    assert "hf-generate-static" in bench.CUDA_DEFAULT_METHODS.split(",")

@@ -26,7 +26,9 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     cfg = json.loads((tmp_path / "heads" / "config.json").read_text())
     assert set(trees) == {"calibrated-2", "calibrated-4"} and [len(trees[n]) for n in ("calibrated-2", "calibrated-4")] == [2, 4]
     assert cfg["default_tree"] in trees and cfg["lookup"] == 3 == cfg["calibration"]["lookup"]
-    assert cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads"
+    assert cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads" and cfg["calibration"]["device_kind"] == "cpu"
+    assert cfg["calibration"]["default_tree"] == cfg["default_tree"] and "calibrations" not in cfg  # the first calibration: the top level
+    assert not list((tmp_path / "heads").glob("*.tmp"))
     rows = cfg["calibration"]["trees"]
     for name in trees:
         r = rows[name]
@@ -194,3 +196,49 @@ def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypat
     assert out["plain"]["speedup"] == 1.0 and out["tree"]["tokens_per_step"] == 2.5
     assert out["tree"]["speedup"] == 2.25  # median of 3.0, 3.0, 1.5, 1.5 (a ratio of medians would say 45 / 25 = 1.8)
     assert out["tree"]["tok_s"] == 45.0
+
+
+def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
+    """The shipped heads (calibrated on a CPU, before records named their device kind) plus a CUDA
+    calibration: the CUDA record goes to calibrations.cuda, the CPU one stays, trees.json gains the
+    new trees; a second CPU calibration replaces the top level and keeps the CUDA record."""
+    import shutil
+    from pathlib import Path
+
+    from medusa_lib import heads_defaults
+    from medusa_lib.pipeline.calibrate import write_calibration
+
+    folder = tmp_path / "heads"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "assets/heads/smollm2-135m-instruct", folder)
+    before, stored = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
+    assert "device_kind" not in before["calibration"]  # a legacy record: made on a CPU
+    wide = [[0], [1], [2], [3], [4], [5], [6], [7], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 2], [2, 0], [1, 1]]
+    cuda = {"default_tree": "calibrated-17", "lookup": 0, "device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda", "dtype": "torch.bfloat16",
+            "trees": {"calibrated-12": {"nodes": 13, "speedup": 2.1}, "calibrated-17": {"nodes": 18, "speedup": 2.4}}}
+    said: list[str] = []
+    where = write_calibration(folder, cuda, {"calibrated-12": stored["calibrated-12"], "calibrated-17": wide}, say=said.append)
+    cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
+    assert where == "calibrations.cuda of config.json; the top-level cpu calibration is kept"
+    assert said == [f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA calibration: {where})"]
+    assert {k: v for k, v in cfg.items() if k != "calibrations"} == before and cfg["calibrations"] == {"cuda": cuda}  # the CPU record untouched
+    assert trees == {**stored, "calibrated-17": wide} and list(trees) == sorted(trees, key=lambda n: len(trees[n]))  # the union, smallest first
+    heads = load_heads(folder)
+    assert heads.calibrations == {"cuda": cuda} and heads.tree_presets == trees
+    on_gpu, on_cpu = heads_defaults(heads, "cuda:0"), heads_defaults(heads, "cpu")
+    assert (on_gpu.tree, on_gpu.lookup_length, on_gpu.calibration, on_gpu.note) == ("calibrated-17", 0, cuda, None)
+    assert (on_cpu.tree, on_cpu.lookup_length, on_cpu.calibration, on_cpu.note) == (before["default_tree"], before["lookup"], before["calibration"], None)
+
+    # CUDA again, with other choices under a name already stored: the newer ones win, and it is said
+    said.clear()
+    write_calibration(folder, {**cuda, "default_tree": "calibrated-12"}, {"calibrated-12": wide[:12]}, say=said.append)
+    cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
+    assert cfg["calibrations"]["cuda"]["default_tree"] == "calibrated-12" and cfg["calibration"] == before["calibration"]
+    assert trees["calibrated-12"] == wide[:12] and trees["calibrated-5"] == stored["calibrated-5"]
+    assert said[0].startswith("note: calibrated-12 in trees.json had other choices from an earlier calibration; kept this one's")
+
+    # CPU again: the top level is replaced (with its kind now named), the CUDA record stays
+    cpu = {**before["calibration"], "default_tree": "calibrated-4", "lookup": 3, "device_kind": "cpu"}
+    assert write_calibration(folder, cpu, {"calibrated-4": stored["calibrated-4"]}, say=said.append) == "the top level of config.json"
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["default_tree"], cfg["lookup"], cfg["calibration"]) == ("calibrated-4", 3, cpu) and set(cfg["calibrations"]) == {"cuda"}
+    assert not list(folder.glob("*.tmp"))

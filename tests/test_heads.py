@@ -276,3 +276,23 @@ def test_heads_can_be_saved_in_bfloat16_at_half_the_size(tmp_path, model):
     assert next(back.parameters()).dtype == torch.float32 and torch.equal(back.proposal_ids, src.proposal_ids)
     for k, v in src.state_dict().items():
         assert torch.equal(back.state_dict()[k], v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v), k
+
+
+def test_calibrations_per_device_kind_are_read_and_a_malformed_one_gets_one_sentence(tmp_path, model):
+    cuda = {"default_tree": "chain-3", "lookup": 0, "device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda"}
+    random_heads(3, shared=True).save(tmp_path / "ok", default_tree="chain-2", lookup=4, calibration={"device": "CPU, 2 threads"}, calibrations={"cuda": cuda})
+    heads = load_heads(tmp_path / "ok", model=model)
+    assert heads.calibrations == {"cuda": cuda} and heads.calibration == {"device": "CPU, 2 threads"} and (heads.default_tree, heads.lookup) == ("chain-2", 4)
+    random_heads(3, shared=True).save(tmp_path / "one")
+    assert load_heads(tmp_path / "one", model=model).calibrations == {}  # calibrated on one kind of device, or never
+    where = str(tmp_path / "bad" / "config.json")
+    for bad, message in [
+        ([cuda], f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, or be left out."),
+        ({"cuda": "chain-3"}, f"{where} has a 'cuda' calibration that is not a record; recalibrate on that device or delete calibrations.cuda."),
+        ({"cuda": {"lookup": 2}}, f"{where} has a 'cuda' calibration without a default_tree name; recalibrate on that device or delete calibrations.cuda."),
+        ({"cuda": {**cuda, "lookup": 99}}, f"{where} has a 'cuda' calibration with lookup=99; it must be a whole number from 0 (no lookup branch) to 8."),
+    ]:
+        random_heads(3, shared=True).save(tmp_path / "bad", calibrations=bad)
+        with pytest.raises(HeadsError) as err:
+            load_heads(tmp_path / "bad", model=model)
+        assert str(err.value) == message

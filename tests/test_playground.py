@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPT, VOCAB, tiny_playground, two_numerics_playground
+from conftest import CUDA_CALIBRATION, PROMPT, VOCAB, cuda_calibrated_playground, tiny_playground, two_numerics_playground
 
 from medusa_lib.present import (
     GREEDY_VIEWS,
@@ -310,6 +310,18 @@ def test_untrained_heads_and_calibrated_tree_presets():
     assert pg2.resolve_tree(Settings(tree="calibrated-3")).num_nodes == 4
     with pytest.raises(ValueError, match="3 levels deep but the heads only predict 2"):
         pg2.resolve_tree(Settings(tree="chain-3"))
+
+
+def test_heads_calibrated_on_another_device_kind_run_that_tree_and_say_so():
+    pg2 = cuda_calibrated_playground()
+    d = pg2.defaults
+    assert (d.tree, d.lookup_length, d.calibration) == ("calibrated-3", 0, CUDA_CALIBRATION)
+    assert d.note == ("These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 "
+                      "(run python -m medusa_lib.pipeline.calibrate --write on this device for one).")
+    settings = pg2.settings(4, 0.0, 0.09, 0.3, "", "", False, False)  # what the page and /compare send by default
+    assert (settings.tree, settings.lookup) == ("calibrated-3", 0)
+    assert pg2.compare(PROMPT, settings)["tree"] == "calibrated-3"
+    assert tiny_playground(oracle=False).defaults.note is None  # never calibrated: no note
 
 
 def test_html_rendering_escapes_generated_text():

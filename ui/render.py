@@ -134,3 +134,8 @@ def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: st
     more = [n for n in numerics if n != dtype]
     copies = f", and a {', '.join(map(html.escape, more))} copy (the Numerics choice)" if more else ""
     return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}</div>'
+
+
+def calibration_note_html(note: str) -> str:
+    """``HeadsDefaults.note``: the default tree was calibrated on another kind of device than this one."""
+    return f'<div class="calibration-note">{html.escape(note)}</div>'

@@ -50,9 +50,11 @@ the model itself; lowering them does the opposite.
 
 
 def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: int | None) -> str:
-    """The "why not always faster" paragraph, with the heads' own measured figures when their
-    config.json has a calibration for their default tree (``python -m medusa_lib.pipeline.calibrate``),
-    so the page never quotes numbers that a recalibration made stale."""
+    """The "why not always faster" paragraph, with the heads' own measured figures when they have a
+    calibration for their default tree (``python -m medusa_lib.pipeline.calibrate``), so the page
+    never quotes numbers that a recalibration made stale. ``calibration`` is the record the page's
+    tree comes from (``HeadsDefaults.calibration``: this device kind's, or the one borrowed from
+    another kind, whose device the paragraph names)."""
     why = ("**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a "
            "one-token step, and more for bigger trees. Medusa wins when the heads are accurate enough that the "
            "extra tokens per step outweigh the extra cost per step.")

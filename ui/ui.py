@@ -12,7 +12,7 @@ from medusa_lib.present import Playground, Settings
 
 from .figures import empty_figure, timeline_figure
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
-from .render import LEGEND_HTML, badge_html, column_html, info_html, sampling_html
+from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, info_html, sampling_html
 from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
@@ -69,6 +69,8 @@ def build_demo(
                     with gr.Column(min_width=160):
                         chat = gr.Checkbox(value=True, label="Use the chat template")
                         lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
+                if pg.defaults.note:  # the default tree was calibrated on another kind of device
+                    gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
                 # bfloat16 is fast; only float32 keeps Medusa greedy == plain greedy through near-ties (Playground.load's copy)
                 numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in pg.variants], value=pg.dtype, label="Numerics",
                                     visible=len(pg.variants) > 1, elem_id="numerics")
@@ -98,7 +100,7 @@ def build_demo(
             c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
         c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
         with gr.Accordion("How to read this page", open=True):
-            gr.Markdown(explain(pg.heads.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
+            gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events

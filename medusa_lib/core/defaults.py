@@ -1,20 +1,30 @@
-"""Which tree and which lookup-branch length to use with given heads: one answer for the page,
-the ``/compare`` API and the benchmark.
+"""Which tree and which lookup-branch length to use with given heads on a given device: one answer
+for the page, the ``/compare`` API and the benchmark.
 
 Heads calibrated by ``python -m medusa_lib.pipeline.calibrate`` name their default tree and the
 lookup length it was calibrated with (``config.json``: ``default_tree``, ``lookup``; ``lookup: 0``
-means calibrated without the branch). Heads without a calibration get a 16-node tree that a CPU
-verifies cheaply, or a chain as deep as the heads when they predict fewer than 3 tokens ahead.
+means calibrated without the branch). A tree is calibrated per *kind* of device: a GPU verifies a
+big tree for about the cost of one token, a CPU does not, so the best tree differs. The top-level
+calibration is the first one made (a record without ``device_kind`` was made on a CPU); a
+calibration on another kind of device lives in ``calibrations[kind]`` with its own
+``default_tree`` and ``lookup``. On a device kind the heads have no calibration for, the other
+kind's tree is used and ``HeadsDefaults.note`` says so. Heads without any calibration get a
+16-node tree that a CPU verifies cheaply, or a chain as deep as the heads when they predict fewer
+than 3 tokens ahead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .lookup import DEFAULT_LOOKUP
 from .tree import get_tree, preset_names
 
 FALLBACK_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
+LEGACY_KIND = "cpu"  # the device kind of a calibration record that names none (the first ones were all made on a CPU)
+KIND_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,8 @@ class HeadsDefaults:
     tree: str  # preset name: the heads' calibrated default, else FALLBACK_TREE, else chain-<depth>
     lookup: int  # the lookup branch's length when it is on
     lookup_on: bool  # on unless the heads were calibrated without it
+    calibration: dict | None = None  # the calibration record the tree comes from (its measured figures), None if not calibrated
+    note: str | None = None  # one sentence when that record was made on another kind of device than this one
 
     @property
     def lookup_length(self) -> int:
@@ -29,15 +41,49 @@ class HeadsDefaults:
         return self.lookup if self.lookup_on else 0
 
 
-def heads_defaults(heads) -> HeadsDefaults:
-    """The defaults for ``heads`` (a MedusaHeads; calibration read by ``load_heads``)."""
-    calibrated = getattr(heads, "default_tree", None)
+def device_kind(device: torch.device | str | None = None) -> str:
+    """'cpu', 'cuda', ... of a torch.device or a name like 'cuda:0' (None: 'cpu')."""
+    return torch.device(device).type if device is not None else "cpu"
+
+
+def record_kind(record: dict) -> str:
+    """The device kind a calibration record was made on (records without one: LEGACY_KIND)."""
+    return record.get("device_kind") or LEGACY_KIND
+
+
+def calibrations_by_kind(heads) -> dict[str, tuple[dict, str | None, int | None]]:
+    """Device kind -> (record, default tree, lookup) of every calibration the heads carry, the
+    top-level one first (its tree and lookup are config.json's top-level ``default_tree``, ``lookup``)."""
+    out = {}
+    top = getattr(heads, "calibration", None)
+    if isinstance(top, dict):
+        out[record_kind(top)] = (top, getattr(heads, "default_tree", None), getattr(heads, "lookup", None))
+    for kind, record in (getattr(heads, "calibrations", None) or {}).items():
+        out.setdefault(kind, (record, record.get("default_tree"), record.get("lookup")))
+    return out
+
+
+def heads_defaults(heads, device: torch.device | str | None = None) -> HeadsDefaults:
+    """The defaults for ``heads`` (a MedusaHeads; calibrations read by ``load_heads``) on ``device``
+    (the model's; None = CPU): the calibration made on this kind of device, else another kind's
+    (with a ``note``), else the uncalibrated fallback."""
+    kind = device_kind(device)
+    found = calibrations_by_kind(heads)
+    note = None
+    if kind in found:
+        record, calibrated, lookup = found[kind]
+    elif found:  # calibrated, but on another kind of device: its tree beats a guess, and the page says whose it is
+        other = next(iter(found))
+        record, calibrated, lookup = found[other]
+        where = record.get("device") or KIND_NAMES.get(other, other)
+        note = (f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; using the tree calibrated on {where} "
+                "(run python -m medusa_lib.pipeline.calibrate --write on this device for one).")
+    else:  # no calibration record: what config.json says at the top level, if anything
+        record, calibrated, lookup = None, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)
     known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
     if calibrated and calibrated in known:
         tree = calibrated
-    elif get_tree(FALLBACK_TREE).depth <= heads.num_heads:
-        tree = FALLBACK_TREE
-    else:
-        tree = f"chain-{min(heads.num_heads, 4)}"
-    lookup = getattr(heads, "lookup", None)
-    return HeadsDefaults(tree=tree, lookup=lookup or DEFAULT_LOOKUP, lookup_on=lookup != 0)
+    else:  # no tree named, or one trees.json lacks: no calibration applies to the tree we pick
+        record = note = None
+        tree = FALLBACK_TREE if get_tree(FALLBACK_TREE).depth <= heads.num_heads else f"chain-{min(heads.num_heads, 4)}"
+    return HeadsDefaults(tree=tree, lookup=lookup or DEFAULT_LOOKUP, lookup_on=lookup != 0, calibration=record, note=note)

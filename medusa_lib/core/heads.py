@@ -119,6 +119,7 @@ class MedusaHeads(nn.Module):
         self.default_tree: str | None = None  # the preset to use when none is chosen
         self.lookup: int | None = None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
         self.calibration: dict | None = None  # config.json's calibration record (measured figures the page quotes)
+        self.calibrations: dict[str, dict] = {}  # device kind ("cuda", ...) -> a calibration made on another kind of device than the one above
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -435,6 +436,24 @@ def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
         raise HeadsError(f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); check the id and your connection, or give a local folder.") from None
 
 
+def device_calibrations(value, *, where: str) -> dict[str, dict]:
+    """config.json's ``calibrations``: device kind -> calibration record (``default_tree`` and
+    ``lookup`` included), one per kind of device the heads were calibrated on besides the top-level one."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HeadsError(f"{where} has calibrations={value!r}; it must map a device kind (cpu, cuda) to a calibration record, or be left out.")
+    for kind, record in value.items():
+        if not isinstance(record, dict):
+            raise HeadsError(f"{where} has a {kind!r} calibration that is not a record; recalibrate on that device or delete calibrations.{kind}.")
+        tree, lookup = record.get("default_tree"), record.get("lookup")
+        if not isinstance(tree, str) or not tree:
+            raise HeadsError(f"{where} has a {kind!r} calibration without a default_tree name; recalibrate on that device or delete calibrations.{kind}.")
+        if lookup is not None and not is_lookup_length(lookup):
+            raise HeadsError(f"{where} has a {kind!r} calibration with lookup={lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
+    return dict(value)
+
+
 def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, local_only: bool = False) -> MedusaHeads:
     """Load Medusa heads in any of the three public formats or ours; check them against ``model``."""
     folder = _resolve_folder(name_or_path, local_only=local_only)
@@ -459,6 +478,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     heads.lookup = config.get("lookup")
     if heads.lookup is not None and not is_lookup_length(heads.lookup):
         raise HeadsError(f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
+    heads.calibrations = device_calibrations(config.get("calibrations"), where=f"{folder}/config.json")
     for kind in ("root", "path"):
         if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):
             raise HeadsError(f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete.")

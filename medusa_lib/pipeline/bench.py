@@ -6,6 +6,10 @@
 
 Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   hf-generate       ``model.generate(do_sample=False)``: what most users run
+  hf-generate-static  the same with ``cache_implementation="static"``, one cache length for the whole
+                    bench (longest prompt + --max-new-tokens), so no prompt recompiles it: on CUDA
+                    transformers compiles its decode step (torch.compile, CUDA graphs); on CPU it runs
+                    eager. Its warm-up runs (two prompt lengths) are timed apart ("warm-up s").
   baseline          our plain autoregressive loop (the same code path the Medusa loop uses)
   hf-prompt-lookup  ``model.generate(prompt_lookup_num_tokens=10)``: draft-free n-gram speculation
   medusa-greedy     Medusa heads + tree attention (+ the lookup branch, --lookup), exact greedy
@@ -23,8 +27,9 @@ typical mode does), so the three draw from one seed; it is faster than exact sam
 lossless. Their speed-ups ("vs plain", "step vs plain") are against plain-sample when it ran,
 greedy methods' against baseline (the table's "plain ref" column names which). --temperature 0
 with plain-sample or medusa-sample is refused: at 0 they are baseline and medusa-greedy.
-Timing: a warm-up run first; device-synchronised timestamps; the methods run one after another
-(never concurrently); medians over ``--repeats``. "e2e tok/s" (end to end) = new tokens /
+Timing: a warm-up run of every method first (its seconds printed apart as "warm-up s", never in
+the tables); device-synchronised timestamps; the methods run one after another (never
+concurrently); medians over ``--repeats``. "e2e tok/s" (end to end) = new tokens /
 (prefill + decode) for every method, so HF and ours are measured the same way; the playground's
 "tokens/s" counts the decode steps only (its prefill is shown apart), so the two differ by design. Forward calls of the HF methods are
 counted with a hook (steps), and its first call gives their prefill time.
@@ -51,8 +56,10 @@ from ..core.tree import get_tree
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
-ALL_METHODS = ("hf-generate", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail", "plain-sample", "medusa-sample")
+ALL_METHODS = ("hf-generate", "hf-generate-static", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail", "plain-sample", "medusa-sample")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
+CUDA_DEFAULT_METHODS = "hf-generate,hf-generate-static,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"  # compiled static generate: what a GPU user would race
+WARMUP_PROMPT_LENGTHS = {"hf-generate-static": (32, 16)}  # a second prompt length: any recompile a new length causes happens here, not in the table
 SAMPLED_METHODS = ("plain-sample", "medusa-sample", "medusa-typical")  # draw from the seed when --temperature > 0 (--sampled)
 EXACT_SAMPLERS = {"medusa-sample": "plain-sample"}  # lossless: same seed, same output as its reference
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
@@ -60,29 +67,40 @@ DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smol
 
 
 class ForwardClock:
-    """Counts a model's forward calls and stamps the end of the first one (the prefill)."""
+    """Counts a model's forward calls and stamps the end of the first one (the prefill).
 
-    def __init__(self, model, device):
-        self.device, self.calls, self.first_end = device, 0, None
+    ``first_only``: unhook after the prefill, so a compiled decode step never sees the hook (a
+    timestamp inside it would break the graph); the caller counts the steps instead."""
+
+    def __init__(self, model, device, *, first_only: bool = False):
+        self.device, self.calls, self.first_end, self.first_only = device, 0, None, first_only
         self.handle = model.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.calls += 1
         if self.calls == 1:
             self.first_end = _sync(self.device)
+            if self.first_only:
+                self.handle.remove()
 
     def close(self):
         self.handle.remove()
 
 
-def run_hf(model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos) -> dict:
+def run_hf(model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos, static_cache_len: int | None = None) -> dict:
+    """``model.generate`` greedy, timed like our loops. ``lookup``: prompt-lookup decoding.
+    ``static_cache_len``: a StaticCache of that many positions, whatever the prompt's length (so the
+    decode step transformers compiles on CUDA keeps one shape); its steps are the new tokens after
+    the prefill's (one token per forward, as greedy generate makes them)."""
     device = input_device(model)
-    clock = ForwardClock(model, device)
+    clock = ForwardClock(model, device, first_only=static_cache_len is not None)
     try:
         inp = torch.tensor([ids], device=device)
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos[0] if eos else None, temperature=None, top_p=None, top_k=None)
         if lookup:
             kwargs["prompt_lookup_num_tokens"] = 10
+        if static_cache_len is not None:
+            kwargs |= {"cache_implementation": "static", "max_cache_len": static_cache_len}
         t0 = _sync(device)
         out = model.generate(inp, attention_mask=torch.ones_like(inp), **kwargs)
         t1 = _sync(device)
@@ -90,7 +108,8 @@ def run_hf(model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos) -> 
         clock.close()
     new = out[0, len(ids) :].tolist()
     prefill = (clock.first_end or t1) - t0
-    return {"output_token_ids": new, "new_tokens": len(new), "steps": max(clock.calls - 1, 0), "prefill_seconds": prefill, "decode_seconds": t1 - t0 - prefill}
+    steps = max(len(new) - 1, 0) if clock.first_only else max(clock.calls - 1, 0)
+    return {"output_token_ids": new, "new_tokens": len(new), "steps": steps, "prefill_seconds": prefill, "decode_seconds": t1 - t0 - prefill}
 
 
 def run_ours(decoder: Decoder, ids: list[int]) -> dict:
@@ -155,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
     which = ap.add_mutually_exclusive_group()
-    which.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list of {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS})")
-    which.add_argument("--sampled", action="store_const", const=",".join(SAMPLED_METHODS), dest="methods", default=DEFAULT_METHODS, help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}")
+    which.add_argument("--methods", default=None, help=f"comma list of {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS}; on CUDA {CUDA_DEFAULT_METHODS})")
+    which.add_argument("--sampled", action="store_const", const=",".join(SAMPLED_METHODS), dest="methods", default=None, help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
     ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, 0 if calibrated without it, else 4; 0 = heads only)")
@@ -175,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--forward-costs", action="store_true", help="only time one forward of 1..33 tokens after a 256-token prefix (what a tree step costs), then stop")
     args = ap.parse_args(argv)
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise SystemExit(f"Unknown method {unknown[0]!r}; choose from {', '.join(ALL_METHODS)}.")
@@ -206,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     attention = model.config._attn_implementation
     dtype = next(model.parameters()).dtype
     device = input_device(model)
+    if args.methods is None and device.type == "cuda":
+        methods = CUDA_DEFAULT_METHODS.split(",")
     setup = f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights | attention {attention} | torch threads {torch.get_num_threads()}"
     if args.forward_costs:
         print(setup)
@@ -213,10 +234,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     eos = eos_token_ids(model)
     decoders = {}
-    tree_name, lookup = None, 0
+    tree_name, lookup, note = None, 0, None
     if any(m.startswith("medusa") for m in methods):
         heads = load_heads(args.heads, model=model)
-        defaults = heads_defaults(heads)  # the playground's defaults too
+        defaults = heads_defaults(heads, device)  # the playground's defaults too (this device kind's calibration)
+        note = defaults.note  # calibrated on another kind of device only
+        if note:
+            print(f"note: {note}", flush=True)
         tree_name = args.tree or defaults.tree
         tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
@@ -230,18 +254,24 @@ def main(argv: list[str] | None = None) -> None:
     decoders["baseline"] = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = Decoder(model, method="plain", config=sample_cfg)
 
+    encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
+    static_cache_len = max(len(ids) for _, ids in encoded) + args.max_new_tokens  # one cache shape for every prompt: never a recompile
+
     def run(method: str, ids: list[int]) -> dict:
-        if method == "hf-generate":
-            return run_hf(model, ids, max_new_tokens=args.max_new_tokens, lookup=False, eos=eos)
-        if method == "hf-prompt-lookup":
-            return run_hf(model, ids, max_new_tokens=args.max_new_tokens, lookup=True, eos=eos)
+        if method.startswith("hf-"):
+            return run_hf(model, ids, max_new_tokens=args.max_new_tokens, lookup=method == "hf-prompt-lookup", eos=eos,
+                          static_cache_len=static_cache_len if method == "hf-generate-static" else None)
         return run_ours(decoders[method], ids)
 
-    encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
     sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
-    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}", flush=True)
-    for m in methods:  # warm-up: every code path once
-        run(m, encoded[0][1][:32])
+    static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
+    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
+    warmup_seconds = {}
+    for m in methods:  # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
+        t0 = _sync(device)
+        for length in WARMUP_PROMPT_LENGTHS.get(m, (32,)):
+            run(m, encoded[0][1][:length])
+        warmup_seconds[m] = _sync(device) - t0
 
     records = []
     t_start = time.perf_counter()
@@ -262,11 +292,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {p['id']}: " + "  ".join(f"{m} {statistics.median(r['new_tokens'] / (r['prefill_seconds'] + r['decode_seconds']) for r in per_method[m]):.1f} e2e tok/s" for m in methods), flush=True)
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods, sampled=sampled))
+    print("\nwarm-up s (before the timed runs, not in the tables): " + ", ".join(f"{m} {w:.2f}" for m, w in warmup_seconds.items()))
     if args.json:
         out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
         out["speedup_reference"] = {m: reference_of(m, methods, sampled) for m in methods}
         out["exact_sampling"] = {m: identical_outputs(records, m, ref) for m, ref in EXACT_SAMPLERS.items() if m in methods and ref in methods}
+        out["warmup_seconds"] = warmup_seconds
+        out["static_cache_len"] = static_cache_len if "hf-generate-static" in methods else None
+        out["calibration_note"] = note
         out["records"] = records
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")

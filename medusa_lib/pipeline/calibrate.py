@@ -18,20 +18,25 @@
    With ``--lookup N`` (default 4; 0 = heads only) every tree step also verifies the lookup
    branch (``lookup.py``), in the simulation and the measurement; the heads-only simulation is
    printed beside it.
-The trees are written to ``trees.json`` beside the heads, the choice and the lookup length to its
-``config.json``.
+With ``--write`` the trees go to ``trees.json`` beside the heads (shared by every device: the
+calibrated-N trees are named by size, merged by name) and the record (the choice, the lookup length
+and the figures, with the device and its kind) to its ``config.json``: at the top level for the
+first device kind calibrated (or the same kind again), else under ``calibrations[kind]`` (a GPU's
+best tree is not a CPU's: see ``core/defaults.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from pathlib import Path
 
 import torch
 
 from ..core.decoding import DecodeConfig, Decoder
+from ..core.defaults import KIND_NAMES, record_kind
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
@@ -261,12 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     best = pick_default({n: results[n]["speedup"] for n in built}, {n: t.num_nodes for n, t in built.items()}, args.tie)
     print(f"\nfastest on this device: {fastest}; default (smallest tree within {args.tie:.0%} of it): {best}")
     if args.write:
-        folder = Path(args.heads)
-        (folder / TREES_FILE).write_text(json.dumps(trees, indent=None) + "\n")
-        cfg = json.loads((folder / CONFIG_FILE).read_text())
-        cfg["default_tree"] = best
-        cfg["lookup"] = args.lookup
-        cfg["calibration"] = {
+        device = input_device(model)
+        record = {
+            "default_tree": best,
             "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
             "accuracy_top5": [round(x, 4) for x in acc[:, :5].sum(1).tolist()],
             "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
@@ -277,11 +279,56 @@ def main(argv: list[str] | None = None) -> None:
             "tie": args.tie,
             "lookup": args.lookup,
             "dtype": str(next(model.parameters()).dtype),
-            "device": device_label(input_device(model)),
+            "device": device_label(device),
+            "device_kind": device.type,
         }
-        (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
-        print(f"wrote {folder / TREES_FILE}, default_tree={best} and lookup={args.lookup}")
+        write_calibration(Path(args.heads), record, trees)
 
+
+def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say=print) -> str:
+    """Write a calibration beside the heads in ``folder``; return where in config.json it went.
+
+    ``record`` names its ``default_tree``, ``lookup`` and ``device_kind``. It replaces the top-level
+    calibration (and config.json's ``default_tree`` and ``lookup``) when there is none or it was
+    made on the same kind of device (a record without a kind was made on a CPU); otherwise it goes
+    to ``calibrations[kind]`` and the top-level one stays as it is. ``trees`` join trees.json by
+    name; a name whose choices differ from the stored ones takes the new choices (said). Each file
+    is replaced whole (written beside it, then renamed), trees.json first, so config.json never
+    names a tree trees.json lacks.
+    """
+    trees_path, config_path = folder / TREES_FILE, folder / CONFIG_FILE
+    stored = json.loads(trees_path.read_text()) if trees_path.exists() else {}
+    changed = [n for n in trees if n in stored and stored[n] != trees[n]]
+    merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))  # smallest first, as the tree menu lists them
+    cfg = json.loads(config_path.read_text())
+    kind, top = record["device_kind"], cfg.get("calibration")
+    others = dict(cfg.get("calibrations") or {})
+    if isinstance(top, dict) and record_kind(top) != kind:
+        others[kind] = record
+        where = f"calibrations.{kind} of {CONFIG_FILE}; the top-level {record_kind(top)} calibration is kept"
+    else:
+        cfg["default_tree"], cfg["lookup"], cfg["calibration"] = record["default_tree"], record["lookup"], record
+        others.pop(kind, None)
+        where = f"the top level of {CONFIG_FILE}"
+    if others:
+        cfg["calibrations"] = others
+    else:
+        cfg.pop("calibrations", None)
+    _replace_file(trees_path, json.dumps(merged, indent=None) + "\n")
+    _replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
+    if changed:
+        say(f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; kept this one's "
+            "(figures recorded for them on another device were measured with the old ones: recalibrate there too)")
+    say(f"wrote {trees_path}, default_tree={record['default_tree']} and lookup={record['lookup']} "
+        f"({KIND_NAMES.get(kind, kind)} calibration: {where})")
+    return where
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write through a temporary file and rename it over ``path``: never half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 if __name__ == "__main__":
     main()

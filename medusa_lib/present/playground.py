@@ -147,7 +147,7 @@ class Playground:
         self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see prompt_token_limit)
         self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
-        self.defaults = heads_defaults(heads)  # tree, lookup length, lookup on: the same answer as the benchmark's
+        self.defaults = heads_defaults(heads, input_device(model))  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
