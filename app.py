@@ -25,6 +25,8 @@ DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
 HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
 DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
+CACHE = os.environ.get("MEDUSA_CACHE", "auto")  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
+CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
 SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
 TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
@@ -45,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
     ap.add_argument("--no-float32-copy", dest="float32_copy", action="store_false",
                     help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when memory allows)")
+    ap.add_argument("--cache", default=CACHE, choices=["auto", "dynamic", "static"],
+                    help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, dynamic on a CPU)")
+    ap.add_argument("--capture", default=CAPTURE, choices=["auto", "none", "compile", "cuda-graph"],
+                    help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, none on a CPU)")
     ap.add_argument("--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)")
     ap.add_argument("--trust-remote-code", action="store_true", default=TRUST_REMOTE_CODE,
                     help="let a Hub model run its own Python code (off by default; only for models you trust)")
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
-                             trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
+                             trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, cache=args.cache, capture=args.capture, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
                              max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS if MAX_PROMPT_TOKENS == "auto" else int(MAX_PROMPT_TOKENS))
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")

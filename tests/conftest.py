@@ -161,9 +161,10 @@ def answer_records(n=6, seed=0) -> list[dict]:
 PROMPT = "w10 w11 w12 w13"
 
 
-def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playground:
+def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96, static: bool = False) -> Playground:
     """Tiny Llama + tiny tokenizer + heads rigged to guess the model's own greedy continuation (so
-    multi-token steps happen), or untrained identity heads."""
+    multi-token steps happen), or untrained identity heads. ``static``: runs use the static cache,
+    sharing one StaticKV (eager: the capture is tested in test_static.py) one run at a time."""
     torch.manual_seed(0)
     model = make_model("llama")
     model.generation_config.eos_token_id = None  # random models hit EOS at random; runs go to the length limit
@@ -176,6 +177,10 @@ def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96) -> Playgro
         heads = OracleHeads(model, ids + out)
     else:
         heads = untrained_heads(model)
+    if static:
+        from medusa_lib.core.kv import StaticKV
+
+        return Playground(model, tok, heads, heads_note="test heads", cache="static", static_kv=StaticKV(model, max_len=256))
     return Playground(model, tok, heads, heads_note="test heads")
 
 

@@ -157,3 +157,27 @@ def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(sav
     assert re.search(r"^warm-up s \(before the timed runs, not in the tables\): hf-generate \d+\.\d\d, hf-generate-static \d+\.\d\d$", printed, re.MULTILINE)
     assert "| static cache " in printed and bench.DEFAULT_METHODS.split(",")[0] == "hf-generate" and "hf-generate-static" not in bench.DEFAULT_METHODS.split(",")
     assert "hf-generate-static" in bench.CUDA_DEFAULT_METHODS.split(",")
+
+
+@pytest.mark.parametrize("capture", ["none", pytest.param("compile", marks=pytest.mark.slow)])
+def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_capture_apart(saved, capsys, capture):
+    out = saved / f"engine-{capture}.json"
+    bench.main(["--model", str(saved / "model"), "--heads", str(saved / "heads"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "hf-generate,baseline,medusa-greedy,medusa-heads-only",
+                "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "16", "--repeats", "1", "--cache", "static", "--capture", capture, "--json", str(out)] + (["--no-prepack"] if capture == "compile" else []))
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    by = {(r["method"], r["id"]): r["output_token_ids"] for r in data["records"]}
+    for p in PROMPTS:
+        assert by[("baseline", p["id"])] == by[("medusa-greedy", p["id"])] == by[("medusa-heads-only", p["id"])] == by[("hf-generate", p["id"])]
+    assert data["engine"]["cache"] == "static" and data["engine"]["capture"] == capture
+    assert "mean ms per decode step, by phase" in printed  # the static path's phases
+    if capture == "none":
+        assert "| static KV cache (eager) |" in printed and "capture s" not in printed and data["engine"]["capture_seconds"] == 0
+    else:  # three step shapes (1 token, chain-3, chain-3 + lookup-4) compiled before the warm-up
+        assert "static KV cache, torch.compile of 3 step shapes captured at load in" in printed
+        assert data["engine"]["capture_seconds"] > 0 and re.search(r"^capture s \(at start, before the warm-up; not in the tables\): \d+\.\d\d$", printed, re.M)
+
+
+def test_bench_refuses_a_capture_without_the_static_cache(saved):
+    with pytest.raises(SystemExit, match="only the static cache has; use --cache static or --capture none."):
+        bench.main(["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "baseline", "--device", "cpu", "--cache", "dynamic", "--capture", "compile"])

@@ -19,6 +19,7 @@ TREES = {
     "cartesian-3x2x2": build_tree(cartesian_choices([3, 2, 2])),
     "mc_sim_7b_63": get_tree("mc_sim_7b_63"),
 }
+CACHES = ["dynamic", "static"]  # every exactness test runs with both kinds of KV cache (core/kv.py)
 ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.core.attention (as load_model sets up on CPU)
 
 
@@ -35,8 +36,8 @@ def models():
     return {arch: model_for(arch) for arch in ARCHS}
 
 
-def plain_tokens(model, n=N_NEW, prompt=PROMPT):
-    return run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False)).tokens
+def plain_tokens(model, n=N_NEW, prompt=PROMPT, *, cache="dynamic"):
+    return run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache)).tokens
 
 
 # ------------------------------------------------------------------ tree forward maths
@@ -63,32 +64,35 @@ def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn, lookup
             assert torch.allclose(tree_logits[nodes], ref, atol=1e-4), (arch, attn, row)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 # ------------------------------------------------------------------ exact greedy
 @pytest.mark.parametrize("arch", ARCHS)
-def test_plain_greedy_equals_model_generate(models, arch):
+def test_plain_greedy_equals_model_generate(cache, models, arch):
     model = models[arch]
     ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
-    assert plain_tokens(model) == ref
+    assert plain_tokens(model, cache=cache) == ref
     assert len(ref) == N_NEW
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("tree_name", TREES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_medusa_greedy_equals_plain_greedy_with_random_heads(models, arch, tree_name):
+def test_medusa_greedy_equals_plain_greedy_with_random_heads(cache, models, arch, tree_name):
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2")
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
-    assert res.tokens == plain_tokens(model)
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False))
+    assert res.tokens == plain_tokens(model, cache=cache)
     assert res.finish_reason == "length"
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("tree_name", TREES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(models, arch, tree_name):
+def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(cache, models, arch, tree_name):
     model = models[arch]
-    ref = plain_tokens(model, N_NEW + 8)
+    ref = plain_tokens(model, N_NEW + 8, cache=cache)
     heads = OracleHeads(model, PROMPT + ref)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False))
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False))
     assert res.tokens == ref[:N_NEW]
     # The rigged heads put the true token at rank 0 or 1: the chain follows rank 0 only,
     # the wider trees also reach rank-1 tokens, so they accept longer paths.
@@ -105,46 +109,49 @@ def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(models, arch, tree_
         assert [s.tree_token_ids[j] for j in s.accepted_nodes[1:]] == list(s.tokens[: s.accept_length])
 
 
-def test_greedy_equals_generate_for_qwen2_and_gqa_llama_in_one_chain(models):
+@pytest.mark.parametrize("cache", CACHES)
+def test_greedy_equals_generate_for_qwen2_and_gqa_llama_in_one_chain(cache, models):
     # The three ways agree: model.generate == plain == Medusa greedy (63-node tree)
     model = models["llama"]
     gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
-    med = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)).tokens
+    med = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False)).tokens
     assert gen == med
 
 
 # ------------------------------------------------------------------ exact sampling
-def sampled(model, n, *, temperature, seed, top_p=1.0):
-    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p)
+def sampled(model, n, *, temperature, seed, top_p=1.0, cache="dynamic"):
+    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, cache=cache)
     return cfg, run_method(model, PROMPT, method="plain", config=cfg).tokens
 
 
 HEAD_KINDS = {"plain": {}, "root": {"root": True}, "path": {"path": True}}
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("head_kind", HEAD_KINDS)
 @pytest.mark.parametrize("tree_name", TREES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_medusa_exact_sampling_equals_plain_sampling_with_the_same_seed(models, arch, tree_name, head_kind):
+def test_medusa_exact_sampling_equals_plain_sampling_with_the_same_seed(cache, models, arch, tree_name, head_kind):
     """The sampling counterpart of Medusa greedy == plain greedy: every emitted token is one draw
     from the same generator, so with the same seed the outputs are identical (float32)."""
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2", **HEAD_KINDS[head_kind])
     for temperature, seed, top_p in [(0.7, 0, 1.0), (1.0, 1, 1.0), (1.3, 2, 0.9), (0.3, 3, 1.0)]:
-        cfg, ref = sampled(model, 40, temperature=temperature, seed=seed, top_p=top_p)
+        cfg, ref = sampled(model, cache=cache, n=40, temperature=temperature, seed=seed, top_p=top_p)
         res = run_method(model, PROMPT, method="medusa-sample", heads=heads, tree=TREES[tree_name], config=cfg)
         assert res.tokens == ref, (temperature, seed, top_p)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("lookup", [0, 3])
 @pytest.mark.parametrize("tree_name", TREES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(models, arch, tree_name, lookup):
+def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(cache, models, arch, tree_name, lookup):
     """Heads that foresee the sampled answer (at rank 0 or 1): long walks, the same tokens."""
     model = models[arch]
     for seed in (0, 5):
-        cfg, ref = sampled(model, N_NEW + 8, temperature=0.9, seed=seed)
-        cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, seed=seed, lookup=lookup)
+        cfg, ref = sampled(model, cache=cache, n=N_NEW + 8, temperature=0.9, seed=seed)
+        cfg = DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, seed=seed, lookup=lookup)
         res = run_method(model, PROMPT, method="medusa-sample", heads=OracleHeads(model, PROMPT + ref), tree=TREES[tree_name], config=cfg)
         assert res.tokens == ref[:N_NEW]
         assert res.tokens_per_step > {"chain-4": 1.2, "cartesian-3x2x2": 2.5, "mc_sim_7b_63": 3.0}[tree_name]
@@ -153,11 +160,12 @@ def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(mod
             assert [s.tree_token_ids[j] for j in s.accepted_nodes[1:]] == list(s.tokens[: s.accept_length])
 
 
-def test_exact_sampling_at_temperature_zero_is_greedy(models):
+@pytest.mark.parametrize("cache", CACHES)
+def test_exact_sampling_at_temperature_zero_is_greedy(cache, models):
     model = models["qwen2"]
-    cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False)
+    cfg = DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False)
     res = run_method(model, PROMPT, method="medusa-sample", heads=random_heads(4, shared=True), tree=TREES["mc_sim_7b_63"], config=cfg)
-    assert res.tokens == plain_tokens(model, 30)
+    assert res.tokens == plain_tokens(model, 30, cache=cache)
 
 
 def walk_case():
@@ -216,25 +224,27 @@ def test_sample_token_draws_from_the_nucleus_and_consumes_the_generator_the_same
     assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
 
 
-def test_typical_at_temperature_zero_equals_greedy(models):
+@pytest.mark.parametrize("cache", CACHES)
+def test_typical_at_temperature_zero_equals_greedy(cache, models):
     model = models["llama"]
-    ref = plain_tokens(model, 40)
+    ref = plain_tokens(model, 40, cache=cache)
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
-    cfg = DecodeConfig(max_new_tokens=40, stop_on_eos=False, temperature=0.0)
+    cfg = DecodeConfig(cache=cache, max_new_tokens=40, stop_on_eos=False, temperature=0.0)
     a = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
     b = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
     assert a.tokens == b.tokens == ref
     assert [s.accept_length for s in a.steps] == [s.accept_length for s in b.steps]
 
 
-def test_typical_acceptance_runs_and_sampled_root_is_seeded(models):
+@pytest.mark.parametrize("cache", CACHES)
+def test_typical_acceptance_runs_and_sampled_root_is_seeded(cache, models):
     model = models["qwen2"]
     heads = random_heads(4)
     tree = TREES["cartesian-3x2x2"]
-    cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=7)
+    cfg = DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=7)
     a = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
     b = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
-    c = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=8)).tokens
+    c = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=8)).tokens
     assert a == b and len(a) == 30
     assert a != c
 
@@ -360,48 +370,52 @@ def test_one_threshold_formula_for_acceptance_and_the_page():
     assert isinstance(thr, np.ndarray) and thr == pytest.approx(np.minimum(0.09, 0.3 * np.exp(-h)), rel=1e-12)
 
 
+@pytest.mark.parametrize("cache", CACHES)
 # ------------------------------------------------------------------ stopping and limits
-def test_stops_on_eos_and_reports_it(models):
+def test_stops_on_eos_and_reports_it(cache, models):
     model = models["llama"]
-    ref = plain_tokens(model, 30)
+    ref = plain_tokens(model, 30, cache=cache)
     eos = ref[12]
     first = ref.index(eos)
     model.generation_config.eos_token_id = eos  # decoders read the EOS ids from the config each time
     try:
         for method, heads in [("plain", None), ("medusa-greedy", OracleHeads(model, PROMPT + ref + [0] * 8))]:
-            res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=30))
+            res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=30))
             assert res.tokens == ref[: first + 1] and res.finish_reason == "eos"
     finally:
         model.generation_config.eos_token_id = None
 
 
-def test_stops_at_the_context_limit_with_the_same_tokens():
+@pytest.mark.parametrize("cache", CACHES)
+def test_stops_at_the_context_limit_with_the_same_tokens(cache):
     model = make_model("llama", max_position_embeddings=48)
-    res_plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=200, stop_on_eos=False))
+    res_plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False))
     assert len(PROMPT) + len(res_plain.tokens) == 48 and res_plain.finish_reason == "context"
     ref = res_plain.tokens
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=200, stop_on_eos=False))
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False))
     assert res.tokens == ref and res.finish_reason == "context"
 
 
-def test_max_new_tokens_is_exact_even_when_a_step_accepts_more():
+@pytest.mark.parametrize("cache", CACHES)
+def test_max_new_tokens_is_exact_even_when_a_step_accepts_more(cache):
     model = make_model("llama")
-    ref = plain_tokens(model, 40)
+    ref = plain_tokens(model, 40, cache=cache)
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
     for n in (1, 2, 5, 13):
-        res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(max_new_tokens=n, stop_on_eos=False))
+        res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=n, stop_on_eos=False))
         assert res.tokens == ref[:n] and res.finish_reason == "length"
 
 
-def test_sliding_window_caps_the_context_with_a_clear_message():
+@pytest.mark.parametrize("cache", CACHES)
+def test_sliding_window_caps_the_context_with_a_clear_message(cache):
     model = make_model("mistral", sliding_window=32)
     long_prompt = list(range(3, 40))
     with pytest.raises(DecodeError, match="sliding-window attention of 32 tokens"):
         run_method(model, long_prompt, method="plain")
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(max_new_tokens=100, stop_on_eos=False))
+    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False))
     assert len(PROMPT) + len(res.tokens) == 32 and res.finish_reason == "context"
-    assert res.tokens == run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=100, stop_on_eos=False)).tokens
+    assert res.tokens == run_method(model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False)).tokens
 
 
 def test_unsupported_attention_is_refused():
@@ -484,9 +498,10 @@ def test_step_records_and_statistics(models):
     assert lean.tokens == res.tokens and all(s.tree is None for s in lean.steps)
 
 
-def test_two_runs_never_share_state(models):
+@pytest.mark.parametrize("cache", CACHES)
+def test_two_runs_never_share_state(cache, models):
     model = models["qwen2"]
-    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(max_new_tokens=20, stop_on_eos=False))
+    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(cache=cache, max_new_tokens=20, stop_on_eos=False))
     a, b = dec.steps(PROMPT), dec.steps(PROMPT[:4])
     interleaved_a, interleaved_b = [], []
     for sa, sb in zip(a, b):
@@ -520,19 +535,20 @@ def test_root_conditioned_heads_read_each_tree_root_and_greedy_stays_exact(model
         assert torch.equal(e, W[so_far[-1]])
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("method", ["medusa-greedy", "medusa-typical"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_exact(models, arch, method):
+def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_exact(cache, models, arch, method):
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2", path=True)
     drafts = []
     real = heads.draft
     heads.draft = lambda h, lm_head, tree, root, embed: drafts.append((int(root), tree.num_nodes, real(h, lm_head, tree, root, embed))) or drafts[-1][2]
-    cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    cfg = DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False)
     tree = TREES["cartesian-3x2x2"]
     res = run_method(model, PROMPT, method=method, heads=heads, tree=tree, config=cfg)
     if method == "medusa-greedy":
-        assert res.tokens == plain_tokens(model)
+        assert res.tokens == plain_tokens(model, cache=cache)
     # one draft of the whole tree per step, rooted at the last token emitted so far, and verified as drafted
     assert len(drafts) == len(res.steps) - 1
     emitted = []
@@ -543,9 +559,10 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
         assert step.tree_token_ids == tokens.tolist()
 
 
+@pytest.mark.parametrize("cache", CACHES)
 # ------------------------------------------------------------------ tiny temperatures
 @pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-30, 1e-8])
-def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(models, temperature):
+def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(cache, models, temperature):
     """softmax(logits / T) overflowed to NaN for T ~ 1e-40 and typical acceptance silently accepted
     nothing (issue #17). The tempered distribution is now the argmax's one-hot in the limit."""
     from medusa_lib.core.decoding import tempered_probs
@@ -555,9 +572,9 @@ def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(models, temperature
     p = tempered_probs(logits, temperature)
     assert torch.isfinite(p).all()
     assert torch.equal(p, torch.tensor([[0.5, 0.0, 0.0, 0.5, 0.0], [0.2] * 5, [0.0, 1.0, 0.0, 0.0, 0.0]]))
-    ref = plain_tokens(model, 24)
+    ref = plain_tokens(model, 24, cache=cache)
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
-    cfg = DecodeConfig(max_new_tokens=24, temperature=temperature, sample_root=True, stop_on_eos=False)
+    cfg = DecodeConfig(cache=cache, max_new_tokens=24, temperature=temperature, sample_root=True, stop_on_eos=False)
     typical = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
     assert typical.tokens == ref and typical.tokens_per_step > 2  # accepts like greedy, does not stall at 1.0
     assert run_method(model, PROMPT, method="plain", config=cfg).tokens == ref

@@ -128,12 +128,13 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
     )
 
 
-def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = ()) -> str:
+def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = (), engine: str = "") -> str:
     warn = "untrained" in heads_note
     note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
     more = [n for n in numerics if n != dtype]
     copies = f", and a {', '.join(map(html.escape, more))} copy (the Numerics choice)" if more else ""
-    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}</div>'
+    how = f" &middot; {html.escape(engine)}" if engine else ""
+    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}{how}</div>'
 
 
 def calibration_note_html(note: str) -> str:

@@ -40,7 +40,7 @@ def build_demo(
 
     with gr.Blocks(title="Medusa Playground") as demo:
         gr.Markdown(HEADER, elem_id="header")
-        gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note, numerics=list(pg.variants)), elem_id="info")
+        gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note, numerics=list(pg.variants), engine=pg.engine), elem_id="info")
 
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):

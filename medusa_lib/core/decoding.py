@@ -23,7 +23,8 @@ phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifie
            followed an earlier occurrence of the context's last few tokens (``lookup.py``,
            ``tree.with_lookup``), verified and accepted like any other path (reference
            ``generate_candidates``)
-  verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, DynamicCache)
+  verify   body(tree tokens, float 4D tree mask, position_ids = cache length + depth, the run's cache:
+           DynamicCache, or StaticCache with fixed-shape, capturable steps; kv.py)
            (reference ``tree_decoding``)
   accept   per root-to-leaf path, count leading candidates that pass; keep the longest path
            (reference ``evaluate_posterior``); exact sampling walks the tree draw by draw instead.
@@ -45,9 +46,8 @@ from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache
-
 from .heads import MedusaHeads
+from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
 from .messages import InputError
@@ -73,6 +73,7 @@ class DecodeConfig:
     stop_on_eos: bool = True
     record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
     lookup: int = 0  # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
+    cache: str = "dynamic"  # "dynamic": DynamicCache; "static": StaticCache and fixed-shape steps (kv.py)
 
     def check(self) -> None:
         if not (1 <= self.max_new_tokens <= 32768):
@@ -87,6 +88,8 @@ class DecodeConfig:
             raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
         if not is_lookup_length(self.lookup):
             raise DecodeError(f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
+        if self.cache not in CACHES:
+            raise DecodeError(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r}).")
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +106,7 @@ class Step:
     tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
     best_path: int | None = None  # row of tree.retrieve_indices that was accepted
     finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
+    engine: str | None = None  # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
 
     @property
     def kind(self) -> str:
@@ -172,6 +176,11 @@ class RunResult:
     @property
     def finish_reason(self) -> str | None:
         return self.steps[-1].finish_reason if self.steps else None
+
+    @property
+    def engine(self) -> str | None:
+        """The cache and capture the run used ("dynamic", "static", "static, cuda-graph", ...)."""
+        return self.steps[0].engine if self.steps else None
 
 
 def _sync(device: torch.device) -> float:
@@ -313,9 +322,13 @@ class Decoder:
     """Runs one method on one model. ``steps(prompt_ids)`` is a generator of Step records.
 
     All run state (KV cache, sampler) is created inside ``steps``: two runs never share a cache.
+    With ``config.cache == "static"`` a run takes ``static_kv`` (a StaticKV built and captured at
+    load, shared by runs one at a time) when it is free and large enough, else a fresh eager one.
+    ``note`` says why a static run uses the dynamic cache instead (a model the static path refuses).
     """
 
-    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | None = None, config: DecodeConfig = DecodeConfig()):
+    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | None = None,
+                 config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None):
         if method not in METHODS:
             raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         config.check()
@@ -327,20 +340,32 @@ class Decoder:
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
         self.heads = heads
+        self.note: str | None = static_refusal(model) if config.cache == "static" else None
+        self.static = config.cache == "static" and self.note is None  # fixed-shape steps over a StaticCache
+        self.static_kv = static_kv
+        where = {"device": self.device, "out_device": self.out_device, "dtype": self.dtype}
         self.tree: TreeBuffers | None = None  # the tree every Medusa step verifies
-        self.root_tree: TreeBuffers | None = None  # the root alone: a plain step, near the context limit
+        self.root_tree = TreeBuffers.build(root_only_tree(), **where)  # the root alone: a plain step (and Medusa's near the context limit)
         self.lookup_trees: dict[int, TreeBuffers] = {}  # the tree plus a lookup branch of each length
+        self.top1_nodes: list[int] = []  # tree positions of the heads' top-1 chain [0], [0, 0], ...
         if method != "plain":  # every Medusa method
             if heads is None or tree is None:
                 raise DecodeError(f"{method} needs Medusa heads and a tree.")
             heads.check_fits(model)
             if tree.depth > heads.num_heads:
                 raise DecodeError(f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}.")
-            where = {"device": self.device, "out_device": self.out_device, "dtype": self.dtype}
             self.tree = TreeBuffers.build(tree, **where)
-            self.root_tree = TreeBuffers.build(root_only_tree(), **where)
-            # Every possible length: the proposal may be shorter than config.lookup.
+            # Every possible length: the proposal may be shorter than config.lookup (static steps always use the full one).
             self.lookup_trees = {c: TreeBuffers.build(with_lookup(tree, c), **where) for c in range(1, config.lookup + 1)}
+            position = {c: j + 1 for j, c in enumerate(tree.choices)}
+            self.top1_nodes = [position[(0,) * d] for d in range(1, tree.depth + 1) if (0,) * d in position]
+
+    @property
+    def step_trees(self) -> list[TreeBuffers]:
+        """Every tree a step of this decoder may verify (the fixed shapes of the static path)."""
+        if self.method == "plain":
+            return [self.root_tree]
+        return [self.root_tree, self.lookup_trees[self.config.lookup] if self.static and self.config.lookup else self.tree]
 
     # ------------------------------------------------------------------ helpers
     def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -371,6 +396,18 @@ class Decoder:
             return cut, "length" if budget <= context else "context"
         return cut, None
 
+    def _open_kv(self, prompt_len: int) -> DynamicKV | StaticKV:
+        """This run's cache: the shared captured StaticKV when it is free and holds the run, else a
+        fresh one of the run's own (a static one sized for prompt + new tokens + the largest step)."""
+        if not self.static:
+            return DynamicKV(self.model)
+        need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(b.num_nodes for b in self.step_trees)
+        shared = self.static_kv
+        if shared is not None and shared.max_len >= need and shared.claim():
+            shared.start()
+            return shared
+        return StaticKV(self.model, max_len=need)
+
     def _generator(self) -> torch.Generator | None:
         if self.config.temperature <= 0:
             return None
@@ -378,39 +415,45 @@ class Decoder:
         g.manual_seed(self.config.seed)
         return g
 
-    def _prefill_step(self, new: list[int], reason: str | None, t0: float) -> Step:
+    def _prefill_step(self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV) -> Step:
         """Step 0, timed from t0 to now: the prompt's forward and the first new token."""
         t1 = _sync(self.device)
-        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason)
+        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason, engine=kv.engine(b.num_nodes for b in self.step_trees))
 
     # ------------------------------------------------------------------ entry
     @torch.inference_mode()
     def steps(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[Step]:
         ids = self._prompt_tensor(prompt_ids)
-        if self.method == "plain":
-            yield from self._plain_steps(ids)
-        else:
-            yield from self._medusa_steps(ids)
+        kv = self._open_kv(ids.shape[1])
+        try:
+            if self.method == "plain":
+                yield from self._plain_steps(ids, kv)
+            else:
+                yield from self._medusa_steps(ids, kv)
+        finally:  # also when the consumer stops early: the shared static cache is free again
+            kv.release()
 
     def run(self, prompt_ids: Sequence[int] | torch.Tensor) -> RunResult:
         return RunResult(self.method, tuple(self.steps(prompt_ids)))
 
     # ------------------------------------------------------------------ plain
-    def _plain_steps(self, ids: torch.Tensor) -> Iterator[Step]:
+    def _plain_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
         cfg, dev = self.config, self.device
         gen = self._generator()
-        cache = new_cache()
         seq_len = ids.shape[1]
         t0 = _sync(dev)
-        logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
         new, reason = self._finish([int(token)], 0, seq_len)
-        yield self._prefill_step(new, reason, t0)
+        yield self._prefill_step(new, reason, t0, kv)
         produced, seq_len, index = len(new), seq_len + len(new), 1
         while reason is None:
             t0 = _sync(dev)
-            pos = torch.tensor([[seq_len - 1]], device=dev)
-            logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
+            if self.static:  # the root-only tree: a fixed [1, 1] step over the static length
+                logits = kv.forward(token.view(1).to(dev), self.root_tree, seq_len - 1)[0][0]
+            else:  # the stock call, as model.generate makes it
+                pos = torch.tensor([[seq_len - 1]], device=dev)
+                logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True).logits[0, -1]
             t1 = _sync(dev)
             token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
             new, reason = self._finish([int(token)], produced, seq_len)
@@ -439,22 +482,32 @@ class Decoder:
         cfg, dev, limit = self.config, self.device, self.info.context_limit
         # The deepest node lands at position seq_len - 1 + depth: near the context limit a
         # root-only (plain) step keeps the output exact.
-        if seq_len + self.tree.depth + 1 > limit:
+        if seq_len + max(self.tree.depth, cfg.lookup if self.static else 0) + 1 > limit:
             return Proposal(self.root_tree, root.view(1).to(dev), 0)
+        if cfg.lookup and self.static:  # a fixed shape: the branch is always there, guessed where the context has no match
+            chain = ngram_proposal(history[:seq_len], length=cfg.lookup).to(dev)
+            return Proposal(self.lookup_trees[cfg.lookup], torch.cat([drafted.to(dev), self._fill_chain(chain, drafted.to(dev), root.to(dev))]), cfg.lookup)
         if cfg.lookup:
             chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]  # the chain's last node must fit in the context too
             if chain.numel():
                 return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel())
         return Proposal(self.tree, drafted.to(dev), 0)
 
-    def verify(self, proposal: Proposal, *, cache: DynamicCache, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward of all tree tokens after the ``prefix_len`` cached ones: (logits [L, V], hidden states [L, d])."""
-        bufs = proposal.buffers
-        # Every node sees the whole prefix, then the root, its ancestors and itself.
-        mask = torch.cat([torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1)[None, None]
-        position_ids = (bufs.tree.position_ids + prefix_len)[None]  # cache length + depth
-        h = self.body(input_ids=proposal.tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
-        return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
+    def _fill_chain(self, chain: torch.Tensor, drafted: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """The lookup chain padded to ``config.lookup`` tokens: past the match, the heads' top-1
+        guess for the same depth, then the last token again. Any guess keeps the output exact
+        (the base model verifies it); the shape never changes."""
+        guess = [drafted[j].view(1) for j in self.top1_nodes[chain.numel():]]
+        out = torch.cat([chain.view(-1), *guess])[: self.config.lookup]
+        if out.numel() < self.config.lookup:
+            last = out[-1:] if out.numel() else root.view(1)
+            out = torch.cat([out, last.expand(self.config.lookup - out.numel())])
+        return out
+
+    def verify(self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of all tree tokens after the ``prefix_len`` cached ones, every node seeing the
+        prefix, the root, its ancestors and itself: (logits [L, V], hidden states [L, d])."""
+        return kv.forward(proposal.tokens, proposal.buffers, prefix_len)
 
     def accept(self, logits: torch.Tensor, proposal: Proposal, gen: torch.Generator | None) -> Verdict:
         """Per root-to-leaf path, the leading candidates that pass (greedy or typical); the best path
@@ -489,13 +542,13 @@ class Decoder:
         return Verdict(best, len(path) - 1, nodes, torch.tensor(bonus, device=logits.device))
 
     def commit(
-        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, cache: DynamicCache, history: torch.Tensor, seq_len: int, produced: int
+        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, kv: DynamicKV | StaticKV, history: torch.Tensor, seq_len: int, produced: int
     ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | None]:
         """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree.
 
         Returns (new tokens, finish reason, next root, next draft; None once the run has finished)."""
         nodes = verdict.nodes
-        compact_cache(cache, seq_len - 1, nodes, proposal.buffers.num_nodes)  # cache = prefix + root + accepted
+        kv.keep(seq_len - 1, nodes, proposal.buffers.num_nodes)  # cache = prefix + root + accepted
         last = int(nodes[-1])
         bonus = verdict.bonus  # the base model's own next token after the last accepted node; the next root
         accepted = proposal.tokens[nodes.to(self.device)][1:].tolist()
@@ -522,77 +575,40 @@ class Decoder:
             finish_reason=reason,
         )
 
-    def _medusa_steps(self, ids: torch.Tensor) -> Iterator[Step]:
+    def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
         cfg, dev = self.config, self.device
         gen = self._generator()
-        cache = new_cache()
         seq_len = ids.shape[1]
         history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
         history[:seq_len] = ids[0].cpu()
 
         # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree.
         t0 = _sync(dev)
-        hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=cache, use_cache=True).last_hidden_state[0, -1]
+        hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0, -1]
         root = self._pick_root(self.lm_head(hidden), gen)
         drafted = self._draft(hidden, root)
         new, reason = self._finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
-        yield self._prefill_step(new, reason, t0)
+        yield self._prefill_step(new, reason, t0, kv)
         produced, seq_len, index = len(new), seq_len + len(new), 1
 
         while reason is None:  # the cache holds every committed token but the root: seq_len - 1 of them
             t0 = _sync(dev)
             proposal = self.propose(drafted, root, history=history, seq_len=seq_len)
             t1 = _sync(dev)
-            logits, hidden = self.verify(proposal, cache=cache, prefix_len=seq_len - 1)
+            logits, hidden = self.verify(proposal, kv=kv, prefix_len=seq_len - 1)
             t2 = _sync(dev)
             verdict = self.accept(logits, proposal, gen)
             t3 = _sync(dev)
-            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, cache=cache, history=history, seq_len=seq_len, produced=produced)
+            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced)
             t4 = _sync(dev)
             yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
-def new_cache() -> DynamicCache:
-    """A cache of full (non-sliding) layers: with our own 4D masks a sliding-window layer's
-    eviction would break the tree-slot arithmetic; runs are capped at the window instead."""
-    return DynamicCache()
-
-
-def compact_cache(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
-    """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
-
-    Gather first (source and target ranges overlap), then write, then crop (crop(-n) removes n).
-    When ``nodes`` (on the host) are already 0..n-1, the entries are in place and only the crop runs:
-    that is every step that accepts nothing, and every one that accepts only the first child.
-    When only the last one is out of place (e.g. [0, 2]: a later sibling accepted at the last
-    depth), that one slot is copied per layer instead of gathering all of them.
-    """
-    n = int(nodes.numel())
-    in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
-    last_only = not in_place and nodes.device.type == "cpu" and n > 0 and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
-    if last_only:
-        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
-        for layer in cache.layers:
-            layer.keys[..., dst, :] = layer.keys[..., src, :]
-            layer.values[..., dst, :] = layer.values[..., src, :]
-    keep_on: dict[torch.device, torch.Tensor] = {}
-    for layer in cache.layers if not (in_place or last_only) else ():
-        dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
-        if dev not in keep_on:
-            keep_on[dev] = nodes.to(dev) + prefix_len
-        k = layer.keys.index_select(-2, keep_on[dev])
-        v = layer.values.index_select(-2, keep_on[dev])
-        layer.keys[..., prefix_len : prefix_len + n, :] = k
-        layer.values[..., prefix_len : prefix_len + n, :] = v
-    if tree_len > n:
-        cache.crop(-(tree_len - n))
-
-
-def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig()) -> RunResult:
+def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None) -> RunResult:
     """Convenience: build a Decoder and collect its whole run."""
-    return Decoder(model, method=method, heads=heads, tree=tree, config=config).run(prompt_ids)
+    return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv).run(prompt_ids)
 
 
-__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "compact_cache", "model_info", "run_method", "typical_threshold", "typical_threshold_of_entropy"]
+__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "StaticKV", "compact_cache", "model_info", "new_cache", "run_method", "typical_threshold", "typical_threshold_of_entropy"]

@@ -18,6 +18,10 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
   plain-sample      our plain loop sampling at --temperature, --top-p, --seed
   medusa-sample     Medusa exact (lossless) speculative sampling, same tree and lookup as medusa-greedy
+
+Our methods (baseline, plain-sample, medusa-*) run on one engine (--cache, --capture; core/kv.py):
+auto is a static KV cache with a CUDA graph per step shape on CUDA, the dynamic cache on a CPU. A
+capture is recorded before the warm-up and timed apart ("capture s").
 Sampled methods (--sampled = plain-sample,medusa-sample,medusa-typical) share one DecodeConfig
 (temperature, top-p, seed); every run seeds its own generator from it, so with the same seed
 medusa-sample's output equals plain-sample's token for token in float32 (bfloat16 may differ at
@@ -47,12 +51,14 @@ from pathlib import Path
 
 import torch
 
-from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference, new_cache
+from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference
+from ..core.kv import new_cache, prepare_engine
+from ..core.messages import InputError
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
 from ..core.model import body_and_lm_head, chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
-from ..core.tree import get_tree
+from ..core.tree import TreeBuffers, get_tree, root_only_tree, with_lookup
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
@@ -190,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-chat-template", action="store_true")
     ap.add_argument("--no-prepack", action="store_true", help="keep stock nn.Linear weights on CPU (every method; to measure what pre-packing gives)")
     ap.add_argument("--stock-attention", action="store_true", help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)")
+    ap.add_argument("--cache", default="auto", choices=["auto", "dynamic", "static"], help="KV cache of our methods (auto: static on CUDA, dynamic on a CPU; core/kv.py)")
+    ap.add_argument("--capture", default="auto", choices=["auto", "none", "compile", "cuda-graph"],
+                    help="with --cache static, compile or record the fixed-shape steps before timing (auto: cuda-graph on CUDA, none on a CPU); reported as 'capture s'")
     ap.add_argument("--json", default=None, help="write all records to this JSON file")
     ap.add_argument("--forward-costs", action="store_true", help="only time one forward of 1..33 tokens after a 256-token prefix (what a tree step costs), then stop")
     args = ap.parse_args(argv)
@@ -233,8 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         print(format_forward_costs(forward_costs(model, repeats=args.repeats * 7)))
         return
     eos = eos_token_ids(model)
+    encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
+    static_cache_len = max(len(ids) for _, ids in encoded) + args.max_new_tokens  # one cache shape for every prompt: never a recompile
     decoders = {}
-    tree_name, lookup, note = None, 0, None
+    tree_name, lookup, note, tree = None, 0, None, None
     if any(m.startswith("medusa") for m in methods):
         heads = load_heads(args.heads, model=model)
         defaults = heads_defaults(heads, device)  # the playground's defaults too (this device kind's calibration)
@@ -245,17 +256,29 @@ def main(argv: list[str] | None = None) -> None:
         tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
-        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=lookup)
-        decoders["medusa-greedy"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
-        decoders["medusa-heads-only"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens))
-        decoders["medusa-greedy-nodetail"] = Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False, lookup=lookup))
-        decoders["medusa-typical"] = Decoder(model, method="medusa-typical", heads=heads, tree=tree, config=replace(sample_cfg, sample_root=True, lookup=lookup))
-        decoders["medusa-sample"] = Decoder(model, method="medusa-sample", heads=heads, tree=tree, config=replace(sample_cfg, lookup=lookup))
-    decoders["baseline"] = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=args.max_new_tokens))
-    decoders["plain-sample"] = Decoder(model, method="plain", config=sample_cfg)
+    # Our methods' engine: the cache, and with a capture the shared static cache recorded now for
+    # every step shape the methods below use (one token, the tree, the tree + its lookup branch).
+    where = {"device": device, "out_device": model.get_output_embeddings().weight.device, "dtype": dtype}
+    shapes = [root_only_tree()] + ([tree, with_lookup(tree, lookup)] if tree is not None else [])
+    widest = max(t.num_nodes for t in shapes)
+    try:
+        engine = prepare_engine(model, [TreeBuffers.build(t, **where) for t in shapes], cache=args.cache, capture=args.capture, max_len=static_cache_len + widest, say=lambda m: print(m, flush=True))
+    except InputError as e:
+        raise SystemExit(str(e)) from None
+    own = {"cache": engine.cache}
 
-    encoded = [(p, chat_prompt_ids(tok, p["prompt"], chat_template=not args.no_chat_template)) for p in prompts]
-    static_cache_len = max(len(ids) for _, ids in encoded) + args.max_new_tokens  # one cache shape for every prompt: never a recompile
+    def ours(method: str, config: DecodeConfig, **kw) -> Decoder:
+        return Decoder(model, method=method, config=replace(config, **own), static_kv=engine.static_kv, **kw)
+
+    if tree is not None:
+        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=lookup)
+        decoders["medusa-greedy"] = ours("medusa-greedy", cfg, heads=heads, tree=tree)
+        decoders["medusa-heads-only"] = ours("medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), heads=heads, tree=tree)
+        decoders["medusa-greedy-nodetail"] = ours("medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False, lookup=lookup), heads=heads, tree=tree)
+        decoders["medusa-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True, lookup=lookup), heads=heads, tree=tree)
+        decoders["medusa-sample"] = ours("medusa-sample", replace(sample_cfg, lookup=lookup), heads=heads, tree=tree)
+    decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
+    decoders["plain-sample"] = ours("plain", sample_cfg)
 
     def run(method: str, ids: list[int]) -> dict:
         if method.startswith("hf-"):
@@ -265,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
     static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
-    print(f"{setup} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
+    print(f"{setup} | {engine.description} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
     warmup_seconds = {}
     for m in methods:  # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
         t0 = _sync(device)
@@ -293,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"benchmark wall time {time.perf_counter() - t_start:.0f} s\n")
     print(report(records, methods, sampled=sampled))
     print("\nwarm-up s (before the timed runs, not in the tables): " + ", ".join(f"{m} {w:.2f}" for m, w in warmup_seconds.items()))
+    if engine.static_kv is not None:
+        print(f"capture s (at start, before the warm-up; not in the tables): {engine.static_kv.capture_seconds:.2f}")
     if args.json:
         out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
@@ -301,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
         out["warmup_seconds"] = warmup_seconds
         out["static_cache_len"] = static_cache_len if "hf-generate-static" in methods else None
         out["calibration_note"] = note
+        out["engine"] = {"cache": engine.cache, "capture": engine.static_kv.capture if engine.static_kv else "none", "description": engine.description,
+                         "capture_seconds": engine.static_kv.capture_seconds if engine.static_kv else 0.0}
         out["records"] = records
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")

@@ -4,7 +4,9 @@ A :class:`Playground` is built once from (model, tokenizer, heads) and shared re
 browser sessions. ``stream(prompt, settings)`` runs plain greedy, Medusa greedy and Medusa
 typical one after another on the one device (concurrent runs would distort tokens/s) and
 yields an :class:`Event` after every step, carrying the run so far as an immutable
-:class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache.
+:class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache; with a captured
+static engine (``kv.prepare_engine``, on a GPU) a run takes the loaded model's shared static cache and
+its graphs while no other run holds them, else a static cache of its own.
 
 The settings live in ``settings.py``, the records in ``records.py``, what the page makes of them in
 ``page.py`` and ``inspector.py``. The Gradio layer (``ui/``) only renders these.
@@ -26,9 +28,11 @@ import torch
 from ..core.decoding import Decoder, _sync, model_info, sampling_probs
 from ..core.defaults import heads_defaults
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
+from ..core.kv import StaticKV, describe_engine, prepare_engine
+from ..core.lookup import MAX_LOOKUP
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
-from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
+from ..core.tree import MedusaTree, TreeBuffers, build_tree, get_tree, parse_choices, preset_names, root_only_tree, with_lookup
 from .page import LABELS, GreedyCheck, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import DECODER_METHOD, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
@@ -134,13 +138,34 @@ def _short_path(path: Path) -> str:
         return str(path)
 
 
+def _static_length(model, max_prompt_tokens: int | None, max_new_tokens_limit: int) -> int:
+    """Slots of the shared static cache: the longest prompt this server takes plus the most new
+    tokens, within the context, plus the widest step (a longer run gets a cache of its own)."""
+    limit = model_info(model).context_limit
+    return min(limit, (max_prompt_tokens or limit) + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
+
+
+def engine_trees(model, heads: MedusaHeads) -> list[TreeBuffers]:
+    """The step shapes a capture records at load: one token (plain steps), and the default tree of
+    this device kind with and without its lookup branch (other trees run their steps eagerly)."""
+    dev = input_device(model)
+    defaults = heads_defaults(heads, dev)
+    tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=getattr(heads, "tree_presets", None))
+    where = {"device": dev, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
+    return [TreeBuffers.build(t, **where) for t in (root_only_tree(), tree, with_lookup(tree, defaults.lookup))]
+
+
 class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
                  max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
-                 variants: Mapping[str, tuple] | None = None):
+                 variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
+        self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
+        self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
+        self.engine = engine or describe_engine(cache, static_kv.capture if static_kv else "none", shapes=len(static_kv.captured) if static_kv else 0,
+                                                seconds=static_kv.capture_seconds if static_kv else 0.0)
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
@@ -173,13 +198,15 @@ class Playground:
     @classmethod
     def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
              trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, max_prompt_tokens: int | str | None = "auto",
-             numerics_copy: bool = True, **kwargs) -> "Playground":
+             numerics_copy: bool = True, cache: str = "auto", capture: str = "auto", **kwargs) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
         ``max_prompt_tokens="auto"`` measures what the device prefills in PREFILL_SECONDS.
         ``numerics_copy``: a 16-bit model also gets a float32 copy (with the same heads) when memory
-        allows, because only float32 keeps Medusa greedy == plain greedy through near-ties."""
+        allows, because only float32 keeps Medusa greedy == plain greedy through near-ties.
+        ``cache``/``capture``: the engine (``auto``: ``kv.default_engine`` of the device); a capture
+        is compiled or recorded here, at load, for the default tree's step shapes, never in a run."""
         say = progress or (lambda msg: None)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
@@ -215,6 +242,8 @@ class Playground:
             max_prompt_tokens, why = prompt_token_limit(m, context_limit=model_info(m).context_limit), measured_limit_why(m)
             say(f"Prompts: up to {max_prompt_tokens:,} tokens ({why})" if max_prompt_tokens else "Prompts: up to the model's context")
             kwargs["prompt_limit_why"] = why
+        engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=_static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT)), say=say)
+        kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
         return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
 
     # ------------------------------------------------------------------ inputs
@@ -277,7 +306,9 @@ class Playground:
         tree = self.resolve_tree(settings)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         model, heads = self.pair(settings)
-        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=settings.config(v)) for v in settings.views}
+        shared = self.static_kv if model is self.model else None  # captured for the loaded model; a copy runs its own static caches
+        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=replace(settings.config(v), cache=self.cache), static_kv=shared)
+                    for v in settings.views}
         next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PlaygroundError(f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it.")

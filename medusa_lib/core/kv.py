@@ -1,0 +1,336 @@
+"""The KV cache of a run: transformers' DynamicCache, or a StaticCache with fixed-shape steps.
+
+Both give a decoder the same three operations, so the Medusa step (propose, verify, accept,
+commit) and the plain step are one code path whatever the cache:
+
+  cache    the transformers ``Cache`` the prefill writes the prompt into
+  forward  one forward of L tree tokens after ``prefix_len`` cached ones, with the tree mask:
+           (logits [L, V], hidden states [L, d]); a plain step is the root-only tree (L = 1)
+  keep     keep the accepted tree nodes' entries right after the prefix, drop the rest
+
+``DynamicKV`` appends and crops (transformers' ``DynamicCache``): each forward has the shape of
+what is cached so far. ``StaticKV`` holds a ``StaticCache`` of ``max_len`` slots and, per tree
+size L, fixed input buffers: token ids [1, L], position ids [1, L] and a float 4D mask
+[1, 1, L, max_len] over the whole static length (0 for the prefix and the node's ancestors,
+dtype-min elsewhere). Every step of a size has the same shapes and addresses, so it can be
+captured once and replayed (``capture``):
+
+  none        eager calls of the stock model (CPU default; exact and testable everywhere)
+  compile     ``torch.compile`` of the step (mode "reduce-overhead" on CUDA: compiled + CUDA graphs)
+  cuda-graph  one ``torch.cuda.CUDAGraph`` per tree size over the stock model (CUDA only)
+
+transformers 5.x ``StaticLayer`` writes at its ``cumulative_length`` (a device tensor) with
+``index_copy_`` and has no crop: a step copies the prefix length into every layer's
+``cumulative_length`` inside the (captured) call, and ``keep`` moves the accepted slots with
+``index_copy_`` and sets the length (recipe verified on an H100: ../shared/reference/GPU.md;
+gpt-fast ``generate.py`` and Sequoia's ``Engine.py`` do the same). A captured ``StaticKV`` is
+built and warmed up once, at model load (``warm_up``), and used by one run at a time
+(``claim``/``release``); a run that finds it busy gets a fresh eager one of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, StaticLayer
+
+from .messages import InputError
+from .model import body_and_lm_head, input_device
+from .packing import is_prepacked
+from .tree import TreeBuffers
+
+class EngineError(InputError):
+    """An engine setting that cannot run. One sentence that says what to change."""
+
+
+CACHES = ("dynamic", "static")
+CAPTURES = ("none", "compile", "cuda-graph")
+
+
+def new_cache() -> DynamicCache:
+    """A cache of full (non-sliding) layers: with our own 4D masks a sliding-window layer's
+    eviction would break the tree-slot arithmetic; runs are capped at the window instead."""
+    return DynamicCache()
+
+
+def new_static_cache(model: nn.Module, max_len: int) -> Cache:
+    """A StaticCache of ``max_len`` full (non-sliding) slots per layer, for the same reason."""
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in range(layers)])
+
+
+def is_static(cache: Cache) -> bool:
+    return bool(cache.layers) and isinstance(cache.layers[0], StaticLayer)
+
+
+def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
+    """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
+
+    Gather first (source and target ranges overlap), then write; then a dynamic cache is cropped
+    (crop(-n) removes n) and a static one's length is set (its slots beyond are masked anyway).
+    When ``nodes`` (on the host) are already 0..n-1, the entries are in place and only the crop runs:
+    that is every step that accepts nothing, and every one that accepts only the first child.
+    When only the last one is out of place (e.g. [0, 2]: a later sibling accepted at the last
+    depth), that one slot is copied per layer instead of gathering all of them.
+    """
+    n = int(nodes.numel())
+    in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
+    last_only = not in_place and nodes.device.type == "cpu" and n > 0 and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
+    if last_only:
+        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
+        for layer in cache.layers:
+            layer.keys[..., dst, :] = layer.keys[..., src, :]
+            layer.values[..., dst, :] = layer.values[..., src, :]
+    keep_on: dict[torch.device, torch.Tensor] = {}
+    for layer in cache.layers if not (in_place or last_only) else ():
+        dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
+        if dev not in keep_on:
+            keep_on[dev] = nodes.to(dev) + prefix_len
+        k = layer.keys.index_select(-2, keep_on[dev])
+        v = layer.values.index_select(-2, keep_on[dev])
+        layer.keys[..., prefix_len : prefix_len + n, :] = k
+        layer.values[..., prefix_len : prefix_len + n, :] = v
+    if is_static(cache):
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(prefix_len + n)
+    elif tree_len > n:
+        cache.crop(-(tree_len - n))
+
+
+class DynamicKV:
+    """transformers' DynamicCache: every forward appends its tokens; ``keep`` crops the rejected ones."""
+
+    kind = "dynamic"
+
+    def __init__(self, model: nn.Module):
+        self.body, self.lm_head = body_and_lm_head(model)
+        self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
+        self.cache = new_cache()
+
+    def forward(self, tokens: torch.Tensor, bufs: TreeBuffers, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every node sees the whole prefix, then the root, its ancestors and itself.
+        mask = torch.cat([torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1)[None, None]
+        position_ids = (bufs.tree.position_ids + prefix_len)[None]  # cache length + depth
+        h = self.body(input_ids=tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=self.cache, use_cache=True).last_hidden_state[0]
+        return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
+
+    def keep(self, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
+        compact_cache(self.cache, prefix_len, nodes, tree_len)
+
+    def release(self) -> None:
+        pass
+
+    def engine(self, sizes) -> str:
+        return "dynamic"
+
+
+@dataclass
+class _Slots:
+    """The fixed inputs of one tree size, and its capture (a graph and the outputs it writes)."""
+
+    ids: torch.Tensor  # [1, L] token ids
+    pos: torch.Tensor  # [1, L] position ids
+    mask: torch.Tensor  # [1, 1, L, max_len] float additive mask
+    graph: object | None = None  # torch.cuda.CUDAGraph
+    out: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (logits, hidden)
+
+
+class StaticKV:
+    """A StaticCache of ``max_len`` slots with fixed-shape steps (see the module docstring).
+
+    Build one per run (eager), or once per model with ``capture`` and ``warm_up`` and share it
+    through ``claim``/``release``: the buffers and graphs serve one run at a time."""
+
+    kind = "static"
+
+    def __init__(self, model: nn.Module, *, max_len: int, capture: str = "none"):
+        if capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {', '.join(CAPTURES)} (got {capture!r}).")
+        self.body, self.lm_head = body_and_lm_head(model)
+        self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
+        if capture == "cuda-graph" and self.device.type != "cuda":
+            raise ValueError("cuda-graph capture needs the model on a CUDA device.")
+        self.model, self.max_len, self.capture = model, int(max_len), capture
+        self.cache = new_static_cache(model, self.max_len)
+        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)  # copied into every layer's length inside the step
+        self.min = torch.finfo(self.dtype).min
+        self.slots: dict[int, _Slots] = {}
+        self.captured: set[int] = set()  # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
+        self.capture_seconds = 0.0  # compile/capture time spent in warm_up (never counted in tokens/s)
+        self._lock = threading.Lock()
+        self._step = torch.compile(self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False) if capture == "compile" else self._eager_step
+        self._pool = None  # CUDA graphs share one memory pool (they replay one at a time)
+
+    # ------------------------------------------------------------------ one run at a time
+    def claim(self) -> bool:
+        """Take this cache for one run; False when another run holds it."""
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def start(self) -> None:
+        """Empty the cache for a new run (slots beyond the length are masked, never read)."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.zero_()
+
+    # ------------------------------------------------------------------ the step
+    def _eager_step(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for layer in self.cache.layers:  # a device tensor, not a Python int: a capture must not bake it in
+            layer.cumulative_length.copy_(self.prefix)
+        h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True).last_hidden_state[0]
+        return self.lm_head(h), h
+
+    def _slots_for(self, n: int) -> _Slots:
+        if n not in self.slots:
+            dev = self.device
+            self.slots[n] = _Slots(ids=torch.zeros(1, n, dtype=torch.long, device=dev), pos=torch.zeros(1, n, dtype=torch.long, device=dev),
+                                   mask=torch.full((1, 1, n, self.max_len), self.min, dtype=self.dtype, device=dev))
+        return self.slots[n]
+
+    def forward(self, tokens: torch.Tensor, bufs: TreeBuffers, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = bufs.num_nodes
+        if prefix_len + n > self.max_len:
+            raise RuntimeError(f"The static cache holds {self.max_len} tokens; a step of {n} after {prefix_len} does not fit.")
+        s = self._slots_for(n)
+        s.ids[0].copy_(tokens)
+        torch.add(bufs.tree.position_ids, prefix_len, out=s.pos[0])  # cache length + depth
+        s.mask.fill_(self.min)  # every node sees the prefix, then the root, its ancestors and itself
+        s.mask[..., :prefix_len] = 0
+        s.mask[0, 0, :, prefix_len : prefix_len + n] = bufs.bias
+        self.prefix.fill_(prefix_len)
+        if s.graph is not None:
+            s.graph.replay()
+            return s.out
+        if n not in self.captured:
+            return self._eager_step(s.ids, s.pos, s.mask)
+        if self.capture == "compile" and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous step's outputs have been read
+        return self._step(s.ids, s.pos, s.mask)
+
+    def keep(self, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
+        compact_cache(self.cache, prefix_len, nodes, tree_len)
+
+    # ------------------------------------------------------------------ warm-up and capture
+    def warm_up(self, trees: list[TreeBuffers], *, runs: int = 3) -> float:
+        """Compile or capture the step of every tree size in ``trees`` (at load, never in a user's
+        run); returns the seconds it took. The cache is left empty."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self.start()
+            self.body(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), position_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                      past_key_values=self.cache, use_cache=True)  # allocates the static tensors
+            for bufs in {b.num_nodes: b for b in trees}.values():
+                tokens = torch.zeros(bufs.num_nodes, dtype=torch.long, device=self.device)
+                self.captured.add(bufs.num_nodes)
+                if self.capture == "cuda-graph":
+                    self._capture_graph(tokens, bufs, runs=runs)
+                else:
+                    for _ in range(runs):
+                        self.forward(tokens, bufs, 1)
+            self.start()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        self.capture_seconds += seconds
+        return seconds
+
+    def engine(self, sizes) -> str:
+        """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were captured."""
+        return f"static, {self.capture}" if self.capture != "none" and set(sizes) <= self.captured else "static"
+
+    def _capture_graph(self, tokens: torch.Tensor, bufs: TreeBuffers, *, runs: int) -> None:
+        """Warm up on a side stream, then record one replayable graph of the step (PyTorch's CUDA-graph recipe)."""
+        s = self._slots_for(bufs.num_nodes)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(runs):
+                self.forward(tokens, bufs, 1)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            s.out = self._eager_step(s.ids, s.pos, s.mask)
+        s.graph, self._pool = graph, graph.pool()
+
+
+def default_engine(device: torch.device | str) -> tuple[str, str]:
+    """(cache, capture) for ``auto``: on CUDA a static cache with a CUDA graph per step shape (the
+    recipe verified step by step on an H100, ../shared/reference/GPU.md); on a CPU today's dynamic
+    cache, eager (measured faster there: docs/performance.md#static-cache-and-capture-on-cpu)."""
+    return ("static", "cuda-graph") if torch.device(device).type == "cuda" else ("dynamic", "none")
+
+
+def describe_engine(cache: str, capture: str, *, shapes: int = 0, seconds: float = 0.0) -> str:
+    """The engine in words, for the info line and the load log."""
+    if cache == "dynamic":
+        return "dynamic KV cache (eager)"
+    if capture == "none":
+        return "static KV cache (eager)"
+    how = {"compile": "torch.compile", "cuda-graph": "CUDA graphs"}[capture]
+    return f"static KV cache, {how} of {shapes} step shape{'s' * (shapes != 1)} captured at load in {seconds:.1f} s"
+
+
+def static_refusal(model: nn.Module) -> str | None:
+    """Why the static path cannot run this model (one sentence), or None when it can."""
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    if len(devices) > 1:
+        return f"{name} is spread over several devices (device_map), and a static cache with captured steps needs one device; it runs with the dynamic cache."
+    if not getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None):
+        return f"{name}'s config does not give num_hidden_layers, which the static cache is sized by; it runs with the dynamic cache."
+    return None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What a server or a benchmark decodes with: the cache of every run and, with a capture, the
+    StaticKV that runs of the loaded model share one at a time."""
+
+    cache: str
+    static_kv: StaticKV | None
+    description: str
+
+
+def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "auto", capture: str = "auto", max_len: int,
+                   say: Callable[[str], None] = lambda msg: None) -> Engine:
+    """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
+    ``max_len`` slots and compile/record the step of every tree size in ``trees`` now, at load.
+    A model the static path refuses, or a capture that fails, falls back with one sentence said."""
+    dev = input_device(model)
+    auto_cache, auto_capture = default_engine(dev)
+    cache = auto_cache if cache in ("auto", "", None) else cache
+    capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
+    if cache not in CACHES or capture not in CAPTURES:
+        raise EngineError(f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r}).")
+    if cache == "dynamic" and capture != "none":
+        raise EngineError(f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none.")
+    if capture == "cuda-graph" and dev.type != "cuda":
+        raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
+    refusal = static_refusal(model) if cache == "static" else None
+    if refusal:
+        say(refusal)
+        cache, capture = "dynamic", "none"
+    if capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
+        say("torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile).")
+        capture = "none"
+    if capture == "none":
+        return Engine(cache, None, describe_engine(cache, "none"))
+    say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({t.num_nodes for t in trees}))} tokens)...")
+    try:
+        kv = StaticKV(model, max_len=max_len, capture=capture)
+        kv.warm_up(trees)
+    except Exception as e:  # a model or platform the capture cannot handle: eager static steps, said once
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        say(f"The {capture} capture failed ({type(e).__name__}: {first}); runs use the static cache eagerly.")
+        return Engine("static", None, describe_engine("static", "none"))
+    description = describe_engine("static", capture, shapes=len(kv.captured), seconds=kv.capture_seconds)
+    say(f"Engine: {description}.")
+    return Engine("static", kv, description)
