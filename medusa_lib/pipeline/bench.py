@@ -52,11 +52,12 @@ from pathlib import Path
 import torch
 
 from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference
-from ..core.kv import new_cache, prepare_engine
+from ..core.kv import prepare_engine
+from ..core.lab import step_costs
 from ..core.messages import InputError
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
-from ..core.model import body_and_lm_head, chat_prompt_ids, eos_token_ids, input_device, load_model
+from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import TreeBuffers, get_tree, root_only_tree, with_lookup
 from .cli import add_model_arguments
@@ -135,39 +136,10 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
     }
 
 
-@torch.inference_mode()
 def forward_costs(model, *, sizes=(1, 2, 5, 9, 17, 33), prefix: int = 256, repeats: int = 20) -> list[dict]:
-    """Median ms of one body forward of L new tokens after a cached prefix (causal 4D float mask,
-    explicit positions, as in a tree step) and of the lm_head over those L rows."""
-    body, lm_head = body_and_lm_head(model)
-    device = input_device(model)
-    dtype = next(model.parameters()).dtype
-    g = torch.Generator().manual_seed(0)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(3, vocab, (1, prefix), generator=g).to(device)
-    rows = []
-    for L in sizes:
-        causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
-        mask = torch.cat([torch.zeros(L, prefix, dtype=dtype), causal], dim=1)[None, None].to(device)
-        new = torch.randint(3, vocab, (1, L), generator=g).to(device)
-        pos = torch.arange(prefix, prefix + L, device=device)[None]
-        body_ms, head_ms = [], []
-        for rep in range(repeats + 2):  # the first two are warm-up
-            cache = new_cache()
-            body(input_ids=ids, past_key_values=cache, use_cache=True)
-            t0 = _sync(device)
-            h = body(input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state[0]
-            t1 = _sync(device)
-            lm_head(h)
-            t2 = _sync(device)
-            if rep >= 2:
-                body_ms.append(1000 * (t1 - t0))
-                head_ms.append(1000 * (t2 - t1))
-        rows.append({"tokens": L, "body_ms": statistics.median(body_ms), "lm_head_ms": statistics.median(head_ms)})
-    base = rows[0]["body_ms"] + rows[0]["lm_head_ms"]
-    for r in rows:
-        r["vs_one_token"] = (r["body_ms"] + r["lm_head_ms"]) / base
-    return rows
+    """Median ms of one body forward of L new tokens after a cached prefix and of the lm_head over
+    those L rows: the tree lab's ``lab.step_costs``, one function for both."""
+    return step_costs(model, sizes, prefix=prefix, repeats=repeats)
 
 
 def format_forward_costs(rows: list[dict]) -> str:

@@ -1,0 +1,305 @@
+"""The tree lab: why a tree is fast on this device (Medusa paper, arXiv 2401.10774, Sec. 3.3.1 and App. C).
+
+    speed-up(tree) = gain / cost
+    gain = tokens per step: 1 + sum over nodes of the product of head accuracies on the node's path
+           (``tree.expected_tokens_per_step``; the paper's "acceleration rate")
+    cost = time of one verify step of L tokens over the time of a plain step of 1 token
+           (the paper's "overhead"), measured here by :func:`step_costs`
+
+Both halves, for tree sizes L = 1 .. 64 (tokens verified per step, root included; L = 1 is a plain
+step): the cost curve of this device (:func:`step_costs`, shared with ``bench --forward-costs``, or the
+figures of a calibration made on this kind of device, :func:`recorded_costs`), the gain curve of the
+greedy trees of the heads' accuracies (:func:`gain_curve`), the predicted speed-up and its optimum
+(:func:`speedup_curve`); an editor's operations on a tree (:func:`add_best_node`, :func:`remove_leaf`,
+:func:`leaves`), and what each head got right in a run (:func:`head_acceptance`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .decoding import _sync
+from .kv import new_cache
+from .model import body_and_lm_head, input_device
+from .tree import LOOKUP_RANK, TOPK, TreeError, greedy_choices, validate_choices
+
+MAX_SIZE = 64  # the lab's largest tree: tokens verified per step, root included
+SIZES = tuple(range(1, MAX_SIZE + 1))
+
+
+# ------------------------------------------------------------------ cost: one verify step of L tokens
+@torch.inference_mode()
+def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeats: int = 5,
+               progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Median ms of one body forward of L new tokens after a cached ``prefix`` (causal 4D float mask,
+    explicit positions, as in a tree step) and of the lm_head over those L rows, per size L; a plain
+    step (L = 1) is always measured first. ``vs_one_token`` = (body + lm_head) / that of L = 1.
+    ``progress(done, total)`` is called after each size."""
+    body, lm_head = body_and_lm_head(model)
+    device = input_device(model)
+    dtype = next(model.parameters()).dtype
+    sizes = [1] + [int(L) for L in sizes if int(L) != 1]
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(3, vocab, (1, prefix), generator=g).to(device)
+    rows = []
+    for i, L in enumerate(sizes):
+        causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
+        mask = torch.cat([torch.zeros(L, prefix, dtype=dtype), causal], dim=1)[None, None].to(device)
+        new = torch.randint(3, vocab, (1, L), generator=g).to(device)
+        pos = torch.arange(prefix, prefix + L, device=device)[None]
+        body_ms, head_ms = [], []
+        cache = new_cache()
+        body(input_ids=ids, past_key_values=cache, use_cache=True)
+        for rep in range(repeats + 2):  # the first two are warm-up
+            t0 = _sync(device)
+            h = body(input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state[0]
+            t1 = _sync(device)
+            lm_head(h)
+            t2 = _sync(device)
+            cache.crop(-L)  # back to the prefix: every repeat verifies after the same context
+            if rep >= 2:
+                body_ms.append(1000 * (t1 - t0))
+                head_ms.append(1000 * (t2 - t1))
+        rows.append({"tokens": L, "body_ms": statistics.median(body_ms), "lm_head_ms": statistics.median(head_ms)})
+        if progress is not None:
+            progress(i + 1, len(sizes))
+    base = rows[0]["body_ms"] + rows[0]["lm_head_ms"]
+    for r in rows:
+        r["vs_one_token"] = (r["body_ms"] + r["lm_head_ms"]) / base
+    return rows
+
+
+def recorded_costs(record: dict | None) -> dict[int, float]:
+    """Step cost relative to a plain step, by tokens verified per step, from a calibration record's
+    measured trees: cost = measured tokens/step / measured speed-up over plain (time per step over
+    plain's), at L = the tree's nodes + the lookup branch it was measured with. {} when the record
+    holds no measured trees."""
+    out = {1: 1.0} if record else {}
+    lookup = int((record or {}).get("lookup") or 0)
+    for fig in ((record or {}).get("trees") or {}).values():
+        tps, speedup, nodes = fig.get("measured_tokens_per_step"), fig.get("speedup"), fig.get("nodes")
+        if tps and speedup and nodes:
+            out[int(nodes) + lookup] = float(tps) / float(speedup)
+    return dict(sorted(out.items())) if len(out) > 1 else {}
+
+
+def monotone(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares; pool adjacent violators): a step of more
+    tokens never costs less, so a measured dip is noise of the shared device."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks.pop(-2), blocks.pop(-1)
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Step cost relative to a plain step against tokens verified per step.
+
+    sizes, measured  the points measured (or read from a calibration record), sizes ascending
+    fitted           ``measured`` made non-decreasing (:func:`monotone`)
+    source           "measured" (on this machine) or "calibration" (a record of this device kind)
+    """
+
+    sizes: tuple[int, ...]
+    measured: tuple[float, ...]
+    fitted: tuple[float, ...]
+    source: str
+    device: str = ""
+
+    @classmethod
+    def of(cls, points: dict[int, float], *, source: str, device: str = "") -> "CostCurve":
+        sizes = sorted(points)
+        return cls(tuple(sizes), tuple(points[s] for s in sizes), tuple(monotone([points[s] for s in sizes])), source, device)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[dict], *, device: str = "") -> "CostCurve":
+        """From :func:`step_costs`' rows."""
+        return cls.of({int(r["tokens"]): float(r["vs_one_token"]) for r in rows}, source="measured", device=device)
+
+    def at(self, size: float) -> float:
+        """The fitted cost at any size: linear between points, the end slope beyond the last one."""
+        xs, ys = self.sizes, self.fitted
+        if len(xs) > 1 and size > xs[-1]:
+            return ys[-1] + (size - xs[-1]) * max(ys[-1] - ys[-2], 0.0) / (xs[-1] - xs[-2])
+        return float(np.interp(size, xs, ys))
+
+
+# ------------------------------------------------------------------ gain: tokens per step of a tree
+@dataclass(frozen=True)
+class GainCurve:
+    """Tokens per step of the greedy tree of each size (size = nodes + the root).
+
+    expected        from the accuracies (``greedy_choices``), one per size
+    simulated       size -> calibration's simulated tokens/step, heads only
+    with_lookup     size -> calibration's simulated tokens/step with the lookup branch
+    lookup_gain     per size, what the branch adds: the simulated gain with it minus without, linear
+                    between calibrated sizes and flat beyond them (None without simulated figures)
+    """
+
+    sizes: tuple[int, ...]
+    expected: tuple[float, ...]
+    simulated: dict[int, float]
+    with_lookup: dict[int, float]
+    lookup_gain: tuple[float, ...] | None
+
+    def lookup_gain_at(self, size: int) -> float:
+        return 0.0 if self.lookup_gain is None else float(np.interp(size, self.sizes, self.lookup_gain))
+
+
+def gain_curve(accuracy: Sequence[Sequence[float]], sizes: Sequence[int] = SIZES, *, record: dict | None = None) -> GainCurve:
+    """Expected tokens/step of the greedy tree of each size (a tree of L tokens has L - 1 nodes;
+    L = 1 gains 1), plus a calibration record's simulated figures with and without the lookup branch."""
+    sizes = tuple(int(s) for s in sizes)
+    chosen, _ = greedy_choices(accuracy, max(max(sizes) - 1, 1))  # greedy is incremental: its first n nodes are the n-node tree
+    running = [1.0]
+    for c in chosen:
+        running.append(running[-1] + _product(c, accuracy))
+    expected = tuple(running[min(s - 1, len(running) - 1)] for s in sizes)
+    simulated, lookup = {}, {}
+    for fig in ((record or {}).get("trees") or {}).values():
+        if fig.get("nodes") and fig.get("heads_only_simulated_tokens_per_step"):
+            simulated[int(fig["nodes"])] = float(fig["heads_only_simulated_tokens_per_step"])
+            if (record or {}).get("lookup") and fig.get("simulated_tokens_per_step"):
+                lookup[int(fig["nodes"])] = float(fig["simulated_tokens_per_step"])
+    lookup_gain = None
+    if lookup:
+        xs = sorted(lookup)
+        lookup_gain = tuple(float(np.interp(s, xs, [lookup[x] - simulated[x] for x in xs])) for s in sizes)
+    return GainCurve(sizes, expected, dict(sorted(simulated.items())), dict(sorted(lookup.items())), lookup_gain)
+
+
+@dataclass(frozen=True)
+class SpeedupCurve:
+    """Predicted speed-up over plain of the greedy tree of each size: gain / cost.
+
+    ``lookup``: tokens of the lookup branch verified with every tree (0: heads only); its gain is
+    the calibration's simulated one and it adds ``lookup`` tokens to the cost."""
+
+    sizes: tuple[int, ...]
+    speedup: tuple[float, ...]
+    lookup: int = 0
+
+    @property
+    def optimum(self) -> int:
+        """The size with the largest predicted speed-up (the smallest such size on a tie)."""
+        return self.sizes[int(np.argmax(self.speedup))]
+
+
+def predicted_speedup(gain: float, size: int, cost: CostCurve, *, lookup: int = 0) -> float:
+    """gain / cost of one step that verifies ``size`` tree tokens plus ``lookup`` branch tokens."""
+    return gain / cost.at(size + lookup)
+
+
+def speedup_curve(gain: GainCurve, cost: CostCurve, *, lookup: int = 0) -> SpeedupCurve:
+    extra = [gain.lookup_gain_at(s) if lookup else 0.0 for s in gain.sizes]
+    return SpeedupCurve(gain.sizes, tuple(predicted_speedup(g + e, s, cost, lookup=lookup) for s, g, e in zip(gain.sizes, gain.expected, extra)), lookup)
+
+
+# ------------------------------------------------------------------ the editor
+def _product(c: Sequence[int], accuracy: Sequence[Sequence[float]]) -> float:
+    p = 1.0
+    for k, r in enumerate(c):
+        p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
+    return p
+
+
+def _sorted(choices: Iterable[Sequence[int]]) -> list[list[int]]:
+    return sorted((list(c) for c in choices), key=lambda c: (len(c), c))  # build_tree's order
+
+
+def add_best_node(choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]], *, num_heads: int | None = None) -> list[list[int]]:
+    """``choices`` plus the frontier node (a child of the root or of a node, not yet in the tree)
+    whose path has the largest product of accuracies: the next node the greedy tree would add
+    (ties go to the smaller ranks, as in ``greedy_choices``). An empty ``choices`` gets head 1's best node."""
+    have = {tuple(c) for c in (validate_choices(choices, num_heads=num_heads) if choices else [])}
+    depth = min(len(accuracy), num_heads) if num_heads is not None else len(accuracy)
+    frontier = [p + (r,) for p in [()] + sorted(have) if len(p) < depth for r in range(min(TOPK, len(accuracy[len(p)]))) if p + (r,) not in have]
+    if not frontier:
+        raise TreeError("Every node the heads can propose is already in the tree; remove a leaf or start from a smaller preset.")
+    best = min(frontier, key=lambda c: (-_product(c, accuracy), list(c)))
+    return _sorted([*have, best])
+
+
+def leaves(choices: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The nodes of a tree with no child, in tree order."""
+    nodes = {tuple(c) for c in validate_choices(choices)}
+    parents = {c[:-1] for c in nodes}
+    return _sorted(c for c in nodes if c not in parents)
+
+
+def remove_leaf(choices: Sequence[Sequence[int]], leaf: Sequence[int]) -> list[list[int]]:
+    """``choices`` without ``leaf``, which must be a node with no child; a tree keeps one node at least."""
+    leaf = list(leaf)
+    nodes = validate_choices(choices)
+    if leaf not in nodes:
+        raise TreeError(f"Node {leaf} is not in the tree; pick one of its leaves.")
+    if leaf not in leaves(nodes):
+        raise TreeError(f"Node {leaf} has children; remove them first, or pick a leaf.")
+    if len(nodes) == 1:
+        raise TreeError("A tree keeps at least one node; add another before removing this one.")
+    return _sorted(c for c in nodes if c != leaf)
+
+
+# ------------------------------------------------------------------ what each head got right
+@dataclass(frozen=True)
+class HeadAcceptance:
+    """Per depth k (head k) and rank r, over the Medusa steps of a run:
+
+    proposed  [D][R]  nodes of head k's rank r verified
+    reached   [D][R]  of those, the ones whose parent was on the accepted path (the node could be accepted)
+    accepted  [D][R]  of those, the ones on the accepted path
+    lookup_reached, lookup_accepted  [D]  the same for the lookup branch's node of depth k (rank -1)
+    steps     Medusa steps counted
+
+    accepted / reached estimates the calibrated acc[k][r]: P(head k's rank-r token is right given a right branch)."""
+
+    proposed: tuple[tuple[int, ...], ...]
+    reached: tuple[tuple[int, ...], ...]
+    accepted: tuple[tuple[int, ...], ...]
+    lookup_reached: tuple[int, ...]
+    lookup_accepted: tuple[int, ...]
+    steps: int
+
+    def rates(self) -> list[list[float | None]]:
+        """accepted / reached per [k][r]; None where no such node was reached."""
+        return [[a / n if n else None for a, n in zip(ar, nr)] for ar, nr in zip(self.accepted, self.reached)]
+
+
+def head_acceptance(steps: Iterable, *, depth: int, ranks: int = TOPK) -> HeadAcceptance:
+    """Count, over Step records (``decoding.Step`` with ``tree``, ``accepted_nodes``), which node of
+    which head and rank was proposed, reachable and accepted; lookup-branch nodes are counted apart."""
+    grid = lambda: [[0] * ranks for _ in range(depth)]  # noqa: E731
+    proposed, reached, accepted = grid(), grid(), grid()
+    lk_reached, lk_accepted = [0] * depth, [0] * depth
+    n = 0
+    for step in steps:
+        tree = step.tree
+        if tree is None or step.index == 0:
+            continue
+        n += 1
+        on_path = set(step.accepted_nodes)
+        for j in range(1, tree.num_nodes):
+            c = tree.choices[j - 1]
+            k, r = len(c) - 1, c[-1]
+            if k >= depth:
+                continue
+            hit, near = j in on_path, tree.parents[j] in on_path
+            if r == LOOKUP_RANK:
+                lk_reached[k] += near
+                lk_accepted[k] += hit
+            elif r < ranks:
+                proposed[k][r] += 1
+                reached[k][r] += near
+                accepted[k][r] += hit
+    as_tuple = lambda g: tuple(map(tuple, g))  # noqa: E731
+    return HeadAcceptance(as_tuple(proposed), as_tuple(reached), as_tuple(accepted), tuple(lk_reached), tuple(lk_accepted), n)
