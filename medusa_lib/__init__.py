@@ -5,7 +5,8 @@ Heads", ICML 2024, arXiv 2401.10774. Reference code: github.com/FasterDecoding/M
 This package never imports gradio; the app only renders the Step records it yields.
 
 Three wings, imports pointing inward only:
-  core/      the engine (tree, heads, decoding, model loading, attention, packing, lookup, messages);
+  core/      the engine (tree, heads, decoding, the KV caches and their capture, model loading,
+             attention, packing, lookup, messages);
              usable from a notebook, imports nothing outside core/
   present/   what the page shows, without gradio (settings, records, the runner, inspector data); uses core
   pipeline/  offline CLIs (prompts, distill, train, calibrate, bench): python -m medusa_lib.pipeline.<name>; uses core
@@ -14,6 +15,7 @@ Three wings, imports pointing inward only:
 from .core.decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, compact_cache, run_method, typical_threshold
 from .core.defaults import HeadsDefaults, heads_defaults
 from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
+from .core.kv import Engine, EngineError, StaticKV, prepare_engine
 from .core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
 from .core.tree import (
     TOPK,

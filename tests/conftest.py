@@ -232,18 +232,22 @@ def launch(pg: Playground):
     return demo, f"http://127.0.0.1:{port}/"
 
 
-@pytest.fixture(scope="session")
-def served():
-    """One in-process server around tiny_playground() for the whole test session: (playground, url, client)."""
+def serving(pg: Playground):
+    """(playground, url, client) of an in-process server around ``pg``, for a fixture to yield; closed after."""
     from gradio_client import Client
 
-    pg = tiny_playground()
     pg.max_new_tokens_limit = LIMIT
     demo, url = launch(pg)
     try:
         yield pg, url, Client(url, verbose=False)
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="session")
+def served():
+    """One in-process server around tiny_playground() for the whole test session: (playground, url, client)."""
+    yield from serving(tiny_playground())
 
 
 def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, message: str) -> None:

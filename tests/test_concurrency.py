@@ -6,11 +6,13 @@ import gc
 import threading
 import time
 
+import pytest
 import torch
 from conftest import (
     LIMIT,
     PROMPT,
     column_text,
+    serving,
     tiny_playground,
 )
 
@@ -42,11 +44,18 @@ def count_runs(monkeypatch, pg: Playground, *, step_seconds: float = 0.0) -> dic
     return stats
 
 
-def test_four_sessions_at_once_each_get_their_own_tokens_and_queue(served, monkeypatch):
+@pytest.fixture(scope="module")
+def served_static():
+    """The server of ``served`` on the static engine: runs share one StaticKV, one at a time."""
+    yield from serving(tiny_playground(static=True))
+
+
+@pytest.mark.parametrize("engine", ["dynamic", "static"])
+def test_four_sessions_at_once_each_get_their_own_tokens_and_queue(engine, request, monkeypatch):
     from gradio_client import Client
     from gradio_client.utils import Status
 
-    pg, url, client = served
+    pg, url, client = request.getfixturevalue("served" if engine == "dynamic" else "served_static")
     prompts = [f"w{10 + i} w{40 + i} w{70 + i}" for i in range(4)]
     alone = [client.predict(p, 24, api_name="/compare") for p in prompts]
     stats = count_runs(monkeypatch, pg)

@@ -296,7 +296,7 @@ class Engine:
 
     cache: str
     static_kv: StaticKV | None
-    description: str
+    description: str  # for the info line: the engine, or the sentence saying why it fell back
 
 
 def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "auto", capture: str = "auto", max_len: int,
@@ -314,23 +314,25 @@ def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "
         raise EngineError(f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none.")
     if capture == "cuda-graph" and dev.type != "cuda":
         raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
-    refusal = static_refusal(model) if cache == "static" else None
-    if refusal:
-        say(refusal)
+    note = static_refusal(model) if cache == "static" else None  # the fallback's sentence is what the info line shows
+    if note:
         cache, capture = "dynamic", "none"
-    if capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
-        say("torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile).")
+    elif capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
+        note = "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
         capture = "none"
+    if note:
+        say(note)
     if capture == "none":
-        return Engine(cache, None, describe_engine(cache, "none"))
+        return Engine(cache, None, note or describe_engine(cache, "none"))
     say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({t.num_nodes for t in trees}))} tokens)...")
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
         kv.warm_up(trees)
     except Exception as e:  # a model or platform the capture cannot handle: eager static steps, said once
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        say(f"The {capture} capture failed ({type(e).__name__}: {first}); runs use the static cache eagerly.")
-        return Engine("static", None, describe_engine("static", "none"))
+        note = f"The {capture} capture failed ({type(e).__name__}: {first}); runs use the static cache eagerly."
+        say(note)
+        return Engine("static", None, note)
     description = describe_engine("static", capture, shapes=len(kv.captured), seconds=kv.capture_seconds)
     say(f"Engine: {description}.")
     return Engine("static", kv, description)
