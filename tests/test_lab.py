@@ -38,6 +38,9 @@ def test_step_costs_on_the_tiny_model_measure_every_size_against_a_plain_step():
     curve = CostCurve.from_rows(rows)
     assert curve.sizes == (1, 2, 4, 8) and curve.source == "measured"
     assert all(a <= b for a, b in zip(curve.fitted, curve.fitted[1:]))  # cost never falls with size
+    assert curve.fitted[0] == curve.at(1) == 1.0  # a plain step is the unit
+    dip = CostCurve.of({1: 1.0, 2: 0.9, 3: 1.2}, source="measured")
+    assert dip.fitted == (1.0, 1.0, 1.2) and dip.measured == (1.0, 0.9, 1.2)
 
 
 def test_monotone_is_the_least_squares_non_decreasing_fit():

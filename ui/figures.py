@@ -19,6 +19,7 @@ from .render import METHOD_COLORS
 FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=15)
 ACCEPTED, REJECTED, ROOT, BONUS = "#009E73", "#B8B8B8", "#222222", "#555555"
 LOOKUP = "#CC79A7"  # Okabe-Ito reddish purple: the lookup branch's rejected nodes
+NODE = "#0072B2"  # Okabe-Ito blue: a node of a tree not run yet (the tree lab's editor)
 
 
 def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
@@ -85,6 +86,7 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
         ("rejected candidate", lambda n: n["kind"] == "candidate" and not n["accepted"], REJECTED, 11, "circle", 0.8),
         ("accepted candidate", lambda n: n["kind"] == "candidate" and n["accepted"], ACCEPTED, 16, "circle", 1.0),
         ("root (base model's token)", lambda n: n["kind"] == "root", ROOT, 16, "square", 1.0),
+        ("node (head k, rank r)", lambda n: n["kind"] == "node", NODE, 13, "circle", 1.0),
         ("bonus (base model's next token)", lambda n: n["kind"] == "bonus", BONUS, 15, "diamond-open", 1.0),
         ("lookup branch, rejected", lambda n: n["kind"] == "lookup" and not n["accepted"], LOOKUP, 11, "triangle-right-open", 0.8),
         ("lookup branch, accepted", lambda n: n["kind"] == "lookup" and n["accepted"], ACCEPTED, 16, "triangle-right", 1.0),
@@ -111,6 +113,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
 
 
 def _hover(n: dict) -> str:
+    if n["kind"] == "node":
+        return f"node {n['node']}: head {n['depth']}, rank {n['rank']}"
     where = {"root": "root", "bonus": "bonus token", "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}"}.get(n["kind"], f"head {n['depth']}, rank {n['rank']}")
     return f"node {n['node']}: {html.escape(n['label'])} (id {n['token_id']})<br>{where}"
 

@@ -11,6 +11,7 @@ import gradio as gr
 from medusa_lib.present import Playground, Settings
 
 from .figures import empty_figure, timeline_figure
+from .lab import build_lab
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
 from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, info_html, sampling_html
 from .text import HEADER, explain
@@ -42,65 +43,69 @@ def build_demo(
         gr.Markdown(HEADER, elem_id="header")
         gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note, numerics=list(pg.variants), engine=pg.engine), elem_id="info")
 
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=5):
-                prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt")
-                if examples:
-                    gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt], label="Examples: click one, then Run",
-                                example_labels=[str(e.get("label") or e["prompt"][:40]) for e in examples], examples_per_page=12)
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn", scale=2)
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1)
-                    replay_btn = gr.Button("Race replay", variant="secondary", elem_id="replay-btn", scale=2)
-                    speed = gr.Radio(["0.25x", "0.5x", "1x", "2x"], value="1x", label="Replay speed", scale=2, elem_id="replay-speed")
-                c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
-            with gr.Column(scale=4, elem_id="settings"):
-                with gr.Row():
-                    max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens")
-                    temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (0: greedy; above 0: all three sample)", elem_id="temperature")
-                    seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90)
-                with gr.Row():
-                    with gr.Column(min_width=200):
-                        epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
-                        delta = gr.Slider(0, 1, value=DEFAULTS.posterior_alpha, step=0.01, label="\u03b4 delta")
-                    thr_plot = gr.Plot(h.threshold(DEFAULTS.posterior_threshold, DEFAULTS.posterior_alpha), show_label=False, elem_id="threshold-plot", min_width=240)
-                with gr.Row():
-                    tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset", elem_id="tree-preset")
-                    with gr.Column(min_width=160):
-                        chat = gr.Checkbox(value=True, label="Use the chat template")
-                        lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
-                if pg.defaults.note:  # the default tree was calibrated on another kind of device
-                    gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
-                # bfloat16 is fast; only float32 keeps Medusa greedy == plain greedy through near-ties (Playground.load's copy)
-                numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in pg.variants], value=pg.dtype, label="Numerics",
-                                    visible=len(pg.variants) > 1, elem_id="numerics")
-                custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Playground", id="playground", elem_id="playground-tab"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=5):
+                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt")
+                        if examples:
+                            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt], label="Examples: click one, then Run",
+                                        example_labels=[str(e.get("label") or e["prompt"][:40]) for e in examples], examples_per_page=12)
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="run-btn", scale=2)
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1)
+                            replay_btn = gr.Button("Race replay", variant="secondary", elem_id="replay-btn", scale=2)
+                            speed = gr.Radio(["0.25x", "0.5x", "1x", "2x"], value="1x", label="Replay speed", scale=2, elem_id="replay-speed")
+                        c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
+                    with gr.Column(scale=4, elem_id="settings"):
+                        with gr.Row():
+                            max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens")
+                            temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (0: greedy; above 0: all three sample)", elem_id="temperature")
+                            seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90)
+                        with gr.Row():
+                            with gr.Column(min_width=200):
+                                epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
+                                delta = gr.Slider(0, 1, value=DEFAULTS.posterior_alpha, step=0.01, label="\u03b4 delta")
+                            thr_plot = gr.Plot(h.threshold(DEFAULTS.posterior_threshold, DEFAULTS.posterior_alpha), show_label=False, elem_id="threshold-plot", min_width=240)
+                        with gr.Row():
+                            tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset", elem_id="tree-preset")
+                            with gr.Column(min_width=160):
+                                chat = gr.Checkbox(value=True, label="Use the chat template")
+                                lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
+                        if pg.defaults.note:  # the default tree was calibrated on another kind of device
+                            gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
+                        # bfloat16 is fast; only float32 keeps Medusa greedy == plain greedy through near-ties (Playground.load's copy)
+                        numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in pg.variants], value=pg.dtype, label="Numerics",
+                                            visible=len(pg.variants) > 1, elem_id="numerics")
+                        custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
-        gr.HTML(LEGEND_HTML, elem_id="legend")
-        with gr.Row(equal_height=True, elem_id="columns"):
-            c["col_plain"] = gr.HTML(column_html("plain", None), elem_id="out-plain")
-            c["col_greedy"] = gr.HTML(column_html("medusa-greedy", None), elem_id="out-greedy")
-            c["col_typical"] = gr.HTML(column_html("medusa-typical", None), elem_id="out-typical")
-        c["badge"] = gr.HTML(badge_html(None), elem_id="greedy-badge")
-        c["sampling"] = gr.HTML(sampling_html(None), elem_id="sampling-panel")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=7):
-                c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
-                                            interactive=False, elem_id="summary", wrap=True,
-                                            column_widths=["20%", "10%", "11%", "12%", "12%", "14%", "9%", "12%"])
-            with gr.Column(scale=5):
-                c["timeline"] = gr.Plot(timeline_figure({}), show_label=False, elem_id="timeline")
+                gr.HTML(LEGEND_HTML, elem_id="legend")
+                with gr.Row(equal_height=True, elem_id="columns"):
+                    c["col_plain"] = gr.HTML(column_html("plain", None), elem_id="out-plain")
+                    c["col_greedy"] = gr.HTML(column_html("medusa-greedy", None), elem_id="out-greedy")
+                    c["col_typical"] = gr.HTML(column_html("medusa-typical", None), elem_id="out-typical")
+                c["badge"] = gr.HTML(badge_html(None), elem_id="greedy-badge")
+                c["sampling"] = gr.HTML(sampling_html(None), elem_id="sampling-panel")
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=7):
+                        c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
+                                                    interactive=False, elem_id="summary", wrap=True,
+                                                    column_widths=["20%", "10%", "11%", "12%", "12%", "14%", "9%", "12%"])
+                    with gr.Column(scale=5):
+                        c["timeline"] = gr.Plot(timeline_figure({}), show_label=False, elem_id="timeline")
 
-        gr.Markdown("## Step inspector: one Medusa step under the microscope", elem_id="inspector-title")
-        with gr.Row():
-            insp_method = gr.Radio(INSPECT_CHOICES, value=INSPECT_CHOICES[0], label="Run", scale=1)
-            c["insp_step"] = gr.Slider(1, 2, value=1, step=1, label="Step (opens on the longest accepted path)", interactive=False, scale=3, elem_id="step-slider")
-        with gr.Row(equal_height=False):
-            c["tree_plot"] = gr.Plot(empty_figure("Run the playground to see a candidate tree.", title="Candidate tree"), show_label=False, elem_id="tree-plot", scale=3)
-            c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
-        c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
-        with gr.Accordion("How to read this page", open=True):
-            gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
+                gr.Markdown("## Step inspector: one Medusa step under the microscope", elem_id="inspector-title")
+                with gr.Row():
+                    insp_method = gr.Radio(INSPECT_CHOICES, value=INSPECT_CHOICES[0], label="Run", scale=1)
+                    c["insp_step"] = gr.Slider(1, 2, value=1, step=1, label="Step (opens on the longest accepted path)", interactive=False, scale=3, elem_id="step-slider")
+                with gr.Row(equal_height=False):
+                    c["tree_plot"] = gr.Plot(empty_figure("Run the playground to see a candidate tree.", title="Candidate tree"), show_label=False, elem_id="tree-plot", scale=3)
+                    c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
+                c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
+                with gr.Accordion("How to read this page", open=True):
+                    gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
+            with gr.Tab("Tree lab", id="lab", elem_id="lab-tab"):
+                lab, lab_c = build_lab(pg, custom_tree=custom_tree, prompt=prompt, max_new=max_new, chat=chat, lookup=lookup, numerics=numerics)
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
@@ -122,6 +127,9 @@ def build_demo(
             slider.change(h.threshold, inputs=[epsilon, delta], outputs=thr_plot, concurrency_limit=None, api_visibility="private", show_progress="hidden")
         c["insp_step"].release(h.inspector, inputs=[c["session"], insp_method, c["insp_step"]], outputs=[c[n] for n in INSPECT_OUTPUTS],
                                concurrency_limit=None, api_visibility="private", show_progress="hidden")
+        # the lab's per-head acceptance follows the comparison's last Medusa run
+        for ev in (run_ev, submit_ev):
+            ev.then(lab.last_run, inputs=[lab_c["lab_state"], c["session"]], outputs=lab_c["lab_acceptance"], api_visibility="private", show_progress="hidden")
         insp_method.change(h.switch_inspector, inputs=[c["session"], insp_method], outputs=[c[n] for n in ["insp_step", *INSPECT_OUTPUTS]],
                            concurrency_limit=None, api_visibility="private", show_progress="hidden")
 

@@ -106,7 +106,7 @@ class CostCurve:
     """Step cost relative to a plain step against tokens verified per step.
 
     sizes, measured  the points measured (or read from a calibration record), sizes ascending
-    fitted           ``measured`` made non-decreasing (:func:`monotone`)
+    fitted           ``measured`` made non-decreasing (:func:`monotone`), never below the smallest size's
     source           "measured" (on this machine) or "calibration" (a record of this device kind)
     """
 
@@ -119,7 +119,9 @@ class CostCurve:
     @classmethod
     def of(cls, points: dict[int, float], *, source: str, device: str = "") -> "CostCurve":
         sizes = sorted(points)
-        return cls(tuple(sizes), tuple(points[s] for s in sizes), tuple(monotone([points[s] for s in sizes])), source, device)
+        values = [points[s] for s in sizes]
+        fitted = [values[0]] + [max(v, values[0]) for v in monotone(values)[1:]]  # the smallest step (a plain one) stays the unit
+        return cls(tuple(sizes), tuple(values), tuple(fitted), source, device)
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], *, device: str = "") -> "CostCurve":

@@ -1,0 +1,193 @@
+"""The tree lab's data: the cost, gain and speed-up curves of the loaded heads on this device, the
+tree being edited, its predicted and measured points, and what each head got right in a run.
+
+Pure data for the page (no gradio); the maths is ``core/lab.py``. Sizes are tokens verified per
+step, root included; a tree with the lookup branch on also verifies the branch's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from ..core.defaults import KIND_NAMES, device_kind, record_kind
+from ..core.lab import MAX_SIZE, SIZES, CostCurve, GainCurve, HeadAcceptance, gain_curve, head_acceptance, predicted_speedup, recorded_costs, speedup_curve, step_costs
+from ..core.model import device_label, device_name, input_device
+from ..core.tree import TOPK, MedusaTree, expected_tokens_per_step, validate_choices
+from .inspector import tree_layout
+from .records import RunRecord
+from .settings import PlaygroundError, Settings
+
+
+@dataclass(frozen=True)
+class TreeLab:
+    """What the lab knows before anything runs.
+
+    accuracy  acc[k][r] of the heads' calibration (None: not calibrated)
+    record    that calibration record (its simulated and measured figures), or None
+    cost      the cost curve of this kind of device: the record's when it was made on this kind, or
+              one measured here (``measure_costs``); None until then
+    gain      the greedy trees' gain curve (None without accuracies)
+    lookup    the lookup branch's length when it is on
+    """
+
+    accuracy: list[list[float]] | None
+    record: dict | None
+    cost: CostCurve | None
+    gain: GainCurve | None
+    lookup: int
+    num_heads: int
+    device: str
+
+    @property
+    def cost_note(self) -> str:
+        if self.cost is None:
+            return f"No cost figures for {self.device} yet: press Measure costs to time one verify step of each size on this machine."
+        if self.cost.source == "calibration":
+            return (f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, from its measured trees); "
+                    "press Measure costs to time each size on this machine.")
+        return f"Step costs measured on this machine ({self.cost.device or self.device}), median of each size's verify forward."
+
+    @property
+    def gain_note(self) -> str:
+        if self.accuracy is None:
+            return "These Medusa heads carry no calibrated accuracies (python -m medusa_lib.pipeline.calibrate --write records them), so there is no gain curve."
+        return ""
+
+
+def tree_lab(pg) -> TreeLab:
+    """The lab of a Playground: its heads' calibration (``defaults.calibration``) and this device's costs."""
+    record = pg.defaults.calibration or getattr(pg.heads, "calibration", None)
+    record = record if isinstance(record, dict) else None
+    accuracy = record.get("accuracy") if record else None
+    accuracy = [list(map(float, row)) for row in accuracy[: pg.heads.num_heads]] if accuracy else None
+    kind = device_kind(pg.device)
+    cost = None
+    if record and record_kind(record) == kind and recorded_costs(record):
+        cost = CostCurve.of(recorded_costs(record), source="calibration", device=record.get("device") or KIND_NAMES.get(kind, kind))
+    gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
+    return TreeLab(accuracy, record, cost, gain, int(pg.defaults.lookup), int(pg.heads.num_heads), device_name(input_device(pg.model)))
+
+
+def measure_costs(pg, lab: TreeLab, *, sizes: Sequence[int] = SIZES, repeats: int = 3, progress: Callable[[int, int], None] | None = None) -> TreeLab:
+    """The lab with the cost curve measured on this machine (``core.lab.step_costs`` on the loaded model)."""
+    rows = step_costs(pg.model, sizes, repeats=repeats, progress=progress)
+    return replace(lab, cost=CostCurve.from_rows(rows, device=device_label(input_device(pg.model))))
+
+
+def editor_tree(pg, text: str) -> MedusaTree:
+    """The edited tree from its paths text, with the Custom tree box's checks and sentences."""
+    if not isinstance(text, str) or not text.strip():
+        validate_choices([])  # the empty tree's sentence
+    return pg.resolve_tree(Settings(custom_tree=text))
+
+
+def choices_text(choices: Sequence[Sequence[int]]) -> str:
+    """A tree as the paths text the editor and the Custom tree box take."""
+    return json.dumps([list(c) for c in choices])
+
+
+@dataclass(frozen=True)
+class TreePoint:
+    """A tree on the three curves: ``size`` its tokens (root included), ``tokens`` with the lookup branch."""
+
+    size: int
+    tokens: int
+    gain: float | None
+    cost: float | None
+    speedup: float | None
+
+
+def tree_point(lab: TreeLab, tree: MedusaTree, *, lookup_on: bool) -> TreePoint:
+    """Where a tree sits: its expected tokens/step from the accuracies (plus the branch's simulated
+    gain when it is on), the cost of its step, and gain / cost."""
+    lookup = lab.lookup if lookup_on and lab.gain is not None and lab.gain.lookup_gain is not None else 0
+    size = tree.num_nodes
+    gain = None
+    if lab.accuracy is not None:
+        gain = expected_tokens_per_step(tree.choices, lab.accuracy) + (lab.gain.lookup_gain_at(size) if lookup else 0.0)
+    cost = lab.cost.at(size + lookup) if lab.cost is not None else None
+    speedup = predicted_speedup(gain, size, lab.cost, lookup=lookup) if gain is not None and lab.cost is not None else None
+    return TreePoint(size, size + lookup, gain, cost, speedup)
+
+
+@dataclass(frozen=True)
+class Curves:
+    """The three curves over sizes 1 .. MAX_SIZE, ready to draw (None where the lab lacks their half)."""
+
+    sizes: tuple[int, ...]
+    cost: CostCurve | None
+    gain: GainCurve | None
+    speedup: tuple[float, ...] | None  # heads only
+    optimum: int | None
+    speedup_lookup: tuple[float, ...] | None  # with the lookup branch (its simulated gain, its tokens in the cost)
+    optimum_lookup: int | None
+    lookup: int
+
+
+def curves(lab: TreeLab) -> Curves:
+    heads = speedup_curve(lab.gain, lab.cost) if lab.gain and lab.cost else None
+    both = speedup_curve(lab.gain, lab.cost, lookup=lab.lookup) if lab.gain and lab.cost and lab.gain.lookup_gain is not None else None
+    return Curves(SIZES, lab.cost, lab.gain, heads.speedup if heads else None, heads.optimum if heads else None,
+                  both.speedup if both else None, both.optimum if both else None, lab.lookup)
+
+
+def node_label(choice: Sequence[int]) -> str:
+    """A tree node before any run: which head and rank it is (h2 r0 = head 2's top token)."""
+    return f"h{len(choice)} r{choice[-1]}"
+
+
+def editor_nodes(tree: MedusaTree) -> list[dict]:
+    """The nodes of a tree for the inspector's drawing (``inspector.tree_nodes``' fields), without tokens: kind "node"."""
+    y = tree_layout(tree.parents)
+    return [{"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": None,
+             "label": "root" if j == 0 else node_label(tree.choices[j - 1]), "rank": tree.choices[j - 1][-1] if j else None,
+             "accepted": False, "kind": "root" if j == 0 else "node"} for j in range(tree.num_nodes)]
+
+
+def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]]:
+    """The tree attention mask as ``inspector.mask_data`` gives it (1 visible, 0 hidden), prefix column first."""
+    labels = [f"{j}:{'root' if j == 0 else node_label(tree.choices[j - 1])}" for j in range(tree.num_nodes)]
+    z = [[1] + row for row in tree.attn_mask.tolist()]
+    return z, ["prefix (the context)"] + labels, labels
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A Measure run: Medusa greedy with the edited tree against plain greedy on the same prompt."""
+
+    tokens_per_step: float
+    speedup: float | None  # tokens/s over plain's
+    cost: float | None  # time per step over plain's = tokens/step / speed-up
+    size: int
+    tokens: int  # verified per step, lookup branch included
+    medusa: RunRecord
+    plain: RunRecord
+
+
+def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_template: bool = True, lookup_on: bool = True, numerics: str | None = None) -> Measured:
+    """Run plain greedy, then Medusa greedy with the tree of ``text``, on the prompt (the Playground's
+    checks, warm-up and one-after-another timing); the measured point beside the predicted one."""
+    tree = editor_tree(pg, text)
+    settings = pg.settings(max_new_tokens, 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template, lookup_on, numerics=numerics)
+    ids, decoders = pg.prepare(prompt, settings)
+    plain_view, medusa_view = settings.views[:2]
+    records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}) if ev.kind == "end"}
+    plain, medusa = records[plain_view].result, records[medusa_view].result
+    if medusa.decode_steps == 0:
+        raise PlaygroundError("The run ended at its prefill, so there is no Medusa step to measure; raise Max new tokens and measure again.")
+    speedup = medusa.tokens_per_second / plain.tokens_per_second if plain.decode_steps and plain.tokens_per_second > 0 else None
+    return Measured(medusa.tokens_per_step, speedup, medusa.tokens_per_step / speedup if speedup else None, tree.num_nodes,
+                    tree.num_nodes + settings.lookup, records[medusa_view], records[plain_view])
+
+
+def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -> HeadAcceptance | None:
+    """Per head and rank, what a run's Medusa steps proposed, could accept and accepted (None: no Medusa step)."""
+    if record is None or len(record.views) < 2 or all(v.step.tree is None for v in record.views):
+        return None
+    return head_acceptance((v.step for v in record.views), depth=depth, ranks=ranks)
+
+
+__all__ = ["MAX_SIZE", "Curves", "Measured", "TreeLab", "TreePoint", "choices_text", "curves", "editor_mask", "editor_nodes", "editor_tree",
+           "measure_costs", "measure_tree", "node_label", "run_acceptance", "tree_lab", "tree_point"]

@@ -1,0 +1,193 @@
+"""The Tree lab tab: its presenter (medusa_lib/present/lab.py) and handlers (ui/lab.py) on the tiny model."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from conftest import PROMPT, tiny_playground
+
+from medusa_lib.core.lab import add_best_node, gain_curve
+from medusa_lib.core.tree import build_tree, greedy_choices
+from medusa_lib.present import Playground
+from medusa_lib.present.lab import curves, editor_mask, editor_nodes, editor_tree, measure_tree, run_acceptance, tree_lab, tree_point
+
+ACC = [[0.6, 0.2, 0.1, 0.05], [0.5, 0.2, 0.05, 0.02], [0.4, 0.1, 0.1, 0.01], [0.3, 0.1, 0.05, 0.01]]
+RECORD = {"accuracy": ACC, "lookup": 2, "device": "CPU, 2 threads", "device_kind": "cpu",
+          "trees": {"calibrated-4": {"nodes": 5, "heads_only_simulated_tokens_per_step": 2.0, "simulated_tokens_per_step": 2.3, "measured_tokens_per_step": 2.4, "speedup": 1.6},
+                    "calibrated-16": {"nodes": 17, "heads_only_simulated_tokens_per_step": 2.4, "simulated_tokens_per_step": 2.6, "measured_tokens_per_step": 2.7, "speedup": 1.2}}}
+
+
+def calibrated_playground(record: dict = RECORD) -> Playground:
+    """The tiny oracle playground whose heads carry a CPU calibration (what load_heads sets from config.json)."""
+    base = tiny_playground()
+    heads = base.heads
+    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = {"calibrated-4": [[0], [0, 0], [1], [0, 0, 0]]}, "calibrated-4", 2, record
+    return Playground(base.model, base.tokenizer, heads, heads_note="test heads")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    return calibrated_playground()
+
+
+def outputs(names, values) -> dict:
+    return dict(zip(names, values))
+
+
+def names_of(fig) -> list[str]:
+    return [t.name for t in fig.data]
+
+
+def test_the_lab_reads_the_calibration_of_this_device_kind(pg):
+    lab = tree_lab(pg)
+    assert lab.accuracy == ACC and lab.lookup == 2 and lab.cost.source == "calibration"
+    assert lab.cost.sizes == (1, 7, 19)  # nodes + the lookup branch the trees were measured with
+    assert lab.cost.measured[1] == pytest.approx(2.4 / 1.6)
+    c = curves(lab)
+    assert len(c.speedup) == len(c.sizes) == 64 and c.optimum == c.sizes[max(range(64), key=c.speedup.__getitem__)]
+    assert c.speedup_lookup is not None and c.optimum_lookup in c.sizes
+    assert lab.gain == gain_curve(ACC, c.sizes, record=RECORD)
+
+
+def test_a_calibration_from_another_device_kind_gives_no_costs_until_measured():
+    pg = calibrated_playground({**RECORD, "device_kind": "cuda", "device": "NVIDIA H100"})
+    lab = tree_lab(pg)
+    assert lab.cost is None and lab.accuracy == ACC  # the accuracies hold on any device; the costs do not
+    assert "Measure costs" in lab.cost_note and curves(lab).speedup is None
+
+
+def test_a_tree_point_is_its_expected_gain_over_its_step_cost(pg):
+    lab = tree_lab(pg)
+    tree = editor_tree(pg, "[[0], [1], [0, 0]]")
+    alone, both = tree_point(lab, tree, lookup_on=False), tree_point(lab, tree, lookup_on=True)
+    assert alone.size == alone.tokens == 4 and both.tokens == 6
+    assert alone.gain == pytest.approx(1 + 0.6 + 0.2 + 0.6 * 0.5)
+    assert alone.speedup == pytest.approx(alone.gain / lab.cost.at(4))
+    assert both.gain == pytest.approx(alone.gain + lab.gain.lookup_gain_at(4)) and both.speedup == pytest.approx(both.gain / lab.cost.at(6))
+
+
+def test_the_editor_draws_the_tree_and_its_mask_without_running_the_model(pg):
+    tree = editor_tree(pg, "[[0], [1], [0, 0]]")
+    nodes = editor_nodes(tree)
+    assert [n["label"] for n in nodes] == ["root", "h1 r0", "h1 r1", "h2 r0"] and [n["parent"] for n in nodes] == [-1, 0, 0, 1]
+    z, cols, rows = editor_mask(tree)
+    assert [r[1:] for r in z] == tree.attn_mask.tolist() and all(r[0] == 1 for r in z) and len(cols) == len(rows) + 1
+
+
+def test_edits_redraw_everything_and_keep_a_valid_tree(pg):
+    from ui.lab import EDIT_OUTPUTS, LabHandlers
+
+    h = LabHandlers(pg)
+    out = outputs(EDIT_OUTPUTS, h.add_node(None, "[[0], [1]]", False))
+    assert out["lab_paths"] == "[[0], [1], [0, 0]]" == str(add_best_node([[0], [1]], ACC, num_heads=4))
+    assert "This tree: 4 tokens" in out["lab_status"]
+    for name in ("lab_cost", "lab_gain", "lab_speedup"):
+        assert any(n and n.startswith("this tree") for n in names_of(out[name])), name
+    assert any(n and n.startswith("optimum") for n in names_of(out["lab_speedup"]))
+    assert out["lab_leaf"]["choices"] == ["[1]", "[0, 0]"]
+    out = outputs(EDIT_OUTPUTS, h.remove(None, out["lab_paths"], "[0, 0]", False))
+    assert out["lab_paths"] == "[[0], [1]]"
+    grown = "[[0]]"
+    for n in range(2, 9):  # from one node, Add grows the greedy tree of each size
+        grown = outputs(EDIT_OUTPUTS, h.add_node(None, grown, False))["lab_paths"]
+        assert build_tree(editor_tree(pg, grown).choices).choices == build_tree(greedy_choices(ACC, n)[0]).choices
+    out = outputs(EDIT_OUTPUTS, h.preset(None, "chain-3", False))
+    assert out["lab_paths"] == "[[0], [0, 0], [0, 0, 0]]"
+
+
+def test_a_bad_tree_gets_the_custom_tree_box_sentence_and_leaves_the_figures(pg):
+    from ui.lab import EDIT_OUTPUTS, LabHandlers
+
+    h = LabHandlers(pg)
+    for text in ("[[0], [0, 0, 0]]", "[[0], [0]]", "not json", "", "[[0, 0, 0, 0, 0]]"):
+        with pytest.raises(Exception) as err:
+            editor_tree(pg, text)
+        out = outputs(EDIT_OUTPUTS, h.edit(None, text, True))
+        assert html.unescape(out["lab_status"]) == f"**Cannot use this tree:** {err.value}"
+        assert set(out) == set(EDIT_OUTPUTS) and all(type(out[n]).__name__ != "Figure" for n in EDIT_OUTPUTS if n != "lab_status")  # gr.skip()
+    out = outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", "[0]", True))
+    assert "has children" in out["lab_status"]
+
+
+def test_use_this_tree_fills_the_custom_tree_box(pg):
+    from ui.lab import LabHandlers
+
+    text, status = LabHandlers(pg).use("[[1],[0]]")
+    assert text == "[[0], [1]]" and "Custom tree" in status
+    assert pg.resolve_tree(pg.settings(8, 0.0, 0.09, 0.3, "", text, True)).choices == ((0,), (1,))
+
+
+def test_measure_puts_the_measured_point_beside_the_predicted_one(pg):
+    from ui.lab import MEASURE_OUTPUTS, LabHandlers
+
+    h = LabHandlers(pg)
+    out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0], [0, 0, 0]]", PROMPT, 24, True, False, None))
+    m = out["lab_state"]["measured"]
+    assert m.size == 5 and m.tokens == 5 and m.medusa.method == "medusa-greedy" and m.plain.method == "plain"
+    assert m.tokens_per_step == pytest.approx(m.medusa.result.tokens_per_step) and m.tokens_per_step > 1  # the oracle heads are right
+    assert m.speedup == pytest.approx(m.medusa.result.tokens_per_second / m.plain.result.tokens_per_second)
+    assert m.cost == pytest.approx(m.tokens_per_step / m.speedup)
+    assert m.medusa.tokens == m.plain.tokens  # Medusa greedy == plain greedy
+    for name in ("lab_cost", "lab_gain", "lab_speedup"):
+        assert "measured run" in names_of(out[name])
+    assert "tokens/step" in out["lab_status"]
+    acc = run_acceptance(m.medusa, depth=4)
+    heat = out["lab_acceptance"].data[0]
+    assert heat.text[0][0] == f"{acc.accepted[0][0]}/{acc.reached[0][0]}" and acc.accepted[0][0] > 0
+    again = outputs(MEASURE_OUTPUTS, h.measure(out["lab_state"], "[[0]]", "", 24, True, False, None))
+    assert again["lab_status"] == "**Cannot measure:** The prompt is empty; type a question or pick an example."
+
+
+def test_measure_costs_replaces_the_calibrated_curve_with_this_machines(pg, monkeypatch):
+    from ui.lab import COST_OUTPUTS, LabHandlers
+
+    monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
+    out = outputs(COST_OUTPUTS, LabHandlers(pg).measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
+    lab = out["lab_state"]["lab"]
+    assert lab.cost.source == "measured" and lab.cost.sizes == (1, 2, 4, 8) and "measured on this machine" in out["lab_note"]
+    assert "measured (" in names_of(out["lab_cost"])[0]
+
+
+def _fast_costs(model, sizes, *, repeats, progress):
+    from medusa_lib.core.lab import step_costs
+
+    return step_costs(model, (1, 2, 4, 8), prefix=16, repeats=1, progress=progress)  # the page asks for every size; a few keep the test fast
+
+
+def test_the_comparisons_last_run_fills_the_acceptance_heatmap(pg):
+    from ui.handlers import Handlers
+    from ui.lab import LabHandlers
+
+    frames = list(Handlers(pg).run(PROMPT, 16, 0.0, 0.09, 0.3, "calibrated-4", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    records = frames[-1][8]  # RUN_OUTPUTS' "session"
+    fig = LabHandlers(pg).last_run(None, records)
+    acc = run_acceptance(records["medusa-greedy"], depth=4)
+    assert "Medusa greedy" in fig.layout.title.text and fig.data[0].text[0][0] == f"{acc.accepted[0][0]}/{acc.reached[0][0]}"
+    assert [list(r[:4]) for r in fig.data[1].z] == ACC  # the calibrated accuracies beside it
+
+
+def test_heads_without_a_calibration_say_so_and_the_editor_still_works():
+    from ui.lab import EDIT_OUTPUTS, LabHandlers
+
+    pg = tiny_playground(oracle=False)
+    h = LabHandlers(pg)
+    assert h.base.accuracy is None and h.base.cost is None
+    out = outputs(EDIT_OUTPUTS, h.edit(None, "[[0], [0, 0]]", True))
+    assert "3 tokens" in out["lab_status"] and out["lab_tree"].data
+    assert "no calibrated accuracies" in outputs(EDIT_OUTPUTS, h.add_node(None, "[[0]]", True))["lab_status"]
+
+
+def test_the_page_has_the_lab_tab_and_still_offers_only_compare():
+    from gradio_client import Client
+
+    from conftest import launch
+
+    demo, url = launch(calibrated_playground())
+    try:
+        client = Client(url, verbose=False)
+        assert list(client.view_api(print_info=False, return_format="dict")["named_endpoints"]) == ["/compare"]
+        ids = {c.get("props", {}).get("elem_id") for c in client.config["components"]}
+        assert {"lab-tab", "lab-cost", "lab-gain", "lab-speedup", "lab-paths", "lab-add", "lab-remove", "lab-use", "lab-measure", "lab-acceptance"} <= ids
+    finally:
+        demo.close()
