@@ -109,3 +109,35 @@ def test_stop_cancels_a_live_run(page):
     assert page.get_attribute("#out-typical .method-col", "data-state") == "waiting"
     assert page.get_attribute("#out-plain .method-col", "data-state") == "stopped"  # not "running..." forever
     assert "stopped" in page.inner_text("#out-plain .method-state").lower()
+
+
+LAB_SCREENSHOT = ROOT / "assets" / "tree-lab.png"
+
+
+def test_tree_lab_edit_measure_and_use(page):
+    if not page.input_value("#prompt textarea").strip():  # run alone: the other tests filled it from an example
+        page.fill("#prompt textarea", "Why is the sky blue? Answer in two sentences.")
+    page.get_by_role("tab", name="Tree lab").click()
+    for plot in ("#lab-cost", "#lab-gain", "#lab-speedup", "#lab-tree", "#lab-mask"):
+        page.wait_for_selector(f"{plot} .js-plotly-plot .main-svg", timeout=30_000)
+    assert page.locator("#lab-speedup .legendtext", has_text="optimum").count() >= 1  # the shipped heads' calibration is a CPU one
+    before = page.input_value("#lab-paths textarea")
+    nodes = page.locator("#lab-tree .textpoint").count()
+    page.click("#lab-add")
+    page.wait_for_function(f"document.querySelector('#lab-paths textarea').value !== {before!r}", timeout=30_000)
+    page.wait_for_function(f"document.querySelectorAll('#lab-tree .textpoint').length === {nodes + 1}", timeout=30_000)
+    assert "This tree:" in page.inner_text("#lab-status")
+    page.click("#lab-measure")
+    page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Measured on this prompt')", timeout=300_000)
+    for plot in ("#lab-gain", "#lab-speedup"):
+        assert page.locator(f"{plot} .legendtext", has_text="measured run").count() == 1
+    page.wait_for_selector("#lab-acceptance .js-plotly-plot .heatmaplayer, #lab-acceptance .js-plotly-plot image", timeout=30_000)
+    assert "the Measure run" in page.inner_text("#lab-acceptance")
+    page.wait_for_timeout(1000)  # let plotly finish its transitions
+    page.screenshot(path=str(LAB_SCREENSHOT), full_page=True)
+    assert LAB_SCREENSHOT.stat().st_size > 50_000
+    edited = page.input_value("#lab-paths textarea")
+    page.click("#lab-use")
+    page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Custom tree')", timeout=30_000)
+    page.get_by_role("tab", name="Playground").click()
+    assert page.input_value("#custom-tree textarea") == edited

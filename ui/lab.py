@@ -63,9 +63,9 @@ def cost_figure(c: Curves, point: TreePoint | None = None, measured: Measured | 
         _point(fig, point.tokens, point.cost, name=f"this tree ({point.tokens} tokens)", color=CURRENT, symbol="star")
     if measured is not None:
         _point(fig, measured.tokens, measured.cost, name="measured run", color=MEASURED, symbol="diamond")
-    fig.update_xaxes(title_text="tokens verified per step (root and lookup branch included)", rangemode="tozero")
+    fig.update_xaxes(title_text="tokens verified per step (with lookup)", rangemode="tozero")
     fig.update_yaxes(title_text="\u00d7 a plain step", rangemode="tozero")
-    return _layout(fig, title=title, height=360, legend=dict(orientation="h", y=-0.3, x=0))
+    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
 
 
 def gain_figure(c: Curves, point: TreePoint | None = None, measured: Measured | None = None, *, note: str = "") -> go.Figure:
@@ -86,9 +86,9 @@ def gain_figure(c: Curves, point: TreePoint | None = None, measured: Measured | 
         _point(fig, point.size, point.gain, name="this tree (expected)", color=CURRENT, symbol="star")
     if measured is not None:
         _point(fig, measured.size, measured.tokens_per_step, name="measured run", color=MEASURED, symbol="diamond")
-    fig.update_xaxes(title_text="tree size (tokens, root included)", rangemode="tozero")
+    fig.update_xaxes(title_text="tree size (tokens with the root)", rangemode="tozero")
     fig.update_yaxes(title_text="tokens per step", rangemode="tozero")
-    return _layout(fig, title=title, height=360, legend=dict(orientation="h", y=-0.3, x=0))
+    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
 
 
 def speedup_figure(c: Curves, point: TreePoint | None = None, measured: Measured | None = None, *, note: str = "") -> go.Figure:
@@ -98,19 +98,19 @@ def speedup_figure(c: Curves, point: TreePoint | None = None, measured: Measured
         return empty_figure(note or "The speed-up needs both curves.", title=title, height=360)
     fig = go.Figure(go.Scatter(x=list(c.sizes), y=list(c.speedup), mode="lines", name="heads only", line=dict(color=HEADS_ONLY, width=3)))
     i = c.sizes.index(c.optimum)
-    _point(fig, c.optimum, c.speedup[i], name=f"optimum, heads only: {c.optimum} tokens", color=OPTIMUM, symbol="circle", text=f"{c.speedup[i]:.2f}\u00d7")
+    _point(fig, c.optimum, c.speedup[i], name=f"optimum, heads only: {c.optimum} tokens, {c.speedup[i]:.2f}\u00d7", color=OPTIMUM, symbol="circle")
     if c.speedup_lookup is not None:
         fig.add_trace(go.Scatter(x=list(c.sizes), y=list(c.speedup_lookup), mode="lines", name=f"with lookup-{c.lookup}", line=dict(color=WITH_LOOKUP, width=2, dash="dash")))
         j = c.sizes.index(c.optimum_lookup)
-        _point(fig, c.optimum_lookup, c.speedup_lookup[j], name=f"optimum with lookup: {c.optimum_lookup} tokens", color=OPTIMUM, symbol="triangle-up", text=f"{c.speedup_lookup[j]:.2f}\u00d7")
+        _point(fig, c.optimum_lookup, c.speedup_lookup[j], name=f"optimum with lookup: {c.optimum_lookup} tokens, {c.speedup_lookup[j]:.2f}\u00d7", color=OPTIMUM, symbol="triangle-up")
     if point is not None:
         _point(fig, point.size, point.speedup, name="this tree (predicted)", color=CURRENT, symbol="star")
     if measured is not None:
         _point(fig, measured.size, measured.speedup, name="measured run", color=MEASURED, symbol="diamond")
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot"))
-    fig.update_xaxes(title_text="tree size (tokens, root included)", rangemode="tozero")
+    fig.update_xaxes(title_text="tree size (tokens with the root)", rangemode="tozero")
     fig.update_yaxes(title_text="\u00d7 plain decoding", rangemode="tozero")
-    return _layout(fig, title=title, height=360, legend=dict(orientation="h", y=-0.3, x=0))
+    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
 
 
 def acceptance_figure(lab: TreeLab, record=None, *, title: str = "Per-head acceptance") -> go.Figure:
@@ -261,12 +261,13 @@ def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, ma
     first = h.draw(None, start, pg.defaults.lookup_on)
     gr.Markdown("## Tree lab: why a tree is fast on this device\nSpeed-up = tokens per step (gain) / what one tree step costs against a plain step (cost). "
                 "Edit a tree below: its point moves on the three curves at once, without running the model.", elem_id="lab-title")
-    c["lab_note"] = gr.Markdown(" ".join(n for n in (h.base.cost_note, h.base.gain_note) if n), elem_id="lab-note")
+    with gr.Row(equal_height=True):
+        c["lab_note"] = gr.Markdown(" ".join(n for n in (h.base.cost_note, h.base.gain_note) if n), elem_id="lab-note")
+        costs_btn = gr.Button("Measure costs on this machine", variant="secondary", elem_id="lab-measure-costs", scale=0, min_width=260)
     with gr.Row(equal_height=False):
         c["lab_cost"] = gr.Plot(first["lab_cost"], show_label=False, elem_id="lab-cost")
         c["lab_gain"] = gr.Plot(first["lab_gain"], show_label=False, elem_id="lab-gain")
         c["lab_speedup"] = gr.Plot(first["lab_speedup"], show_label=False, elem_id="lab-speedup")
-    costs_btn = gr.Button("Measure costs on this machine", variant="secondary", elem_id="lab-measure-costs")
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             preset = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Start from a preset", elem_id="lab-preset")
