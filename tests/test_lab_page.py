@@ -108,6 +108,7 @@ def test_a_bad_tree_gets_the_custom_tree_box_sentence_and_leaves_the_figures(pg)
         assert set(out) == set(EDIT_OUTPUTS) and all(type(out[n]).__name__ != "Figure" for n in EDIT_OUTPUTS if n != "lab_status")  # gr.skip()
     out = outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", "[0]", True))
     assert "has children" in out["lab_status"]
+    assert outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", None, True))["lab_status"] == "**Cannot remove it:** Pick a leaf to remove from the list."
 
 
 def test_use_this_tree_fills_the_custom_tree_box(pg):

@@ -206,9 +206,11 @@ class LabHandlers:
     def remove(self, state, text, leaf, lookup_on) -> tuple:
         try:
             tree = editor_tree(self.pg, text)
-            if not leaf:
-                raise ValueError("Pick a leaf to remove.")
-            text = choices_text(remove_leaf(tree.choices, [int(r) for r in str(leaf).strip("[] ").split(",")]))
+            try:
+                node = [int(r) for r in str(leaf or "").strip("[] ").split(",")]
+            except ValueError:
+                raise ValueError("Pick a leaf to remove from the list.") from None
+            text = choices_text(remove_leaf(tree.choices, node))
         except ValueError as e:
             return pack(EDIT_OUTPUTS, lab_status=f"**Cannot remove it:** {html.escape(str(e), quote=False)}")
         except Exception as e:
