@@ -68,8 +68,11 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
         medusa = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
         # as shipped: with the lookup branch the heads were calibrated with (the default heads: 4 tokens)
         shipped = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0))
+        # the static path (fixed-shape steps over a StaticCache, the GPU default): the same tokens
+        static = [run_method(model, ids, method=m, heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0, cache="static")) for m in ("plain", "medusa-greedy")]
         gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         assert medusa.tokens == shipped.tokens == plain.tokens == gen, p["id"]
+        assert static[0].tokens == static[1].tokens == gen and static[1].engine == "static", p["id"]
         steps += shipped.decode_steps
         tokens += shipped.decode_tokens
     # trained heads (+ the lookup branch, as shipped) accept guesses often; the plain heads' default is a 4-node tree

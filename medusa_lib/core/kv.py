@@ -320,10 +320,10 @@ def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "
     elif capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
         note = "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
         capture = "none"
-    if note:
-        say(note)
     if capture == "none":
-        return Engine(cache, None, note or describe_engine(cache, "none"))
+        description = note or describe_engine(cache, "none")
+        say(note or f"Engine: {description}.")
+        return Engine(cache, None, description)
     say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({t.num_nodes for t in trees}))} tokens)...")
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
