@@ -27,6 +27,7 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     assert set(trees) == {"calibrated-2", "calibrated-4"} and [len(trees[n]) for n in ("calibrated-2", "calibrated-4")] == [2, 4]
     assert cfg["default_tree"] in trees and cfg["lookup"] == 3 == cfg["calibration"]["lookup"]
     assert cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads" and cfg["calibration"]["device_kind"] == "cpu"
+    assert cfg["calibration"]["engine"] == "dynamic KV cache (eager)"  # timed on the engine the playground runs on a CPU
     assert cfg["calibration"]["default_tree"] == cfg["default_tree"] and "calibrations" not in cfg  # the first calibration: the top level
     assert not list((tmp_path / "heads").glob("*.tmp"))
     rows = cfg["calibration"]["trees"]
@@ -185,7 +186,7 @@ def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypat
     rates = {("plain", 1): 10.0, ("plain", 2): 40.0, ("tree", 1): 30.0, ("tree", 2): 60.0}
 
     class FakeDecoder:
-        def __init__(self, model, *, method, config, heads=None, tree=None):
+        def __init__(self, model, *, method, config, heads=None, tree=None, static_kv=None):
             self.name = "plain" if method == "plain" else "tree"
 
         def run(self, ids):

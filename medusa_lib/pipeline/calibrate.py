@@ -38,9 +38,11 @@ import torch
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.defaults import KIND_NAMES, record_kind
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
+from ..core.kv import Engine, prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
+from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
-from ..core.tree import TOPK, build_tree, greedy_choices
+from ..core.tree import TOPK, TreeBuffers, build_tree, greedy_choices, root_only_tree, with_lookup
 from .cli import add_model_arguments
 from .distill import generate_answers
 from .jsonl import load_jsonl
@@ -163,14 +165,17 @@ def walked_tokens_per_step(accepts: dict[str, list[torch.Tensor]]) -> dict[str, 
     return out
 
 
-def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1, lookup: int = 0) -> dict:
+def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1, lookup: int = 0, engine: Engine | None = None) -> dict:
     """Per decoder (plain and each tree): median tokens/s, mean tokens/step, and ``speedup``, the
     median over runs of its tokens/s over plain's on the same prompt in the same round. The pairing
     keeps out what differs between prompts (answer length, how predictable) and slow drifts of a
-    shared machine, which a ratio of medians over different prompts keeps in."""
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup)
-    decoders = {"plain": Decoder(model, method="plain", config=cfg)}
-    decoders.update({name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg) for name, t in trees.items()})
+    shared machine, which a ratio of medians over different prompts keeps in. ``engine``: the
+    cache and captured steps the playground runs on this device (``prepare_engine``), so the
+    trees are timed as they will run."""
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup, cache=engine.cache if engine else "dynamic")
+    shared = engine.static_kv if engine else None
+    decoders = {"plain": Decoder(model, method="plain", config=cfg, static_kv=shared)}
+    decoders.update({name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared) for name, t in trees.items()})
     decoders["plain"].run(prompt_ids[0][:16])  # warm-up
     rates: dict[str, list[float]] = {n: [] for n in decoders}
     tps: dict[str, list[float]] = {n: [] for n in decoders}
@@ -224,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each speed prompt per tree (median over all)")
     ap.add_argument("--tie", type=float, default=0.02, help="trees within this fraction of the fastest count as a tie; the smallest of them is the default")
     ap.add_argument("--write", action="store_true", help="write trees.json and the default tree beside the heads")
+    ap.add_argument("--cache", default="auto", choices=["auto", "dynamic", "static"], help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, dynamic on a CPU)")
+    ap.add_argument("--capture", default="auto", choices=["auto", "none", "compile", "cuda-graph"], help="with the static cache, the capture (auto: CUDA graphs on CUDA); every tree size is captured before timing")
     args = ap.parse_args(argv)
 
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
@@ -252,10 +259,18 @@ def main(argv: list[str] | None = None) -> None:
     chains = [lookup_accepts(seq, start, args.lookup) for seq, start, _ in states] if args.lookup else []
     simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
-    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats, lookup=args.lookup)
+    device = input_device(model)
+    where = {"device": device, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
+    steps = [root_only_tree()] + [with_lookup(t, args.lookup) for t in built.values()]  # every step shape the timed runs use
+    try:
+        engine = prepare_engine(model, [TreeBuffers.build(t, **where) for t in steps], cache=args.cache, capture=args.capture,
+                                max_len=max(map(len, speed_ids)) + args.max_new_tokens + max(t.num_nodes for t in steps), say=print)
+    except InputError as e:
+        raise SystemExit(str(e)) from None
+    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats, lookup=args.lookup, engine=engine)
     plain = results["plain"]["tok_s"]
-    with_lookup = f" + lookup-{args.lookup}" if args.lookup else ""
-    print(f"\ntrees{with_lookup}; expected and heads-only: the heads' tree alone; simulated and measured: as decoded")
+    branch = f" + lookup-{args.lookup}" if args.lookup else ""
+    print(f"\ntrees{branch}; expected and heads-only: the heads' tree alone; simulated and measured: as decoded")
     print(f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
     print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>12.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
     for name, t in built.items():
@@ -266,7 +281,6 @@ def main(argv: list[str] | None = None) -> None:
     best = pick_default({n: results[n]["speedup"] for n in built}, {n: t.num_nodes for n, t in built.items()}, args.tie)
     print(f"\nfastest on this device: {fastest}; default (smallest tree within {args.tie:.0%} of it): {best}")
     if args.write:
-        device = input_device(model)
         record = {
             "default_tree": best,
             "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
@@ -281,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
             "dtype": str(next(model.parameters()).dtype),
             "device": device_label(device),
             "device_kind": device.type,
+            "engine": engine.description,
         }
         write_calibration(Path(args.heads), record, trees)
 
