@@ -258,3 +258,48 @@ def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_
     engine = prepare_engine(model, [], cache="static", capture="compile", max_len=64, say=said.append)
     assert (engine.cache, engine.static_kv) == ("static", None) and engine.description == said[0]
     assert said == ["torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."]
+
+
+def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad_it(llama):
+    """A static step pads a short n-gram match with guesses; accepted guesses are the heads'
+    (or the base model's) tokens, not the context's, so they do not count as lookup tokens."""
+    from medusa_lib.core.decoding import Proposal, Verdict
+
+    tree = build_tree(chain_choices(2))
+    dec = Decoder(llama, method="medusa-greedy", heads=random_heads(4, shared=True), tree=tree, config=DecodeConfig(cache="static", lookup=3))
+    bufs = dec.lookup_trees[3]
+    L = tree.num_nodes  # the branch's nodes are L, L + 1, L + 2
+    tokens = torch.arange(5, 5 + bufs.num_nodes)
+    for matched, expected in [(0, 0), (1, 1), (2, 2), (3, 3)]:
+        verdict = Verdict(best=bufs.cpu.retrieve_indices.shape[0] - 1, accept_length=3, nodes=torch.tensor([0, L, L + 1, L + 2]), bonus=torch.tensor(9))
+        step = dec._decode_step(1, [6, 7, 8, 9], None, Proposal(bufs, tokens, 3, matched), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0))
+        assert step.lookup_accepted == expected and step.accept_length == 3
+
+
+def test_with_cuda_graphs_a_run_first_records_the_step_shapes_not_captured_yet(monkeypatch):
+    """The page's other trees: their shapes are recorded before the timed runs (never while another
+    run holds the shared cache), so no column runs eagerly beside captured ones. The recording
+    itself needs a GPU; here the StaticKV says it captures CUDA graphs and warm_up is watched."""
+    from conftest import PROMPT as TEXT
+    from conftest import tiny_playground
+
+    from medusa_lib.present import Settings
+
+    pg = tiny_playground(static=True)
+    kv = pg.static_kv
+    kv.capture, kv.captured = "cuda-graph", {1}  # as if recorded at load for the one-token step only
+    recorded = []
+    monkeypatch.setattr(kv, "warm_up", lambda trees: recorded.append(sorted(t.num_nodes for t in trees)) or kv.captured.update(t.num_nodes for t in trees))
+    settings = Settings(max_new_tokens=8, tree="chain-2", lookup=3, temperature=0.0)
+    ids, decoders = pg.prepare(TEXT, settings)
+    pg.warmup(ids, decoders.values())
+    assert recorded == [[3 + 3]]  # chain-2 + its lookup branch of 3; the one-token step was there
+    pg.warmup(ids, decoders.values())
+    assert recorded == [[6]]  # captured once
+    kv.captured = {1}
+    assert kv.claim()  # another run holds the cache: nothing is recorded now
+    try:
+        pg.warmup(ids, decoders.values())
+    finally:
+        kv.release()
+    assert recorded == [[6]]

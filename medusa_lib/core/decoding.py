@@ -46,6 +46,7 @@ from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
+
 from .heads import MedusaHeads
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
@@ -307,6 +308,7 @@ class Proposal(NamedTuple):
     buffers: TreeBuffers  # the tree (the full one, one with a lookup branch, or the root alone)
     tokens: torch.Tensor  # [L] token id of each tree node, on the input device
     lookup: int  # trailing nodes that came from the lookup branch (0: none)
+    matched: int = 0  # of those, the first ``matched`` hold the context's n-gram match (the rest: guesses, static steps only)
 
 
 class Verdict(NamedTuple):
@@ -397,8 +399,9 @@ class Decoder:
         return cut, None
 
     def _open_kv(self, prompt_len: int) -> DynamicKV | StaticKV:
-        """This run's cache: the shared captured StaticKV when it is free and holds the run, else a
-        fresh one of the run's own (a static one sized for prompt + new tokens + the largest step)."""
+        """This run's cache: the shared captured StaticKV when it is free and holds the run, else one
+        of the run's own: a static one sized for prompt + new tokens + the largest step (on a GPU a
+        dynamic one: eager static steps cost more there than dynamic ones)."""
         if not self.static:
             return DynamicKV(self.model)
         need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(b.num_nodes for b in self.step_trees)
@@ -406,6 +409,8 @@ class Decoder:
         if shared is not None and shared.max_len >= need and shared.claim():
             shared.start()
             return shared
+        if self.device.type == "cuda":  # uncaptured static steps are slower than dynamic ones on a GPU (GPU.md); exact either way
+            return DynamicKV(self.model)
         return StaticKV(self.model, max_len=need)
 
     def _generator(self) -> torch.Generator | None:
@@ -486,11 +491,11 @@ class Decoder:
             return Proposal(self.root_tree, root.view(1).to(dev), 0)
         if cfg.lookup and self.static:  # a fixed shape: the branch is always there, guessed where the context has no match
             chain = ngram_proposal(history[:seq_len], length=cfg.lookup).to(dev)
-            return Proposal(self.lookup_trees[cfg.lookup], torch.cat([drafted.to(dev), self._fill_chain(chain, drafted.to(dev), root.to(dev))]), cfg.lookup)
+            return Proposal(self.lookup_trees[cfg.lookup], torch.cat([drafted.to(dev), self._fill_chain(chain, drafted.to(dev), root.to(dev))]), cfg.lookup, chain.numel())
         if cfg.lookup:
             chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]  # the chain's last node must fit in the context too
             if chain.numel():
-                return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel())
+                return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel(), chain.numel())
         return Proposal(self.tree, drafted.to(dev), 0)
 
     def _fill_chain(self, chain: torch.Tensor, drafted: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
@@ -568,7 +573,8 @@ class Decoder:
             t4 - t0,
             MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
             accept_length=min(verdict.accept_length, len(new) - 1) if new else 0,  # the cut may drop accepted candidates
-            lookup_accepted=min(int((verdict.nodes[1:] >= lookup_start).sum()), len(new) - 1) if proposal.lookup and new else 0,
+            # only nodes that hold the context's match count as lookup tokens (a static step's guesses do not)
+            lookup_accepted=min(int(((verdict.nodes[1:] >= lookup_start) & (verdict.nodes[1:] < lookup_start + proposal.matched)).sum()), len(new) - 1) if proposal.matched and new else 0,
             tree=proposal.buffers.cpu if detail else None,
             tree_tokens=proposal.tokens if detail else None,
             best_path=verdict.best if detail else None,

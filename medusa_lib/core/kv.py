@@ -45,6 +45,7 @@ from .model import body_and_lm_head, input_device
 from .packing import is_prepacked
 from .tree import TreeBuffers
 
+
 class EngineError(InputError):
     """An engine setting that cannot run. One sentence that says what to change."""
 
@@ -329,10 +330,11 @@ def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "
         kv = StaticKV(model, max_len=max_len, capture=capture)
         kv.warm_up(trees)
     except Exception as e:  # a model or platform the capture cannot handle: eager static steps, said once
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        note = f"The {capture} capture failed ({type(e).__name__}: {first}); runs use the static cache eagerly."
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
+        cache = "dynamic" if dev.type == "cuda" else "static"  # on a GPU eager static steps cost more than dynamic ones
+        note = f"The {capture} capture failed ({type(e).__name__}: {first}), so runs use the {cache} cache eagerly."
         say(note)
-        return Engine("static", None, note)
+        return Engine(cache, None, note)
     description = describe_engine("static", capture, shapes=len(kv.captured), seconds=kv.capture_seconds)
     say(f"Engine: {description}.")
     return Engine("static", kv, description)

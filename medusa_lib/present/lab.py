@@ -47,7 +47,7 @@ class TreeLab:
         if self.cost.source == "calibration":
             return (f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, from its measured trees); "
                     "press Measure costs to time each size on this machine.")
-        return (f"Step costs measured on this machine ({self.cost.device or self.device}): the median verify forward of each size, which leaves out "
+        return (f"Step costs measured on this machine ({self.cost.device or self.device}): the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), which leaves out "
                 "the heads' draft and the acceptance a real step adds, so they read lower than a calibration's.")
 
     @property

@@ -19,6 +19,7 @@ import gc
 import json
 import math
 import os
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,15 +28,38 @@ import torch
 
 from ..core.decoding import Decoder, _sync, model_info, sampling_probs
 from ..core.defaults import heads_defaults
-from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
+from ..core.heads import (
+    HeadsConfig,
+    HeadsError,
+    MedusaHeads,
+    hidden_size_of,
+    load_heads,
+)
 from ..core.kv import StaticKV, describe_engine, prepare_engine
 from ..core.lookup import MAX_LOOKUP
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
-from ..core.tree import MedusaTree, TreeBuffers, build_tree, get_tree, parse_choices, preset_names, root_only_tree, with_lookup
+from ..core.tree import (
+    MedusaTree,
+    TreeBuffers,
+    build_tree,
+    get_tree,
+    parse_choices,
+    preset_names,
+    root_only_tree,
+    with_lookup,
+)
 from .page import LABELS, GreedyCheck, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import DECODER_METHOD, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Settings
+from .settings import (
+    DECODER_METHOD,
+    MAX_NEW_TOKENS_LIMIT,
+    MAX_PROMPT_CHARS,
+    MAX_TREE_CHARS,
+    MAX_TREE_NODES,
+    PlaygroundError,
+    Settings,
+)
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -138,11 +162,15 @@ def _short_path(path: Path) -> str:
         return str(path)
 
 
+SHARED_PROMPT_TOKENS = 2048  # prompts the shared static cache holds; a longer prompt's run gets a cache of its own
+
+
 def _static_length(model, max_prompt_tokens: int | None, max_new_tokens_limit: int) -> int:
     """Slots of the shared static cache: the longest prompt this server takes plus the most new
     tokens, within the context, plus the widest step (a longer run gets a cache of its own)."""
     limit = model_info(model).context_limit
-    return min(limit, (max_prompt_tokens or limit) + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
+    prompt = min(max_prompt_tokens or limit, SHARED_PROMPT_TOKENS)  # every step attends over the whole static length: keep it modest
+    return min(limit, prompt + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
 
 
 def engine_trees(model, heads: MedusaHeads) -> list[TreeBuffers]:
@@ -378,8 +406,19 @@ class Playground:
 
     # ------------------------------------------------------------------ running
     def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder]) -> None:
-        """Run each method for two tokens once per numerics, so the first timed run pays no one-off costs."""
+        """Run each method for two tokens once per numerics, so the first timed run pays no one-off
+        costs; with CUDA graphs, first record the step shapes of these decoders not captured yet
+        (milliseconds each, before any timed run), so no column runs eagerly beside captured ones."""
         decoders = list(decoders)
+        kv = self.static_kv
+        if kv is not None and kv.capture == "cuda-graph":
+            sizes = {b.num_nodes: b for d in decoders if d.static_kv is kv for b in d.step_trees}
+            missing = [b for n, b in sizes.items() if n not in kv.captured]
+            if missing and kv.claim():  # never while another run holds it
+                try:
+                    kv.warm_up(missing)
+                finally:
+                    kv.release()
         numerics = _dtype_name(decoders[0].model)
         if numerics in self._warm:
             return
@@ -393,13 +432,14 @@ class Playground:
         record = RunRecord(view, tuple(ids))
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
-        for step in decoder.steps(ids):
-            elapsed += step.seconds
-            pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
-            shown_step = StepView(step, pieces, elapsed, len(ids) + committed - 1)
-            committed += len(step.tokens)
-            record = replace(record, views=record.views + (shown_step,))
-            yield Event("step", view, record)
+        with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
+            for step in steps:
+                elapsed += step.seconds
+                pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
+                shown_step = StepView(step, pieces, elapsed, len(ids) + committed - 1)
+                committed += len(step.tokens)
+                record = replace(record, views=record.views + (shown_step,))
+                yield Event("step", view, record)
         record = replace(record, done=True)
         yield Event("end", view, record)
 
