@@ -43,6 +43,18 @@ MEASURE_OUTPUTS = [*EDIT_OUTPUTS, "lab_acceptance", "lab_state"]
 COST_OUTPUTS = ["lab_note", "lab_cost", "lab_gain", "lab_speedup", "lab_state"]
 
 
+def _curve_layout(fig: go.Figure, *, title: str, x_title: str, y_title: str, this: tuple | None, measured: tuple | None, this_name: str) -> go.Figure:
+    """The three curves' common end: this tree's point (a star) and the measured run's (a diamond)
+    as (x, y) or None, the axes from zero, the legend under the plot."""
+    if this is not None:
+        _point(fig, *this, name=this_name, color=CURRENT, symbol="star")
+    if measured is not None:
+        _point(fig, *measured, name="measured run", color=MEASURED, symbol="diamond")
+    fig.update_xaxes(title_text=x_title, rangemode="tozero")
+    fig.update_yaxes(title_text=y_title, rangemode="tozero")
+    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
+
+
 def _point(fig: go.Figure, x, y, *, name: str, color: str, symbol: str, text: str = "") -> None:
     if x is None or y is None:
         return
@@ -59,13 +71,9 @@ def cost_figure(c: Curves, point: TreePoint | None = None, measured: Measured | 
     fig.add_trace(go.Scatter(x=list(c.cost.sizes), y=list(c.cost.measured), mode="markers", name=f"{c.cost.source} ({html.escape(c.cost.device)})",
                              marker=dict(color="#8A8A8A", size=7)))
     fig.add_trace(go.Scatter(x=list(c.cost.sizes), y=list(c.cost.fitted), mode="lines", name="non-decreasing fit", line=dict(color=HEADS_ONLY, width=3)))
-    if point is not None:
-        _point(fig, point.tokens, point.cost, name=f"this tree ({point.tokens} tokens)", color=CURRENT, symbol="star")
-    if measured is not None:
-        _point(fig, measured.tokens, measured.cost, name="measured run", color=MEASURED, symbol="diamond")
-    fig.update_xaxes(title_text="tokens verified per step (with lookup)", rangemode="tozero")
-    fig.update_yaxes(title_text="\u00d7 a plain step", rangemode="tozero")
-    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
+    return _curve_layout(fig, title=title, x_title="tokens verified per step (with lookup)", y_title="\u00d7 a plain step",
+                         this=point and (point.tokens, point.cost), measured=measured and (measured.tokens, measured.cost),
+                         this_name=f"this tree ({point.tokens} tokens)" if point else "")
 
 
 def gain_figure(c: Curves, point: TreePoint | None = None, measured: Measured | None = None, *, note: str = "") -> go.Figure:
@@ -82,13 +90,8 @@ def gain_figure(c: Curves, point: TreePoint | None = None, measured: Measured | 
     if g.lookup_gain is not None:
         fig.add_trace(go.Scatter(x=list(g.sizes), y=[e + x for e, x in zip(g.expected, g.lookup_gain)], mode="lines", name=f"expected + lookup-{c.lookup}'s simulated gain",
                                  line=dict(color=WITH_LOOKUP, width=2, dash="dash")))
-    if point is not None:
-        _point(fig, point.size, point.gain, name="this tree (expected)", color=CURRENT, symbol="star")
-    if measured is not None:
-        _point(fig, measured.size, measured.tokens_per_step, name="measured run", color=MEASURED, symbol="diamond")
-    fig.update_xaxes(title_text="tree size (tokens with the root)", rangemode="tozero")
-    fig.update_yaxes(title_text="tokens per step", rangemode="tozero")
-    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
+    return _curve_layout(fig, title=title, x_title="tree size (tokens with the root)", y_title="tokens per step",
+                         this=point and (point.size, point.gain), measured=measured and (measured.size, measured.tokens_per_step), this_name="this tree (expected)")
 
 
 def speedup_figure(c: Curves, point: TreePoint | None = None, measured: Measured | None = None, *, note: str = "") -> go.Figure:
@@ -103,14 +106,9 @@ def speedup_figure(c: Curves, point: TreePoint | None = None, measured: Measured
         fig.add_trace(go.Scatter(x=list(c.sizes), y=list(c.speedup_lookup), mode="lines", name=f"with lookup-{c.lookup}", line=dict(color=WITH_LOOKUP, width=2, dash="dash")))
         j = c.sizes.index(c.optimum_lookup)
         _point(fig, c.optimum_lookup, c.speedup_lookup[j], name=f"optimum with lookup: {c.optimum_lookup} tokens, {c.speedup_lookup[j]:.2f}\u00d7", color=OPTIMUM, symbol="triangle-up")
-    if point is not None:
-        _point(fig, point.size, point.speedup, name="this tree (predicted)", color=CURRENT, symbol="star")
-    if measured is not None:
-        _point(fig, measured.size, measured.speedup, name="measured run", color=MEASURED, symbol="diamond")
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot"))
-    fig.update_xaxes(title_text="tree size (tokens with the root)", rangemode="tozero")
-    fig.update_yaxes(title_text="\u00d7 plain decoding", rangemode="tozero")
-    return _layout(fig, title=title, height=430, legend=dict(orientation="h", y=-0.27, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
+    return _curve_layout(fig, title=title, x_title="tree size (tokens with the root)", y_title="\u00d7 plain decoding",
+                         this=point and (point.size, point.speedup), measured=measured and (measured.size, measured.speedup), this_name="this tree (predicted)")
 
 
 def acceptance_figure(lab: TreeLab, record=None, *, title: str = "Per-head acceptance") -> go.Figure:
