@@ -13,21 +13,23 @@ import gradio as gr
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from medusa_lib.core.lab import add_best_node, leaves, remove_leaf
-from medusa_lib.core.tree import preset_choices
 from medusa_lib.present import LABELS, Playground
 from medusa_lib.present.lab import (
     Curves,
     Measured,
     TreeLab,
     TreePoint,
+    add_best_node,
     choices_text,
     curves,
     editor_mask,
     editor_nodes,
     editor_tree,
+    leaves,
     measure_costs,
     measure_tree,
+    preset_choices,
+    remove_leaf,
     run_acceptance,
     tree_lab,
     tree_point,

@@ -12,9 +12,30 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..core.defaults import KIND_NAMES, device_kind, record_kind
-from ..core.lab import MAX_SIZE, SIZES, CostCurve, GainCurve, HeadAcceptance, gain_curve, head_acceptance, predicted_speedup, recorded_costs, speedup_curve, step_costs
+from ..core.lab import (
+    MAX_SIZE,
+    SIZES,
+    CostCurve,
+    GainCurve,
+    HeadAcceptance,
+    add_best_node,
+    gain_curve,
+    head_acceptance,
+    leaves,
+    predicted_speedup,
+    recorded_costs,
+    remove_leaf,
+    speedup_curve,
+    step_costs,
+)
 from ..core.model import device_label, device_name, input_device
-from ..core.tree import TOPK, MedusaTree, expected_tokens_per_step, validate_choices
+from ..core.tree import (
+    TOPK,
+    MedusaTree,
+    expected_tokens_per_step,
+    preset_choices,
+    validate_choices,
+)
 from .inspector import tree_layout
 from .records import RunRecord
 from .settings import PlaygroundError, Settings
@@ -190,5 +211,5 @@ def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -
     return head_acceptance((v.step for v in record.views), depth=depth, ranks=ranks)
 
 
-__all__ = ["MAX_SIZE", "Curves", "Measured", "TreeLab", "TreePoint", "choices_text", "curves", "editor_mask", "editor_nodes", "editor_tree",
+__all__ = ["MAX_SIZE", "add_best_node", "leaves", "preset_choices", "remove_leaf", "Curves", "Measured", "TreeLab", "TreePoint", "choices_text", "curves", "editor_mask", "editor_nodes", "editor_tree",
            "measure_costs", "measure_tree", "node_label", "run_acceptance", "tree_lab", "tree_point"]
