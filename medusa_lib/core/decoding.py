@@ -325,7 +325,7 @@ class Decoder:
 
     All run state (KV cache, sampler) is created inside ``steps``: two runs never share a cache.
     With ``config.cache == "static"`` a run takes ``static_kv`` (a StaticKV built and captured at
-    load, shared by runs one at a time) when it is free and large enough, else a fresh eager one.
+    load, shared by runs one at a time) when it is free and large enough, else one of its own (_open_kv).
     ``note`` says why a static run uses the dynamic cache instead (a model the static path refuses).
     """
 
