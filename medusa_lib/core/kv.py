@@ -25,7 +25,7 @@ transformers 5.x ``StaticLayer`` writes at its ``cumulative_length`` (a device t
 ``index_copy_`` and sets the length (recipe verified on an H100: ../shared/reference/GPU.md;
 gpt-fast ``generate.py`` and Sequoia's ``Engine.py`` do the same). A captured ``StaticKV`` is
 built and warmed up once, at model load (``warm_up``), and used by one run at a time
-(``claim``/``release``); a run that finds it busy gets a fresh eager one of its own.
+(``claim``/``release``); a run that finds it busy gets one of its own (``Decoder._open_kv``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ from transformers.cache_utils import Cache, StaticLayer
 from .messages import InputError
 from .model import body_and_lm_head, input_device
 from .packing import is_prepacked
-from .tree import TreeBuffers
+from .tree import MedusaTree, TreeBuffers, root_only_tree
 
 
 class EngineError(InputError):
@@ -157,7 +157,7 @@ class StaticKV:
         self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
         if capture == "cuda-graph" and self.device.type != "cuda":
             raise ValueError("cuda-graph capture needs the model on a CUDA device.")
-        self.model, self.max_len, self.capture = model, int(max_len), capture
+        self.max_len, self.capture = int(max_len), capture
         self.cache = new_static_cache(model, self.max_len)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)  # copied into every layer's length inside the step
         self.min = torch.finfo(self.dtype).min
@@ -300,10 +300,11 @@ class Engine:
     description: str  # for the info line: the engine, or the sentence saying why it fell back
 
 
-def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "auto", capture: str = "auto", max_len: int,
+def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str = "auto", capture: str = "auto", max_len: int,
                    say: Callable[[str], None] = lambda msg: None) -> Engine:
     """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
-    ``max_len`` slots and compile/record the step of every tree size in ``trees`` now, at load.
+    ``max_len`` slots and compile/record now, at load, the one-token step (plain decoding) and the
+    step of every tree in ``trees`` (each as it will be verified, e.g. with its lookup branch).
     A model the static path refuses, or a capture that fails, falls back with one sentence said."""
     dev = input_device(model)
     auto_cache, auto_capture = default_engine(dev)
@@ -325,10 +326,12 @@ def prepare_engine(model: nn.Module, trees: list[TreeBuffers], *, cache: str = "
         description = note or describe_engine(cache, "none")
         say(note or f"Engine: {description}.")
         return Engine(cache, None, description)
-    say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({t.num_nodes for t in trees}))} tokens)...")
+    where = {"device": dev, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
+    steps = [TreeBuffers.build(t, **where) for t in (root_only_tree(), *trees)]
+    say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({b.num_nodes for b in steps}))} tokens)...")
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
-        kv.warm_up(trees)
+        kv.warm_up(steps)
     except Exception as e:  # a model or platform the capture cannot handle: eager static steps, said once
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
         cache = "dynamic" if dev.type == "cuda" else "static"  # on a GPU eager static steps cost more than dynamic ones

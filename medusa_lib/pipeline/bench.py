@@ -52,14 +52,14 @@ from pathlib import Path
 import torch
 
 from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference
+from ..core.defaults import heads_defaults
+from ..core.heads import load_heads
 from ..core.kv import prepare_engine
 from ..core.lab import step_costs
 from ..core.messages import InputError
-from ..core.defaults import heads_defaults
-from ..core.heads import load_heads
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
-from ..core.tree import TreeBuffers, get_tree, root_only_tree, with_lookup
+from ..core.tree import get_tree, with_lookup
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
@@ -230,11 +230,10 @@ def main(argv: list[str] | None = None) -> None:
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
     # Our methods' engine: the cache, and with a capture the shared static cache recorded now for
     # every step shape the methods below use (one token, the tree, the tree + its lookup branch).
-    where = {"device": device, "out_device": model.get_output_embeddings().weight.device, "dtype": dtype}
-    shapes = [root_only_tree()] + ([tree, with_lookup(tree, lookup)] if tree is not None else [])
-    widest = max(t.num_nodes for t in shapes)
+    shapes = [tree, with_lookup(tree, lookup)] if tree is not None else []
+    widest = max((t.num_nodes for t in shapes), default=1)
     try:
-        engine = prepare_engine(model, [TreeBuffers.build(t, **where) for t in shapes], cache=args.cache, capture=args.capture, max_len=static_cache_len + widest, say=lambda m: print(m, flush=True))
+        engine = prepare_engine(model, shapes, cache=args.cache, capture=args.capture, max_len=static_cache_len + widest, say=lambda m: print(m, flush=True))
     except InputError as e:
         raise SystemExit(str(e)) from None
     own = {"cache": engine.cache}

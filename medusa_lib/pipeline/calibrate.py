@@ -42,7 +42,7 @@ from ..core.kv import Engine, prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
-from ..core.tree import TOPK, TreeBuffers, build_tree, greedy_choices, root_only_tree, with_lookup
+from ..core.tree import TOPK, build_tree, greedy_choices, with_lookup
 from .cli import add_model_arguments
 from .distill import generate_answers
 from .jsonl import load_jsonl
@@ -260,10 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
     device = input_device(model)
-    where = {"device": device, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
-    steps = [root_only_tree()] + [with_lookup(t, args.lookup) for t in built.values()]  # every step shape the timed runs use
+    steps = [with_lookup(t, args.lookup) for t in built.values()]  # the tree steps the timed runs verify
     try:
-        engine = prepare_engine(model, [TreeBuffers.build(t, **where) for t in steps], cache=args.cache, capture=args.capture,
+        engine = prepare_engine(model, steps, cache=args.cache, capture=args.capture,
                                 max_len=max(map(len, speed_ids)) + args.max_new_tokens + max(t.num_nodes for t in steps), say=print)
     except InputError as e:
         raise SystemExit(str(e)) from None

@@ -41,12 +41,10 @@ from ..core.messages import kind, must_be_switch, shown
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
 from ..core.tree import (
     MedusaTree,
-    TreeBuffers,
     build_tree,
     get_tree,
     parse_choices,
     preset_names,
-    root_only_tree,
     with_lookup,
 )
 from .page import LABELS, GreedyCheck, greedy_check, sample_rows, summary_rows
@@ -173,14 +171,12 @@ def _static_length(model, max_prompt_tokens: int | None, max_new_tokens_limit: i
     return min(limit, prompt + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
 
 
-def engine_trees(model, heads: MedusaHeads) -> list[TreeBuffers]:
-    """The step shapes a capture records at load: one token (plain steps), and the default tree of
-    this device kind with and without its lookup branch (other trees run their steps eagerly)."""
-    dev = input_device(model)
-    defaults = heads_defaults(heads, dev)
+def engine_trees(model, heads: MedusaHeads) -> list[MedusaTree]:
+    """The trees a capture records at load (beside the one-token step): the default tree of this
+    device kind with and without its lookup branch (a run records other trees' shapes first, ``warmup``)."""
+    defaults = heads_defaults(heads, input_device(model))
     tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=getattr(heads, "tree_presets", None))
-    where = {"device": dev, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
-    return [TreeBuffers.build(t, **where) for t in (root_only_tree(), tree, with_lookup(tree, defaults.lookup))]
+    return [tree, with_lookup(tree, defaults.lookup)]
 
 
 class Playground:
