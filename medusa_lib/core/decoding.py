@@ -34,25 +34,29 @@ phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifie
            node) is the next root and the heads read that node's hidden state to seed the next
            tree (reference ``update_inference_inputs``).
 Tokens per step = accept_length + 1.
+
+The records a run yields live in ``steps.py``; the acceptance and sampling rules (pure functions of
+logits) in ``acceptance.py``; the caches and captured steps in ``kv.py``.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterator, Mapping, NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
+from .acceptance import greedy_accept, greedy_tokens, sample_token, sample_walk, sampling_probs, tempered_probs, typical_accept, typical_threshold, typical_threshold_of_entropy
 from .heads import MedusaHeads
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
 from .messages import InputError
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
+from .steps import RunResult, Step, _sync, first_difference
 from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
 
 METHODS = ("plain", "medusa-greedy", "medusa-typical", "medusa-sample")
@@ -92,214 +96,6 @@ class DecodeConfig:
         if self.cache not in CACHES:
             raise DecodeError(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r}).")
 
-
-@dataclass(frozen=True, eq=False)
-class Step:
-    """One decoding step. ``index`` 0 is the prefill (it yields the first token)."""
-
-    index: int
-    tokens: tuple[int, ...]  # new token ids committed by this step
-    seconds: float  # wall time of the step, device-synchronised
-    phases: Mapping[str, float] = field(default_factory=dict)  # propose / verify / accept / commit (or prefill)
-    accept_length: int = 0  # candidates accepted (tokens = accept_length + 1)
-    lookup_accepted: int = 0  # of those, candidates from the lookup branch (0, or all of them)
-    tree: MedusaTree | None = None  # the tree verified in this step (Medusa, record_detail)
-    tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
-    best_path: int | None = None  # row of tree.retrieve_indices that was accepted
-    finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
-    engine: str | None = None  # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
-
-    @property
-    def kind(self) -> str:
-        return "prefill" if self.index == 0 else "decode"
-
-    @property
-    def accepted_nodes(self) -> tuple[int, ...]:
-        """Tree positions of the root and the accepted candidates."""
-        if self.tree is None or self.best_path is None:
-            return ()
-        return tuple(self.tree.retrieve_indices[self.best_path, : self.accept_length + 1].tolist())
-
-    @property
-    def tree_token_ids(self) -> list[int]:
-        return [] if self.tree_tokens is None else self.tree_tokens.tolist()
-
-    @property
-    def candidates(self) -> list[list[int]]:
-        """Token ids of every root-to-leaf path (padding dropped)."""
-        if self.tree is None or self.tree_tokens is None:
-            return []
-        toks = self.tree_token_ids
-        return [[toks[j] for j in row if j >= 0] for row in self.tree.retrieve_indices.tolist()]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """All steps of one run, with the statistics the UI and the benchmark report."""
-
-    method: str
-    steps: tuple[Step, ...]
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for s in self.steps for t in s.tokens]
-
-    @property
-    def prefill_seconds(self) -> float:
-        return self.steps[0].seconds if self.steps else 0.0
-
-    @property
-    def decode_steps(self) -> int:
-        return max(len(self.steps) - 1, 0)
-
-    @property
-    def decode_tokens(self) -> int:
-        return sum(len(s.tokens) for s in self.steps[1:])
-
-    @property
-    def decode_seconds(self) -> float:
-        return sum(s.seconds for s in self.steps[1:])
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode throughput: tokens of the decode steps over their time (prefill excluded)."""
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
-
-    @property
-    def lookup_tokens(self) -> int:
-        """Accepted candidates that came from the lookup branch."""
-        return sum(s.lookup_accepted for s in self.steps)
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.steps[-1].finish_reason if self.steps else None
-
-    @property
-    def engine(self) -> str | None:
-        """The cache and capture the run used ("dynamic", "static", "static, cuda-graph", ...)."""
-        return self.steps[0].engine if self.steps else None
-
-
-def _sync(device: torch.device) -> float:
-    """Timestamp after the device has finished its queued work (honest timing)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """First position where two token sequences differ (the shorter one's length if one is a prefix
-    of the other), None if they are equal: how exactness is checked everywhere."""
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
-
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
-    float32, ties still go to the first index) and on CPU ~3x faster than a bfloat16 argmax."""
-    return (logits if logits.dtype == torch.float32 else logits.float()).argmax(-1)
-
-
-def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / T) in float32 for any finite T > 0, never NaN.
-
-    The max is subtracted before dividing: every scaled logit is then <= 0, so a tiny T sends the
-    others to -inf (probability 0) instead of overflowing to inf - inf = NaN, and the distribution
-    tends to the argmax's one-hot (ties share it), the T -> 0 limit the rules are defined by."""
-    z = logits.float()
-    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / temperature, dim=-1)
-
-
-def sampling_probs(logits: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:
-    """The distribution a draw is made from: softmax(logits / T), restricted to the top-p nucleus."""
-    probs = tempered_probs(logits, temperature)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix with mass >= top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
-
-
-def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """argmax at T=0; else one draw from ``sampling_probs``, made by the exponential race
-    argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p). Each draw consumes one exponential
-    per vocabulary entry from ``generator`` whatever p is, so plain sampling and exact Medusa
-    sampling, drawing one token at a time from the same generator, stay in step."""
-    if temperature <= 0:
-        return greedy_tokens(logits)
-    probs = sampling_probs(logits, temperature=temperature, top_p=top_p)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(-1)
-
-
-def sample_walk(
-    logits: torch.Tensor, tokens: Sequence[int], children: Sequence[Sequence[int]], *, temperature: float, top_p: float, generator: torch.Generator | None
-) -> tuple[list[int], int]:
-    """Exact speculative sampling over a tree of deterministic candidates.
-
-    From the root (node 0): draw y from the model's distribution at the node (``logits[node]``);
-    if a child of the node holds token y, descend to it (the first such child: any gives the same
-    prefix) and draw again; otherwise y is the bonus token and the walk ends (at a leaf every draw
-    ends it). Returns (the path of tree nodes from the root, the bonus token). Every emitted token
-    is one ``sample_token`` draw from the model's conditional given the tokens before it."""
-    node, path = 0, [0]
-    while True:
-        y = int(sample_token(logits[node], temperature=temperature, top_p=top_p, generator=generator))
-        child = next((c for c in children[node] if tokens[c] == y), None)
-        if child is None:
-            return path, y
-        path.append(child)
-        node = child
-
-
-def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per path: candidate at depth k passes iff it equals the argmax at depth k-1 of the same path.
-
-    logits [L, V] (or their ``argmax`` [L], when the caller has it); path_tokens/ri/valid [P, D+1].
-    Returns (accept_length [P], score [P]).
-    """
-    pred = (greedy_tokens(logits) if argmax is None else argmax)[ri[:, :-1]]  # [P, D] base model's choice after each path prefix
-    passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]  # padded slots never pass
-    accept_length = passed.long().cumprod(dim=1).sum(dim=1)
-    return accept_length, accept_length.float()
-
-
-def typical_accept(
-    logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, temperature: float, epsilon: float, delta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Typical acceptance: p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T) at the parent.
-
-    Longest path wins; ties go to the highest summed log-probability of the accepted tokens.
-    """
-    if temperature <= 0:  # T -> 0 the rule degenerates to greedy matching
-        return greedy_accept(logits, path_tokens, ri, valid)
-    probs = tempered_probs(logits, temperature)  # [L, V]
-    threshold = typical_threshold(probs, epsilon=epsilon, delta=delta)
-    parent = ri[:, :-1]
-    p_cand = probs[parent, path_tokens[:, 1:]]  # [P, D]
-    passed = (p_cand > threshold[parent]) & valid[:, 1:]
-    prefix = passed.long().cumprod(dim=1)
-    accept_length = prefix.sum(dim=1)
-    logp = (torch.log(p_cand.clamp_min(1e-30)) * prefix).sum(dim=1)
-    # Lexicographic (length, log-prob): log-probs are > -1e4 for any accepted path here.
-    score = accept_length.float() * 1e6 + logp
-    return accept_length, score
-
-
-def typical_threshold_of_entropy(entropy: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
-    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) at entropies H (the page's curve uses it too)."""
-    return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
-
-
-def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
-    """min(epsilon, delta * exp(-H(p))) for distributions probs [..., V]."""
-    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
-    return typical_threshold_of_entropy(entropy, epsilon=epsilon, delta=delta)
 
 
 class Proposal(NamedTuple):
@@ -617,4 +413,8 @@ def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config:
     return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv).run(prompt_ids)
 
 
-__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "StaticKV", "compact_cache", "model_info", "new_cache", "run_method", "typical_threshold", "typical_threshold_of_entropy"]
+# Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers
+# that build or read a run import them from here, beside the Decoder that uses them.
+__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "StaticKV", "compact_cache", "first_difference", "greedy_accept",
+           "greedy_tokens", "model_info", "new_cache", "run_method", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept",
+           "typical_threshold", "typical_threshold_of_entropy"]

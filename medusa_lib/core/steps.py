@@ -1,0 +1,123 @@
+"""What a decoder yields: one immutable ``Step`` record per step, and a run's ``RunResult``.
+
+The page, the benchmark and the tests all read these records; nothing else reaches inside a decoder
+(DESIGN.md, "One data flow"). ``_sync`` gives the device-synchronised timestamps the records hold.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from .tree import MedusaTree
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One decoding step. ``index`` 0 is the prefill (it yields the first token)."""
+
+    index: int
+    tokens: tuple[int, ...]  # new token ids committed by this step
+    seconds: float  # wall time of the step, device-synchronised
+    phases: Mapping[str, float] = field(default_factory=dict)  # propose / verify / accept / commit (or prefill)
+    accept_length: int = 0  # candidates accepted (tokens = accept_length + 1)
+    lookup_accepted: int = 0  # of those, candidates from the lookup branch (0, or all of them)
+    tree: MedusaTree | None = None  # the tree verified in this step (Medusa, record_detail)
+    tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
+    best_path: int | None = None  # row of tree.retrieve_indices that was accepted
+    finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
+    engine: str | None = None  # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.index == 0 else "decode"
+
+    @property
+    def accepted_nodes(self) -> tuple[int, ...]:
+        """Tree positions of the root and the accepted candidates."""
+        if self.tree is None or self.best_path is None:
+            return ()
+        return tuple(self.tree.retrieve_indices[self.best_path, : self.accept_length + 1].tolist())
+
+    @property
+    def tree_token_ids(self) -> list[int]:
+        return [] if self.tree_tokens is None else self.tree_tokens.tolist()
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        """Token ids of every root-to-leaf path (padding dropped)."""
+        if self.tree is None or self.tree_tokens is None:
+            return []
+        toks = self.tree_token_ids
+        return [[toks[j] for j in row if j >= 0] for row in self.tree.retrieve_indices.tolist()]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """All steps of one run, with the statistics the UI and the benchmark report."""
+
+    method: str
+    steps: tuple[Step, ...]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for s in self.steps for t in s.tokens]
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self.steps[0].seconds if self.steps else 0.0
+
+    @property
+    def decode_steps(self) -> int:
+        return max(len(self.steps) - 1, 0)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.steps[1:])
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(s.seconds for s in self.steps[1:])
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens of the decode steps over their time (prefill excluded)."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def lookup_tokens(self) -> int:
+        """Accepted candidates that came from the lookup branch."""
+        return sum(s.lookup_accepted for s in self.steps)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.steps[-1].finish_reason if self.steps else None
+
+    @property
+    def engine(self) -> str | None:
+        """The cache and capture the run used ("dynamic", "static", "static, cuda-graph", ...)."""
+        return self.steps[0].engine if self.steps else None
+
+
+def _sync(device: torch.device) -> float:
+    """Timestamp after the device has finished its queued work (honest timing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First position where two token sequences differ (the shorter one's length if one is a prefix
+    of the other), None if they are equal: how exactness is checked everywhere."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
+
+
+__all__ = ["RunResult", "Step", "first_difference"]
