@@ -66,7 +66,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", api_name="/run")
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3
@@ -75,10 +75,10 @@ def test_ui_run_streams_into_the_three_columns(server):
     badge = final[5]
     assert 'data-equal="true"' in badge
     summary = final[6]
-    assert [row[0] for row in summary["data"]] == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]  # T = 0.7: the page samples
-    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed (float32): all 12 tokens identical." in badge
+    assert [row[0] for row in summary["data"]] == ["Plain (greedy)", "Medusa greedy", "Medusa typical"]  # the greedy mode, typical at T = 0.7
+    assert 'data-sampled="false"' in badge and "Medusa greedy = plain greedy (float32): all 12 tokens identical." in badge
     streamed = " ".join(str(u) for u in updates)
-    for name in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"):
+    for name in ("Plain (greedy)", "Medusa greedy", "Medusa typical"):
         assert name in streamed
 
 

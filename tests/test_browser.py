@@ -1,7 +1,8 @@
 """The page in a real headless browser (Debian chromium driven by Playwright), on the real default model.
 
-Loads the page, runs an example, waits for the three outputs and the tree plot, checks the greedy
-badge, replays the race and stops it, and saves assets/screenshot.png. Slow: the default model
+Loads the page, runs an example as a new user would (the first view: greedy mode, float32), waits for
+the three outputs and the tree plot, checks the green badge, the speed-ups and the inspector, runs the
+sampling mode, replays the race and stops it, and saves assets/screenshot.png. Slow: the default model
 (SmolLM2-135M-Instruct) loads from the cache in seconds, or dequantises its GGUF in ~20 s on a cold cache.
 """
 
@@ -60,29 +61,51 @@ def page(url):
         browser.close()
 
 
-def test_run_an_example_and_inspect_it(page):
+def test_the_first_view_is_the_greedy_trio_exact_with_speedups(page):
+    """A new user picks an example and presses Run, changing nothing: plain greedy, Medusa greedy and
+    Medusa typical, each Medusa column with its speed-up over plain greedy, a green badge (float32,
+    the exact numerics, is the default), and the inspector on Medusa greedy's run."""
     assert page.is_checked("#lookup-branch input")  # the shipped heads were calibrated with the lookup branch on
+    assert page.is_checked("#mode input[value='greedy']")  # the first view: the greedy comparison
+    assert page.is_checked("#numerics input[value='float32']")  # exact by default; bfloat16 is one click away
+    assert "float32 is exact" in page.inner_text("#numerics-note") and "as fast as float32 on this" in page.inner_text("#numerics-note")
+    settings = page.eval_on_selector_all("#settings *", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible' && getComputedStyle(e).overflowX !== 'hidden').map(e => e.id || e.className)")
+    assert settings == [], settings  # no horizontal scroll bar in the settings panel
     page.get_by_role("button", name="Explanation").first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('sky is blue')", timeout=30_000)
-    assert page.is_checked("#numerics input[value='bfloat16']")  # the loaded dtype first
-    page.locator("#numerics label", has_text="float32").click()
     page.click("#run-btn")
     badge = page.wait_for_selector("#greedy-badge [data-equal='true'], #greedy-badge [data-equal='false']", timeout=540_000)
-    # T = 0.7, float32: Medusa exact sampling == plain sampling from the same seed, up to an exact tie (the badge then says so)
-    assert badge.get_attribute("data-sampled") == "true" and "(float32)" in badge.inner_text()
-    assert badge.get_attribute("data-equal") == "true" or badge.get_attribute("data-tie") == "true", badge.inner_text()
-    assert page.get_attribute("#sampling-panel .sampling-panel", "data-rows") == "3"
-    for col in ("#out-plain", "#out-greedy", "#out-typical"):
+    assert badge.get_attribute("data-sampled") == "false" and badge.get_attribute("data-equal") == "true", badge.inner_text()
+    assert "Medusa greedy = plain greedy (float32)" in badge.inner_text()
+    for col, name in (("#out-plain", "Plain (greedy)"), ("#out-greedy", "Medusa greedy"), ("#out-typical", "Medusa typical")):
         assert page.get_attribute(f"{col} .method-col", "data-state") == "done"
+        assert name in page.inner_text(f"{col} .method-name")
         assert len(page.inner_text(f"{col} .method-text").strip()) > 20
         assert "tokens/s" in page.inner_text(f"{col} .method-stats")
+    for col in ("#out-greedy", "#out-typical"):  # each Medusa column leads with its speed-up over plain greedy
+        assert float(page.get_attribute(f"{col} .speedup", "data-speedup")) > 0 and "plain" in page.inner_text(f"{col} .speedup")
+    assert "samples at T = 0.7" in page.inner_text("#out-typical .method-note")  # typical says that it samples: not the same output
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .trace", timeout=30_000)
     page.wait_for_selector("#mask-plot .js-plotly-plot .heatmaplayer, #mask-plot .js-plotly-plot image", timeout=30_000)
+    assert page.inner_text("#tree-plot .gtitle").startswith("Medusa greedy, step")  # the inspector is on Medusa greedy's run
     assert "Medusa typical" in page.inner_text("#summary")
     assert page.locator("#tree-plot .textpoint").count() >= 3  # node labels: decoded tokens
     page.wait_for_timeout(1000)  # let plotly finish its transitions
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 50_000
+
+
+def test_the_sampling_mode_is_exact_too(page):
+    page.locator("#mode label", has_text="Sampling").click()
+    page.click("#run-btn")
+    page.wait_for_selector("#greedy-badge [data-sampled='true']", timeout=540_000)
+    badge = page.query_selector("#greedy-badge [data-sampled='true']")
+    # T = 0.7, float32: Medusa exact sampling == plain sampling from the same seed
+    assert badge.get_attribute("data-equal") == "true", badge.inner_text()
+    assert "Medusa exact sampling = plain sampling, same seed (float32)" in badge.inner_text()
+    assert page.get_attribute("#sampling-panel .sampling-panel", "data-rows") == "3"
+    assert "Plain (sampling)" in page.inner_text("#out-plain .method-name") and "Medusa exact sampling" in page.inner_text("#out-greedy .method-name")
+    page.locator("#mode label", has_text="Greedy").click()  # back to the first view for the tests after this one
 
 
 def test_race_replay_then_stop(page):

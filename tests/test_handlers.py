@@ -59,7 +59,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
         assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", api_name="/run")
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -89,9 +89,9 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
     pg = tiny_playground(oracle=False)
     orig = Playground.run_method
 
-    def failing(self, view, decoder, ids):
-        for i, ev in enumerate(orig(self, view, decoder, ids)):
-            if view == "medusa-sample" and i == 4:  # T = 0.7: the page runs the sampled comparison
+    def failing(self, view, decoder, ids, **kw):
+        for i, ev in enumerate(orig(self, view, decoder, ids, **kw)):
+            if view == "medusa-greedy" and i == 4:  # the page's default mode: the greedy comparison
                 raise RuntimeError("boom")
             yield ev
 
@@ -170,7 +170,7 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
     outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     status = outs[-1][RUN_OUTPUTS.index("status")]
-    assert status == ("Done. Sampled at T = 0.7, seed 0; speedups are against plain sampling. Plain (sampling), Medusa exact sampling, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+    assert status == ("Done. Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
                       "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
     summary = outs[-1][RUN_OUTPUTS.index("summary")]
     assert summary["tokens/s"].tolist() == ["\u2014"] * 3
@@ -203,14 +203,15 @@ def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unex
     assert no_step_message(eos_rec).endswith("(the model ended its answer at once): no Medusa step to inspect.")  # no advice that would not help
 
 
-def test_the_page_samples_above_temperature_zero_and_is_greedy_at_zero():
-    """T > 0: plain sampling, Medusa exact sampling, typical, speed-ups against plain sampling, the
-    cost panel and the exact-sampling badge; T = 0: today's greedy page with the panel's pointer."""
+def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
+    """Sampling mode: plain sampling, Medusa exact sampling, typical, speed-ups against plain sampling,
+    the cost panel and the exact-sampling badge; greedy mode (the default) at any T: plain greedy,
+    Medusa greedy and typical sampling at T, speed-ups against plain greedy."""
     from ui.handlers import INSPECT_CHOICES, RUN_OUTPUTS, Handlers
 
     h = Handlers(tiny_playground())
     at = {n: RUN_OUTPUTS.index(n) for n in RUN_OUTPUTS}
-    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))
+    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0], "sampling"))
     sampled = list(frames[-1])
     for col in ("col_plain", "col_greedy"):  # the columns as the page holds them: the last frame that sent each
         sampled[at[col]] = [f[at[col]] for f in frames if isinstance(f[at[col]], str)][-1]
@@ -225,11 +226,17 @@ def test_the_page_samples_above_temperature_zero_and_is_greedy_at_zero():
     assert 'data-rows="3"' in panel and "at T = 0.9" in panel and all(f"<td>{m}</td>" in panel for m in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"))
     tree_title = sampled[at["tree_plot"]].layout.title.text
     assert tree_title.startswith("Medusa exact sampling, step")  # the inspector shows the run the middle column made
-    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, None, INSPECT_CHOICES[0]))[-1]
+    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, None, INSPECT_CHOICES[0], "sampling"))[-1]
     assert other_seed[at["session"]]["plain-sample"].tokens != sampled[at["session"]]["plain-sample"].tokens  # the seed is used
 
-    greedy = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))[-1]
+    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))  # the default mode, T = 0.9
+    greedy = frames[-1]
     assert list(greedy[at["session"]]) == ["plain", "medusa-greedy", "medusa-typical"]
     assert 'data-sampled="false"' in greedy[at["badge"]] and "Medusa greedy = plain greedy (float32): all 16 tokens identical." in greedy[at["badge"]]
-    assert 'data-rows="0"' in greedy[at["sampling"]] and "Sampled at" not in greedy[at["status"]]
-    assert greedy[at["tree_plot"]].layout.title.text.startswith("Medusa greedy, step")
+    assert 'data-rows="0"' in greedy[at["sampling"]] and "Medusa typical sampled at T = 0.9, seed 7; speedups are against plain greedy." in greedy[at["status"]]
+    assert greedy[at["tree_plot"]].layout.title.text.startswith("Medusa greedy, step")  # the inspector starts on Medusa greedy's run
+    typical = [f[at["col_typical"]] for f in frames if isinstance(f[at["col_typical"]], str)][-1]
+    assert "samples at T = 0.9 from seed 7" in html.unescape(typical) and "not plain greedy's text (not the same output)" in html.unescape(typical) and "speed-up against plain greedy" in html.unescape(typical)
+    assert 'class="speedup" data-speedup=' in typical  # its speed-up over plain greedy, in the column
+    at_zero = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))[-1]
+    assert "Sampled at" not in at_zero[at["status"]] and "sampled at" not in at_zero[at["status"]]

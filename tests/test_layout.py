@@ -1,7 +1,8 @@
 """The package's shape: three wings whose imports point inward only, no cycles, no gradio.
 
 core/ imports nothing outside core/; present/ (the page's data) uses core/ only; pipeline/ (the
-offline CLIs) uses core/ only; serving (ui/, app.py) never reaches the pipeline.
+offline CLIs) uses core/ only, except page_check, the CLI that measures the page's own path over many
+prompts; serving (ui/, app.py) never reaches the pipeline.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "medusa_lib"
 ALLOWED = {"core": {"core"}, "present": {"core", "present"}, "pipeline": {"core", "pipeline"}}
+PAGE_PATH = {"medusa_lib.pipeline.page_check": {"present"}}  # measures Playground.compare, the page's own path
 
 
 def module_name(path: Path) -> str:
@@ -61,7 +63,7 @@ def test_each_wing_imports_only_inward_and_nothing_imports_gradio():
             continue
         assert "medusa_lib" not in deps, f"{module} imports the top-level package, which loads every wing"
         wings = {d.split(".")[1] for d in deps if d.count(".") >= 1 and d.split(".")[1] in ALLOWED}
-        assert wings <= ALLOWED[parts[1]], f"{module} imports {sorted(wings - ALLOWED[parts[1]])}"
+        assert wings <= ALLOWED[parts[1]] | PAGE_PATH.get(module, set()), f"{module} imports {sorted(wings - ALLOWED[parts[1]])}"
 
 
 def test_a_package_imported_by_name_counts_as_that_package():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -384,7 +385,9 @@ def test_load_adds_a_float32_copy_of_a_bfloat16_model(tmp_path):
     assert list(pg2.variants) == ["bfloat16", "float32"] and pg2.dtype == "bfloat16"
     m32, h32 = pg2.variants["float32"]
     assert next(m32.parameters()).dtype == torch.float32 and next(h32.parameters()).dtype == torch.float32
-    assert "Numerics: bfloat16 (fast) and float32 (exact) loaded" in said
-    assert pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="float32"))["numerics"] == "float32"
+    assert any(re.fullmatch(r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(fast: \d+\.\dx float32's plain decoding here\)", s) for s in said), said
+    assert pg2.default_numerics == "float32" and pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2"))["numerics"] == "float32"  # exact by default
+    assert pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="bfloat16"))["numerics"] == "bfloat16"
+    assert pg2.numerics_note.startswith("float32 is exact: Medusa greedy writes plain greedy's tokens") and "bfloat16 decodes" in pg2.numerics_note
     one = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, numerics_copy=False)
-    assert list(one.variants) == ["bfloat16"]
+    assert list(one.variants) == ["bfloat16"] and one.default_numerics == "bfloat16" and one.numerics_note == ""

@@ -127,16 +127,22 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert first[-1][status].startswith("Done")
     for case, prompt, overrides, message in CASES:
-        if "sample" in overrides:  # the page has no sampling switch: it samples whenever T > 0
+        if "sample" in overrides:  # the page's switch is the Mode choice (its own case below)
             continue
         message = message.format(presets=", ".join(pg.tree_names()))
         a = {**API_DEFAULTS, **overrides}
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
-            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k != "sample"), "Medusa greedy / exact sampling"))  # the page samples when T > 0
+            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k != "sample"), "Medusa greedy / exact sampling"))
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
         assert str(warned[-1].message) == message, case
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
+    with pytest.warns(UserWarning) as warned:
+        outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "both"))
+    assert str(warned[-1].message) == "The mode must be 'greedy' or 'sampling' (got 'both')."
+    assert all(v == gr.skip() for out in outs for i, v in enumerate(out) if i != status)
     outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
-    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # T = 0.7: the sampled comparison
+    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}  # the default mode: greedy, typical at T
+    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"))
+    assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # the sampling mode: all three at T

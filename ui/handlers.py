@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 import gradio as gr
 import pandas as pd
 import torch
 
-from medusa_lib.core.messages import InputError, is_number
+from medusa_lib.core.messages import InputError
 from medusa_lib.present import (
     LABELS,
     NOT_TIMED,
@@ -28,6 +29,7 @@ from medusa_lib.present import (
     SUMMARY_COLUMNS,
     Playground,
     RunRecord,
+    sample_of_mode,
     mask_data,
     path_rows,
     summary_rows,
@@ -189,22 +191,22 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label,
+    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode="greedy",
             request: gr.Request = None) -> Iterator[tuple]:
-        """The three columns one after another, each streaming into its column: at Temperature 0 plain
-        greedy, Medusa greedy and typical acceptance; above 0 plain sampling, Medusa exact sampling and
-        typical acceptance, all at that temperature and seed (the fair comparison).
+        """The three columns one after another, each streaming into its column: in the greedy mode plain
+        greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
+        plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label)
+        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode)
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label) -> Iterator[tuple]:
+    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
-            sample = is_number(temperature) and temperature > 0  # the page samples whenever T > 0
+            sample = sample_of_mode(mode)
             settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
@@ -223,7 +225,8 @@ class Handlers:
                     continue
                 last = now
                 state = "done" if ev.kind == "end" else "running"
-                upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state), "timeline": timeline_figure(records)}
+                reference = records[views[0]] if ev.method != views[0] else None  # plain has finished by then: the speed-up's reference
+                upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference), "timeline": timeline_figure(records)}
                 if ev.kind == "start":
                     upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
                 if ev.kind == "end" and ev.method == method_of(insp_label, records):
@@ -233,7 +236,9 @@ class Handlers:
             check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
             rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
             note = untimed_note(records)
-            done = f"Sampled at T = {settings.temperature:g}, seed {settings.seed}; speedups are against plain sampling. " if settings.sample else ""
+            t, seed = settings.temperature, settings.seed
+            done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
+                    else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
             final = out(
                 status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
                 badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
@@ -241,7 +246,7 @@ class Handlers:
                 **self.inspector_update(records, insp_label),
             )
         except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
-            cut = {COLUMN[m]: column_html(m, r, state="stopped") for m, r in records.items() if not r.done}
+            cut = {COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m)) for m, r in records.items() if not r.done}
             yield out(status=self.refuse(e), **cut)
             return
         yield final
@@ -278,8 +283,8 @@ class Handlers:
                 cols = {}
                 for m, rec in records.items():
                     k = visible_steps(rec, t)
-                    part = RunRecord(m, rec.prompt_ids, rec.views[:k], done=k == len(rec.views))
-                    cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay")
+                    part = replace(rec, views=rec.views[:k], done=k == len(rec.views))
+                    cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay", reference=reference_of(records, m))
                 # The status is written on the first and the last frame only: a frame still in flight
                 # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
                 status = {}
@@ -301,6 +306,12 @@ class Handlers:
             return self.pg.compare(prompt, settings)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
+
+
+def reference_of(records: dict[str, RunRecord], method: str) -> RunRecord | None:
+    """The run a column's speed-up is measured against: the first column's (plain), for every other column."""
+    first = next(iter(records), None)
+    return records[first] if first is not None and method != first else None
 
 
 def no_step_message(record: RunRecord) -> str:

@@ -13,7 +13,7 @@ import gradio as gr
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from medusa_lib.present import LABELS, Playground
+from medusa_lib.present import LABELS, REFERENCE_NAMES, Playground, sample_of_mode
 from medusa_lib.present.lab import (
     Curves,
     Measured,
@@ -226,15 +226,18 @@ class LabHandlers:
         return choices_text(tree.choices), f"Sent to the comparison's Custom tree box ({tree.num_nodes} tokens): press **Run** above."
 
     # ---------------------------------------------------------------- measuring
-    def measure(self, state, text, prompt, max_new_tokens, chat_template, lookup_on, numerics) -> tuple:
-        """Plain greedy, then Medusa greedy with the edited tree, on the comparison's prompt: the measured point and per-head acceptance."""
+    def measure(self, state, text, prompt, max_new_tokens, chat_template, lookup_on, numerics, mode="greedy", temperature=0.0, seed=0) -> tuple:
+        """Plain greedy, then Medusa greedy with the edited tree (the sampling mode: plain sampling, then Medusa exact sampling, at
+        the comparison's temperature and seed), on the comparison's prompt: the measured point and per-head acceptance."""
         st = self.state(state)
         try:
-            m = measure_tree(self.pg, prompt, text, max_new_tokens=max_new_tokens, chat_template=bool(chat_template), lookup_on=bool(lookup_on), numerics=numerics or None)
+            sample = sample_of_mode(mode)
+            m = measure_tree(self.pg, prompt, text, max_new_tokens=max_new_tokens, chat_template=bool(chat_template), lookup_on=bool(lookup_on), numerics=numerics or None,
+                             sample=sample, temperature=temperature, seed=seed)
         except Exception as e:
             return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}")
         st = {**st, "measured": m}
-        speed = f"{m.speedup:.2f}\u00d7 plain greedy" if m.speedup is not None else "no speed-up (plain made no decode step)"
+        speed = f"{m.speedup:.2f}\u00d7 {REFERENCE_NAMES[m.plain.method]}" if m.speedup is not None else "no speed-up (plain made no decode step)"
         status = f"Measured on this prompt: {m.tokens_per_step:.2f} tokens/step, {speed} ({LABELS[m.medusa.method]}, {len(m.medusa.tokens)} tokens)."
         return pack(MEASURE_OUTPUTS, **self.draw(st, text, lookup_on, status=status), lab_acceptance=acceptance_figure(st["lab"], m.medusa, title="Per-head acceptance: the Measure run"), lab_state=st)
 
@@ -255,8 +258,10 @@ class LabHandlers:
         return acceptance_figure(self.state(state)["lab"], rec, title=f"Per-head acceptance: the last {LABELS[rec.method]} run" if rec else "Per-head acceptance")
 
 
-def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, max_new: gr.Slider, chat: gr.Checkbox, lookup: gr.Checkbox, numerics: gr.Radio) -> tuple[LabHandlers, dict]:
-    """The tab's components (inside the caller's gr.Tab) and its events; returns the handlers and components."""
+def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, max_new: gr.Slider, chat: gr.Checkbox, lookup: gr.Checkbox, numerics: gr.Radio,
+              mode: gr.Radio, temperature: gr.Slider, seed: gr.Number) -> tuple[LabHandlers, dict]:
+    """The tab's components (inside the caller's gr.Tab) and its events (Measure follows the comparison's settings and mode);
+    returns the handlers and components."""
     h = LabHandlers(pg)
     c: dict[str, gr.components.Component] = {}
     start = choices_text(preset_choices(pg.defaults.tree, pg.tree_presets))
@@ -298,7 +303,7 @@ def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, ma
     remove_btn.click(h.remove, inputs=[c["lab_state"], c["lab_paths"], c["lab_leaf"], lookup], outputs=edit_out, **quiet)
     lookup.change(h.edit, inputs=[c["lab_state"], c["lab_paths"], lookup], outputs=edit_out, **quiet)
     use_btn.click(h.use, inputs=[c["lab_paths"]], outputs=[custom_tree, c["lab_status"]], **quiet)
-    measure_btn.click(on_gpu(h.measure), inputs=[c["lab_state"], c["lab_paths"], prompt, max_new, chat, lookup, numerics], outputs=[c[n] for n in MEASURE_OUTPUTS],
+    measure_btn.click(on_gpu(h.measure), inputs=[c["lab_state"], c["lab_paths"], prompt, max_new, chat, lookup, numerics, mode, temperature, seed], outputs=[c[n] for n in MEASURE_OUTPUTS],
                       concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="minimal")
     costs_btn.click(on_gpu(h.measure_costs), inputs=[c["lab_state"], c["lab_paths"], lookup], outputs=[c[n] for n in COST_OUTPUTS],
                     concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="full")

@@ -29,29 +29,37 @@ def tokens_html(pieces: Sequence[Piece]) -> str:
     return "".join(out)
 
 
-def stats_line(record: RunRecord | None) -> str:
+def stats_line(record: RunRecord | None, *, reference: RunRecord | None = None) -> str:
+    """tokens/s, tokens/step and the run's size; with the ``reference`` run (plain, finished), the
+    speed-up = tokens/s over the reference's, first (``data-speedup`` holds it for tests)."""
     if record is None or not record.views:
         return "tokens/s &mdash; &middot; tokens/step &mdash;"
     r = record.result
     tps = f"{r.tokens_per_second:.1f}" if r.decode_steps else "&mdash;"
     tpstep = f"{r.tokens_per_step:.2f}" if r.decode_steps else "&mdash;"
+    speed = ""
+    if reference is not None and reference is not record and r.decode_steps and reference.result.tokens_per_second > 0:
+        x = r.tokens_per_second / reference.result.tokens_per_second
+        speed = f'<span class="speedup" data-speedup="{x:.2f}"><b>{x:.2f}&times;</b> plain</span> &middot; '
     return (
-        f'<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; '
+        f'{speed}<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; '
         f"{len(r.tokens)} token{'' if len(r.tokens) == 1 else 's'} in {record.elapsed:.2f} s"
     )
 
 
-def column_html(method: str, record: RunRecord | None, *, state: str = "waiting", pieces: Sequence[Piece] | None = None) -> str:
-    """A method's column: title, live statistics, then its text. state: waiting | running | done | replay | stopped."""
+def column_html(method: str, record: RunRecord | None, *, state: str = "waiting", pieces: Sequence[Piece] | None = None, reference: RunRecord | None = None) -> str:
+    """A method's column: title, live statistics (the speed-up over ``reference``, the finished plain
+    run, when given), the run's note, then its text. state: waiting | running | done | replay | stopped."""
     if pieces is None:
         pieces = record.pieces if record is not None else []
     badge = STATE_BADGES.get(state, html.escape(state))
     cursor = CURSOR if state in ("running", "replay") else ""
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
+    note = f'<div class="method-note">{html.escape(record.note)}</div>' if record is not None and record.note else ""
     return (
         f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
         f'<div class="method-head"><span class="method-name">{LABELS[method]}</span><span class="method-state">{badge}</span></div>'
-        f'<div class="method-stats">{stats_line(record)}</div>'
+        f'<div class="method-stats">{stats_line(record, reference=reference)}</div>{note}'
         f'<div class="method-text">{body}</div></div>'
     )
 
@@ -140,3 +148,8 @@ def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: st
 def calibration_note_html(note: str) -> str:
     """``HeadsDefaults.note``: the default tree was calibrated on another kind of device than this one."""
     return f'<div class="calibration-note">{html.escape(note)}</div>'
+
+
+def numerics_note_html(note: str) -> str:
+    """``Playground.numerics_note``: what float32 guarantees and how much faster the 16-bit copy decodes here."""
+    return f'<div class="numerics-note">{html.escape(note)}</div>'

@@ -33,17 +33,23 @@ head 2's best guess, `[1]` = head 1's second guess. All paths go into the model 
 and itself, never a sibling branch. The step inspector draws the tree (accepted path in green, rejected
 guesses greyed out; the lookup branch as triangles) and the mask (green = cells on the accepted path).
 
-**Greedy, exact sampling and typical acceptance.** At Temperature 0, *Medusa greedy* accepts a guess only
-if it is exactly the base model's top choice, so its text must be identical to plain greedy decoding (the
-badge checks this token by token). Above 0 the page samples: *plain sampling* draws each token from the
-model's distribution at that temperature; *Medusa exact sampling* makes the same draw at the root of the tree
-and walks down while the drawn token is one of the guesses, so every token it writes is a true sample, the
-very one plain sampling draws from the same **seed** (the badge checks this too). *Medusa typical* accepts
-a guess whose probability p is above `min(epsilon, delta * exp(-H))`, where H is the entropy of the base
-model's prediction: when the model is unsure (large H) more guesses pass. It is faster, but it is not a
-sample any more: the panel under the badge shows how far its tokens lean toward the model's likely ones.
-Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the text is drawn from
-the model itself; lowering them does the opposite.
+**Greedy, exact sampling and typical acceptance.** The **Mode** picks the three columns. In *Greedy* mode
+(the first view) *Medusa greedy* accepts a guess only if it is exactly the base model's top choice, so its
+text must be identical to plain greedy decoding (the badge checks this token by token). In *Sampling* mode
+*plain sampling* draws each token from the model's distribution at the temperature; *Medusa exact sampling*
+makes the same draw at the root of the tree and walks down while the drawn token is one of the guesses, so
+every token it writes is a true sample, the very one plain sampling draws from the same **seed** (the badge
+checks this too). In both modes *Medusa typical* samples at the temperature and accepts a guess whose
+probability p is above `min(epsilon, delta * exp(-H))`, where H is the entropy of the base model's prediction:
+when the model is unsure (large H) more guesses pass. It is faster, but its text is not plain decoding's and
+not a sample any more: the panel under the badge (Sampling mode) shows how far its tokens lean toward the
+model's likely ones. Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the
+text is drawn from the model itself; lowering them does the opposite.
+
+**Numerics.** The comparison starts in float32, where both identities hold on every prompt. The 16-bit copy
+is faster, but a tree step and a one-token step add up their numbers in different orders, so where the
+model's two best tokens nearly tie, the rounding may make Medusa pick the other one (the badge then shows
+where and why).
 
 {why}
 """

@@ -13,11 +13,13 @@ from medusa_lib.present import Playground, Settings
 from .figures import empty_figure, timeline_figure
 from .lab import build_lab
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
-from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, info_html, sampling_html
+from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, info_html, numerics_note_html, sampling_html
 from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
 DEFAULTS = Settings()
+# The Mode choice: the greedy comparison first (Medusa greedy must write plain greedy's text), the sampled one a click away.
+MODE_CHOICES = [("Greedy: plain, Medusa greedy, typical at T", "greedy"), ("Sampling: all three at T, same seed", "sampling")]
 
 
 def launch_options() -> dict:
@@ -59,9 +61,12 @@ def build_demo(
                         c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
                     with gr.Column(scale=4, elem_id="settings"):
                         with gr.Row():
-                            max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens")
-                            temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (0: greedy; above 0: all three sample)", elem_id="temperature")
-                            seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90)
+                            mode = gr.Radio(MODE_CHOICES, value="sampling" if DEFAULTS.sample else "greedy", label="Mode", elem_id="mode", scale=3)
+                            seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90, scale=1)
+                        with gr.Row():
+                            max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens", elem_id="max-new-tokens", min_width=220)
+                            temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (typical acceptance; in Sampling mode all three)",
+                                                    elem_id="temperature", min_width=220)
                         with gr.Row():
                             with gr.Column(min_width=200):
                                 epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
@@ -74,9 +79,11 @@ def build_demo(
                                 lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
                         if pg.defaults.note:  # the default tree was calibrated on another kind of device
                             gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
-                        # bfloat16 is fast; only float32 keeps Medusa greedy == plain greedy through near-ties (Playground.load's copy)
-                        numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in pg.variants], value=pg.dtype, label="Numerics",
-                                            visible=len(pg.variants) > 1, elem_id="numerics")
+                        # float32 first (exact: Medusa greedy == plain greedy through near-ties); a 16-bit copy is the fast choice (present/numerics.py)
+                        numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in sorted(pg.variants, key=lambda n: n != "float32")],
+                                            value=pg.default_numerics, label="Numerics", visible=len(pg.variants) > 1, elem_id="numerics")
+                        if pg.numerics_note:
+                            gr.HTML(numerics_note_html(pg.numerics_note), elem_id="numerics-note")
                         custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
 
                 gr.HTML(LEGEND_HTML, elem_id="legend")
@@ -105,14 +112,15 @@ def build_demo(
                 with gr.Accordion("How to read this page", open=True):
                     gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
             with gr.Tab("Tree lab", id="lab", elem_id="lab-tab"):
-                lab, lab_c = build_lab(pg, custom_tree=custom_tree, prompt=prompt, max_new=max_new, chat=chat, lookup=lookup, numerics=numerics)
+                lab, lab_c = build_lab(pg, custom_tree=custom_tree, prompt=prompt, max_new=max_new, chat=chat, lookup=lookup, numerics=numerics,
+                                       mode=mode, temperature=temperature, seed=seed)
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
         settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed, numerics]
-        run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
+        run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode], outputs=[c[n] for n in RUN_OUTPUTS],
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
-        submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method], outputs=[c[n] for n in RUN_OUTPUTS],
+        submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode], outputs=[c[n] for n in RUN_OUTPUTS],
                                   concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="minimal")
         # The replay renders a frame 12 times a second: it takes turns with the runs in the device's queue,
         # so it never costs CPU while another user's run is being timed.
@@ -139,14 +147,16 @@ def build_demo(
         def compare(prompt: str, max_new_tokens: int = start, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.posterior_threshold,
                     delta: float = DEFAULTS.posterior_alpha, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True,
                     lookup_branch: bool = pg.defaults.lookup_on, sample: bool = False, seed: int = DEFAULTS.seed,
-                    numerics: str = pg.dtype) -> dict:
-            """Run plain, Medusa greedy and Medusa typical on the prompt, one after another; return the three texts, their
+                    numerics: str = pg.default_numerics) -> dict:
+            """Run plain greedy, Medusa greedy and Medusa typical (sampling at `temperature` from `seed`) on the prompt, one after another
+            (the page's Greedy mode); return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
             check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree.
             sample: the fair sampled comparison instead: plain sampling, Medusa exact sampling (== plain sampling with the same
             seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain sampling; "sampling_match"
             instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
-            numerics: which loaded copy runs (e.g. "bfloat16" or "float32"; default the loaded dtype); the JSON's "numerics" says which ran."""
+            numerics: which loaded copy runs ("float32", exact, the default where a float32 copy is loaded; or the fast 16-bit one, e.g.
+            "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran."""
             return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed, numerics)
 
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)

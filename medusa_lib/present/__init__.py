@@ -8,9 +8,11 @@ from .page import (
     LABELS,
     NOT_TIMED,
     PLAIN_VIEWS,
+    REFERENCE_NAMES,
     SAMPLE_COLUMNS,
     SUMMARY_COLUMNS,
     GreedyCheck,
+    column_note,
     greedy_check,
     load_examples,
     sample_rows,
@@ -22,6 +24,7 @@ from .page import (
 )
 from .playground import PREFILL_SECONDS, Playground, measured_limit_why, prompt_token_limit, release_memory, untrained_heads
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, SAMPLED_VIEWS, PlaygroundError, Settings
+from .numerics import default_numerics, numerics_note
+from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, MODES, SAMPLED_VIEWS, PlaygroundError, Settings, sample_of_mode
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "page", "playground", "records", "settings")]
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "numerics", "page", "playground", "records", "settings")]

@@ -177,7 +177,7 @@ def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]
 
 @dataclass(frozen=True)
 class Measured:
-    """A Measure run: Medusa greedy with the edited tree against plain greedy on the same prompt."""
+    """A Measure run: Medusa greedy (exact sampling) with the edited tree against plain greedy (sampling) on the same prompt."""
 
     tokens_per_step: float
     speedup: float | None  # tokens/s over plain's
@@ -188,11 +188,14 @@ class Measured:
     plain: RunRecord
 
 
-def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_template: bool = True, lookup_on: bool = True, numerics: str | None = None) -> Measured:
+def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_template: bool = True, lookup_on: bool = True, numerics: str | None = None,
+                 sample: bool = False, temperature: float = 0.0, seed: int = 0) -> Measured:
     """Run plain greedy, then Medusa greedy with the tree of ``text``, on the prompt (the Playground's
-    checks, warm-up and one-after-another timing); the measured point beside the predicted one."""
+    checks, warm-up and one-after-another timing); the measured point beside the predicted one.
+    ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``."""
     tree = editor_tree(pg, text)
-    settings = pg.settings(max_new_tokens, 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template, lookup_on, numerics=numerics)
+    settings = pg.settings(max_new_tokens, temperature if sample else 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template,
+                           lookup_on, sample=sample, seed=seed, numerics=numerics)
     ids, decoders = pg.prepare(prompt, settings)
     plain_view, medusa_view = settings.views[:2]
     records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}) if ev.kind == "end"}

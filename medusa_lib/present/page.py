@@ -15,11 +15,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..core.decoding import first_difference, typical_threshold_of_entropy
+from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of_entropy
 from .records import RunRecord
 
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical",
           "plain-sample": "Plain (sampling)", "medusa-sample": "Medusa exact sampling"}
+PLAIN_VIEWS = ("plain", "plain-sample")  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
+REFERENCE_NAMES = {"plain": "plain greedy", "plain-sample": "plain sampling"}  # how a sentence names the reference
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,25 @@ class GreedyCheck:
         return f"{self.headline} {self.reason}".strip()
 
 
+def column_note(view: str, config: DecodeConfig, *, reference: str) -> str:
+    """One line under a column's title: what it runs and how its text relates to the reference
+    column's (``reference``: plain greedy, or plain sampling in the sampling mode), against which its
+    speed-up is measured."""
+    t, seed = config.temperature, config.seed
+    ref = REFERENCE_NAMES[reference]
+    if view in PLAIN_VIEWS:
+        how = "one token per forward pass" + (f", drawn at T = {t:g} from seed {seed}" if t > 0 else ", the model's top choice")
+        return f"{how}: the reference of the speed-ups."
+    if view == "medusa-greedy":
+        return "keeps a guess only where it is the model's own top choice: exactly plain greedy's text."
+    if view == "medusa-sample":
+        return f"draws at T = {t:g} from seed {seed} and keeps a guess only where the draw is that guess: exactly plain sampling's text."
+    if t <= 0:
+        return "at T = 0 typical acceptance is greedy: the same text as Medusa greedy."
+    return (f"samples at T = {t:g} from seed {seed} and keeps any guess the model finds likely enough: "
+            f"not {ref}'s text (not the same output); speed-up against {ref}.")
+
+
 def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool = False) -> GreedyCheck:
     """Did Medusa greedy (or exact sampling) produce exactly plain greedy's (sampling's) tokens? If not, where do they first differ?"""
     first = first_difference(plain, medusa)
@@ -74,7 +95,6 @@ SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "t
 NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
 
 
-PLAIN_VIEWS = ("plain", "plain-sample")  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
 
 
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:

@@ -18,7 +18,6 @@ import ctypes
 import gc
 import json
 import math
-import os
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -47,7 +46,8 @@ from ..core.tree import (
     preset_names,
     with_lookup,
 )
-from .page import LABELS, GreedyCheck, greedy_check, sample_rows, summary_rows
+from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
+from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     DECODER_METHOD,
@@ -138,20 +138,6 @@ def _libc_malloc_trim():
 _malloc_trim = _libc_malloc_trim()
 
 
-def _dtype_name(model) -> str:
-    return str(next(model.parameters()).dtype).replace("torch.", "")
-
-
-def _free_memory(device: torch.device) -> int:
-    """Bytes free on the device (CUDA) or in RAM (elsewhere); 0 when unknown, so no copy is loaded."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0])
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError, RuntimeError):
-        return 0
-
-
 def _short_path(path: Path) -> str:
     """A path as the user reads it: relative to the working folder when it lies inside it."""
     try:
@@ -184,7 +170,8 @@ class Playground:
 
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
                  max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
-                 variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None):
+                 variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None,
+                 numerics_speeds: Mapping[str, float] | None = None):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
         self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
@@ -203,11 +190,13 @@ class Playground:
         # numerics -> (model, heads): the loaded dtype first, then e.g. a float32 copy, so a page can
         # show the bfloat16 speed-up and the float32 exactness on one prompt (a run names its pair)
         self.variants: dict[str, tuple] = {self.dtype: (model, heads), **{k: v for k, v in (variants or {}).items() if k != self.dtype}}
+        self.default_numerics = default_numerics(self.variants)  # what a run that names none uses: float32 where loaded (exact), numerics.py
+        self.numerics_note = numerics_note(numerics_speeds or {}, device=device_name(input_device(model)))  # the line under the page's choice
         self._warm: set[str] = set()  # numerics already warmed up
 
     def pair(self, settings: Settings | None) -> tuple:
-        """The (model, heads) a run uses: its settings' numerics, or the loaded dtype."""
-        numerics = settings.numerics if settings is not None and settings.numerics is not None else self.dtype
+        """The (model, heads) a run uses: its settings' numerics, or the default (float32 where loaded)."""
+        numerics = settings.numerics if settings is not None and settings.numerics is not None else self.default_numerics
         return self.variants[numerics]
 
     def check_numerics(self, numerics) -> None:
@@ -255,11 +244,12 @@ class Playground:
         loaded = str(next(m.parameters()).dtype).replace("torch.", "")
         if numerics_copy and loaded != "float32":
             need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
-            if _free_memory(input_device(m)) > need:
+            if free_memory(input_device(m)) > need:
                 m32, _ = load_model(model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code)
                 h32 = load_heads(path, model=m32) if note.startswith("trained") else untrained_heads(m32)
                 kwargs["variants"] = {"float32": (m32, h32)}
-                say(f"Numerics: {loaded} (fast) and float32 (exact) loaded")
+                kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
+                say(f"Numerics: float32 (exact, the comparison's default) and {loaded} (fast: {speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding here)")
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         if max_prompt_tokens == "auto":
@@ -345,7 +335,7 @@ class Playground:
         forward round differently, so a near-tie may flip the choice."""
         sampled = settings is not None and settings.sample
         model = self.pair(settings)[0]
-        numerics = _dtype_name(model)
+        numerics = dtype_name(model)
         check = replace(greedy_check(plain.tokens, medusa.tokens, sampled=sampled), numerics=numerics, exact_available="float32" in self.variants)
         k = check.first_diff
         if check.equal or k >= min(len(plain.tokens), len(medusa.tokens)):
@@ -415,17 +405,17 @@ class Playground:
                     kv.warm_up(missing)
                 finally:
                     kv.release()
-        numerics = _dtype_name(decoders[0].model)
+        numerics = dtype_name(decoders[0].model)
         if numerics in self._warm:
             return
         for d in decoders:
             Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
         self._warm.add(numerics)
 
-    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int]) -> Iterator[Event]:
-        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder)."""
+    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "") -> Iterator[Event]:
+        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title)."""
         detok = Detokenizer(self.tokenizer)
-        record = RunRecord(view, tuple(ids))
+        record = RunRecord(view, tuple(ids), note=note)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
@@ -444,8 +434,9 @@ class Playground:
         run ends or is stopped, memory its caches held goes back to the system (``release_memory``)."""
         try:
             self.warmup(ids, decoders.values())
+            reference = next(iter(decoders))  # plain greedy or plain sampling: the speed-ups' reference
             for view, decoder in decoders.items():
-                yield from self.run_method(view, decoder, ids)
+                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference))
         finally:
             release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
 
@@ -464,7 +455,7 @@ class Playground:
         out = {
             "prompt": prompt,
             "tree": self.resolve_tree(settings).name,
-            "numerics": _dtype_name(self.pair(settings)[0]),
+            "numerics": dtype_name(self.pair(settings)[0]),
             "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
             "sampling_match" if settings.sample else "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
             "summary": summary_rows(records),

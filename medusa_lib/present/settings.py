@@ -19,11 +19,13 @@ MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 MAX_SEED = 2**63 - 1  # a torch.Generator seed
 
-# What the three columns run. Greedy: plain greedy, Medusa greedy (== plain greedy) and typical
-# acceptance at T. Sampled (the fair comparison at a temperature): plain sampling, Medusa exact
-# sampling (== plain sampling, same seed) and typical acceptance, all at T with the same seed.
+# What the three columns run, per mode. Greedy (the page's first view): plain greedy, Medusa greedy
+# (== plain greedy) and typical acceptance sampling at T. Sampling (the fair comparison at a
+# temperature): plain sampling, Medusa exact sampling (== plain sampling, same seed) and typical
+# acceptance, all at T from the same seed. Typical acceptance runs the same way in both modes.
 GREEDY_VIEWS = ("plain", "medusa-greedy", "medusa-typical")
 SAMPLED_VIEWS = ("plain-sample", "medusa-sample", "medusa-typical")
+MODES = {"greedy": False, "sampling": True}  # the page's Mode choice -> Settings.sample
 DECODER_METHOD = {"plain-sample": "plain"}  # a view's decoder method, where the names differ
 
 
@@ -31,25 +33,34 @@ class PlaygroundError(InputError):
     """Settings the playground cannot run with. One sentence that says what to change."""
 
 
+def sample_of_mode(mode) -> bool:
+    """The page's Mode choice ("greedy" or "sampling") as ``Settings.sample``."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise PlaygroundError(f"The mode must be {' or '.join(map(repr, MODES))} (got {shown(mode)}).")
+    return MODES[mode]
+
+
 @dataclass(frozen=True)
 class Settings:
-    """What the page (and ``/compare``) asks for. With ``sample`` off, plain and Medusa greedy decode
-    greedily (T = 0) and only typical acceptance uses T; with it on, all three sample at T from the
-    same seed (``SAMPLED_VIEWS``). The page turns it on whenever T > 0; ``/compare`` takes it as a
-    parameter (off by default, as before). The page and the API call the two thresholds by the
-    paper's letters, epsilon and delta."""
+    """What the page (and ``/compare``) asks for. With ``sample`` off (the greedy mode, the default),
+    plain and Medusa greedy decode greedily (T = 0) and only typical acceptance uses T; with it on
+    (the sampling mode), all three sample at T from the same seed (``SAMPLED_VIEWS``). Typical
+    acceptance samples its root and bonus tokens at T from the seed in both modes, as the reference
+    Medusa does (at T = 0 it is greedy). The page's Mode choice sets ``sample``; ``/compare`` takes
+    it as a parameter. The page and the API call the two thresholds by the paper's letters,
+    epsilon and delta."""
 
     max_new_tokens: int = 96  # per method (the slider's start and /compare's default)
-    temperature: float = 0.7  # typical acceptance only: p = softmax(logits / T)
+    temperature: float = 0.7  # typical acceptance's p = softmax(logits / T); in the sampling mode every column's
     posterior_threshold: float = 0.09  # epsilon: typical acceptance's hard threshold
     posterior_alpha: float = 0.3  # delta: its entropy-dependent threshold, accept p > min(epsilon, delta * exp(-H))
     tree: str = FALLBACK_TREE  # preset name (the page starts from the heads' default: core.defaults)
     custom_tree: str = ""  # JSON list of paths such as [[0], [0, 0], [1]]; overrides the preset
     chat_template: bool = True  # wrap the prompt in the model's chat template
     seed: int = 0  # the generator every sampled method starts from
-    sample: bool = False  # the sampled comparison (SAMPLED_VIEWS) instead of the greedy one
+    sample: bool = False  # the sampling mode (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
-    numerics: str | None = None  # which loaded copy runs, e.g. "bfloat16" or "float32" (None: the loaded dtype; Playground.prepare checks it)
+    numerics: str | None = None  # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded; Playground.prepare checks it)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         """The check of the settings a page or an API caller sent (``Playground.settings`` has already
@@ -83,8 +94,8 @@ class Settings:
         return SAMPLED_VIEWS if self.sample else GREEDY_VIEWS
 
     def config(self, view: str) -> DecodeConfig:
-        """The decoder settings of one column. In the sampled comparison typical acceptance samples
-        its root and bonus tokens too (as the reference Medusa does), from the same seed."""
+        """The decoder settings of one column. Typical acceptance samples its root and bonus tokens
+        at T (as the reference Medusa does) from the seed, in both modes."""
         sampled = view in SAMPLED_VIEWS  # typical acceptance always uses T
         return DecodeConfig(
             max_new_tokens=int(self.max_new_tokens),
@@ -92,6 +103,6 @@ class Settings:
             seed=int(self.seed),
             posterior_threshold=float(self.posterior_threshold),
             posterior_alpha=float(self.posterior_alpha),
-            sample_root=self.sample and view == "medusa-typical",
+            sample_root=view == "medusa-typical",
             lookup=0 if view in ("plain", "plain-sample") else int(self.lookup),
         )
