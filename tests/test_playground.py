@@ -29,6 +29,8 @@ from medusa_lib.present import (
     greedy_check,
     load_examples,
     mask_data,
+    numerics_label,
+    numerics_note,
     path_rows,
     summary_rows,
     threshold_curve,
@@ -385,9 +387,13 @@ def test_load_adds_a_float32_copy_of_a_bfloat16_model(tmp_path):
     assert list(pg2.variants) == ["bfloat16", "float32"] and pg2.dtype == "bfloat16"
     m32, h32 = pg2.variants["float32"]
     assert next(m32.parameters()).dtype == torch.float32 and next(h32.parameters()).dtype == torch.float32
-    assert any(re.fullmatch(r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(fast: \d+\.\dx float32's plain decoding here\)", s) for s in said), said
+    assert any(re.fullmatch(r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(\d+\.\dx float32's plain decoding speed here\)", s) for s in said), said
     assert pg2.default_numerics == "float32" and pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2"))["numerics"] == "float32"  # exact by default
     assert pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="bfloat16"))["numerics"] == "bfloat16"
     assert pg2.numerics_note.startswith("float32 is exact: Medusa greedy writes plain greedy's tokens") and "bfloat16 decodes" in pg2.numerics_note
+    slow, fast = numerics_note({"float32": 30.0, "bfloat16": 15.0}, device="CPU"), numerics_note({"float32": 30.0, "bfloat16": 60.0}, device="CPU")
+    assert "bfloat16 decodes 2.0x as fast as float32 on this CPU" in fast and "bfloat16 decodes at 0.5x float32's speed on this CPU (no native bfloat16 here" in slow
+    assert numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 60.0}) == "bfloat16 (fast)" and numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 15.0}) == "bfloat16 (16-bit)"
+    assert numerics_label("float32", {}) == "float32 (exact)"
     one = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, numerics_copy=False)
     assert list(one.variants) == ["bfloat16"] and one.default_numerics == "bfloat16" and one.numerics_note == ""

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import gradio as gr
 
-from medusa_lib.present import Playground, Settings
+from medusa_lib.present import Playground, Settings, numerics_label
 
 from .figures import empty_figure, timeline_figure
 from .lab import build_lab
@@ -19,7 +19,8 @@ from .text import HEADER, explain
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
 DEFAULTS = Settings()
 # The Mode choice: the greedy comparison first (Medusa greedy must write plain greedy's text), the sampled one a click away.
-MODE_CHOICES = [("Greedy: plain, Medusa greedy, typical at T", "greedy"), ("Sampling: all three at T, same seed", "sampling")]
+MODE_CHOICES = [("Greedy", "greedy"), ("Sampling", "sampling")]
+MODE_INFO = "Greedy: plain greedy, Medusa greedy, Medusa typical at T. Sampling: all three at T from the seed."
 
 
 def launch_options() -> dict:
@@ -61,11 +62,11 @@ def build_demo(
                         c["status"] = gr.Markdown("Pick an example or type a prompt, then press **Run**.", elem_id="status")
                     with gr.Column(scale=4, elem_id="settings"):
                         with gr.Row():
-                            mode = gr.Radio(MODE_CHOICES, value="sampling" if DEFAULTS.sample else "greedy", label="Mode", elem_id="mode", scale=3)
+                            mode = gr.Radio(MODE_CHOICES, value="sampling" if DEFAULTS.sample else "greedy", label="Mode", info=MODE_INFO, elem_id="mode", scale=3)
                             seed = gr.Number(value=DEFAULTS.seed, precision=0, minimum=0, label="Seed", elem_id="seed", min_width=90, scale=1)
                         with gr.Row():
                             max_new = gr.Slider(1, limit, value=start, step=1, label="Max new tokens", elem_id="max-new-tokens", min_width=220)
-                            temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature (typical acceptance; in Sampling mode all three)",
+                            temperature = gr.Slider(0, 2, value=DEFAULTS.temperature, step=0.05, label="Temperature", info="typical; all three in Sampling",
                                                     elem_id="temperature", min_width=220)
                         with gr.Row():
                             with gr.Column(min_width=200):
@@ -80,7 +81,7 @@ def build_demo(
                         if pg.defaults.note:  # the default tree was calibrated on another kind of device
                             gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
                         # float32 first (exact: Medusa greedy == plain greedy through near-ties); a 16-bit copy is the fast choice (present/numerics.py)
-                        numerics = gr.Radio([(f"{n} ({'exact' if n == 'float32' else 'fast'})", n) for n in sorted(pg.variants, key=lambda n: n != "float32")],
+                        numerics = gr.Radio([(numerics_label(n, pg.numerics_speeds), n) for n in sorted(pg.variants, key=lambda n: n != "float32")],
                                             value=pg.default_numerics, label="Numerics", visible=len(pg.variants) > 1, elem_id="numerics")
                         if pg.numerics_note:
                             gr.HTML(numerics_note_html(pg.numerics_note), elem_id="numerics-note")

@@ -60,17 +60,27 @@ def decode_speeds(variants: Mapping[str, tuple], *, tokens: int = 12, repeats: i
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
+def numerics_label(name: str, speeds: Mapping[str, float]) -> str:
+    """How the page's choice names a copy: float32 is exact; a 16-bit copy is "fast" only where it
+    measured faster than float32 here (a CPU without native bfloat16 emulates it, slower)."""
+    if name == EXACT:
+        return f"{name} (exact)"
+    faster = name not in speeds or EXACT not in speeds or speeds[name] > speeds[EXACT]
+    return f"{name} ({'fast' if faster else '16-bit'})"
+
+
 def numerics_note(speeds: Mapping[str, float], *, device: str) -> str:
-    """The line under the Numerics choice: what float32 guarantees, and how much faster each 16-bit
-    copy decoded here at start-up ('' with one copy)."""
+    """The line under the Numerics choice: what float32 guarantees, and how fast each 16-bit copy
+    decoded against it here at start-up ('' with one copy)."""
     if len(speeds) < 2 or EXACT not in speeds or speeds[EXACT] <= 0:
         return ""
     fast = [(n, v / speeds[EXACT]) for n, v in speeds.items() if n != EXACT]
-    faster = "; ".join(f"{n} decodes {r:.1f}x as fast as float32 on this {device} (plain decoding, measured at start-up)" for n, r in fast)
+    faster = "; ".join(f"{n} decodes {r:.1f}x as fast as float32 on this {device}" if r >= 1 else
+                       f"{n} decodes at {r:.1f}x float32's speed on this {device} (no native {n} here: float32 is the fast choice too)" for n, r in fast)
     names = " and ".join(n for n, _ in fast)
-    return (f"float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, on every prompt. {faster}. "
-            f"In {names} a tree step and a one-token step round differently, so where the model's two best tokens nearly tie "
-            f"its Medusa output may differ from plain's (the badge shows where).")
+    return (f"float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, on every prompt. {faster} "
+            f"(plain decoding, measured at start-up). In {names} a tree step and a one-token step round differently, so where the model's "
+            f"two best tokens nearly tie its Medusa output may differ from plain's (the badge shows where).")
 
 
-__all__ = ["EXACT", "decode_speeds", "default_numerics", "dtype_name", "free_memory", "numerics_note"]
+__all__ = ["EXACT", "decode_speeds", "default_numerics", "dtype_name", "free_memory", "numerics_label", "numerics_note"]

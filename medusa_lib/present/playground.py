@@ -191,7 +191,8 @@ class Playground:
         # show the bfloat16 speed-up and the float32 exactness on one prompt (a run names its pair)
         self.variants: dict[str, tuple] = {self.dtype: (model, heads), **{k: v for k, v in (variants or {}).items() if k != self.dtype}}
         self.default_numerics = default_numerics(self.variants)  # what a run that names none uses: float32 where loaded (exact), numerics.py
-        self.numerics_note = numerics_note(numerics_speeds or {}, device=device_name(input_device(model)))  # the line under the page's choice
+        self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
+        self.numerics_note = numerics_note(self.numerics_speeds, device=device_name(input_device(model)))  # the line under the page's choice
         self._warm: set[str] = set()  # numerics already warmed up
 
     def pair(self, settings: Settings | None) -> tuple:
@@ -249,7 +250,7 @@ class Playground:
                 h32 = load_heads(path, model=m32) if note.startswith("trained") else untrained_heads(m32)
                 kwargs["variants"] = {"float32": (m32, h32)}
                 kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
-                say(f"Numerics: float32 (exact, the comparison's default) and {loaded} (fast: {speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding here)")
+                say(f"Numerics: float32 (exact, the comparison's default) and {loaded} ({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)")
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         if max_prompt_tokens == "auto":
