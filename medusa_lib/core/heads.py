@@ -34,7 +34,8 @@ Checkpoint formats read by :func:`load_heads`:
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
-3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head).
+3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head);
+4. vLLM's Medusa layout (``blocks.{i}.layers.{j}.*``, ``lm_heads.*``, ``token_map``): ``vllm_format.py``.
 Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary,
 ``root.{i}.weight`` for the root projections of root-conditioned heads and ``path.{i}.{j}.weight``
 for the branch projections P^(i+1, j+1) of path-conditioned heads.
@@ -466,6 +467,10 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
             break
     else:
         state = _full_model_head_tensors(folder)
+    if not state and config.get("model_type") == "medusa":  # vLLM's layout, what pipeline.export writes
+        from .vllm_format import read_vllm_medusa  # it imports this module
+
+        state, config = read_vllm_medusa(folder)
     if not state:
         raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
     if not config.get("vocab_size") and model is not None:
