@@ -145,3 +145,30 @@ def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "4/4" in out.stderr and out.stdout.startswith(f"wrote {tmp_path / 'out'}")
+
+
+def test_the_page_says_whether_the_heads_export_and_with_which_command(tmp_path, monkeypatch):
+    from medusa_lib.present.export import export_hint
+
+    monkeypatch.chdir(tmp_path)
+    proposal_heads().save(tmp_path / "plain")
+    random_heads(root=True, path=True).save(tmp_path / "hydra")
+    plain, hydra = load_heads(tmp_path / "plain"), load_heads(tmp_path / "hydra")
+    assert export_hint(plain) == ("**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): "
+                                  "`python -m medusa_lib.pipeline.export --heads plain --to vllm --out OUT` (docs/serving.md#serving-your-heads).")
+    assert export_hint(hydra) == ("**Serving in vLLM:** these path-conditioned heads cannot be exported (vLLM's Medusa reads the hidden state only); "
+                                  "plain heads can: train them without path conditioning (`python -m medusa_lib.pipeline.train --out DIR`), "
+                                  "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` (docs/serving.md#serving-your-heads).")
+
+
+def test_the_page_shows_the_export_hint_beside_the_heads_and_in_the_tree_lab():
+    from conftest import tiny_playground
+
+    from medusa_lib.present.export import export_hint
+    from ui import build_demo
+
+    pg = tiny_playground(oracle=False)
+    demo = build_demo(pg, max_new_tokens=16)
+    shown = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in demo.config["components"]}
+    assert shown["export-hint"] == shown["lab-export"] == export_hint(pg.heads)
+    assert "untrained heads" in shown["export-hint"]

@@ -54,16 +54,13 @@ from torch import nn
 
 from .lookup import MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
-from .messages import InputError
+from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+from .vllm_format import read_vllm_medusa
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
 TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
-
-
-class HeadsError(InputError):
-    """Heads that cannot be loaded or do not fit the model. One sentence that says what to change."""
 
 
 class ResBlock(nn.Module):
@@ -468,8 +465,6 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     else:
         state = _full_model_head_tensors(folder)
     if not state and config.get("model_type") == "medusa":  # vLLM's layout, what pipeline.export writes
-        from .vllm_format import read_vllm_medusa  # it imports this module
-
         state, config = read_vllm_medusa(folder)
     if not state:
         raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
@@ -478,6 +473,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     heads = heads_from_state_dict(state, config=config)
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
+    heads.folder = folder  # where they came from (the page's export command names it)
     heads.default_tree = config.get("default_tree")
     heads.calibration = config.get("calibration")
     heads.lookup = config.get("lookup")

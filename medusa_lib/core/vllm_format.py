@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-from .heads import HeadsError, MedusaHeads
+from .messages import HeadsError
 
 VLLM_WEIGHTS = "model.safetensors"
 EXPORTED_BY = "medusa-playground"  # config.json's "exported_by": marks a folder this module wrote
 TRAIN_PLAIN = "python -m medusa_lib.pipeline.train --out DIR"  # root and path conditioning are off unless asked for
 
 
-def vllm_refusal(heads: MedusaHeads) -> str | None:
-    """Why vLLM's Medusa cannot run these heads (one sentence that says which heads can), or None."""
+def vllm_refusal(heads) -> str | None:
+    """Why vLLM's Medusa cannot run ``heads`` (a ``heads.MedusaHeads``) (one sentence that says which heads can), or None."""
     if not (heads.root_conditioned or heads.path_conditioned):
         return None
     kind = "path-conditioned (each head also reads the tree's root and its own branch)" if heads.path_conditioned else "root-conditioned (they also read the tree's root token)"
@@ -45,8 +45,8 @@ def export_command(folder: str | Path | None, out: str = "OUT") -> str:
     return f"python -m medusa_lib.pipeline.export --heads {folder or 'DIR'} --to vllm --out {out}"
 
 
-def to_vllm_medusa(heads: MedusaHeads, lm_head_weight: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, config.json) of ``heads`` in vLLM's Medusa layout. Heads that share the base
+def to_vllm_medusa(heads, lm_head_weight: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of ``heads`` (a ``heads.MedusaHeads``) in vLLM's Medusa layout. Heads that share the base
     model's lm_head need its weight [V, d]: its rows at ``proposal_ids`` become the one shared head."""
     why = vllm_refusal(heads)
     if why:
@@ -89,7 +89,7 @@ def to_vllm_medusa(heads: MedusaHeads, lm_head_weight: torch.Tensor | None = Non
 def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """vLLM's Medusa folder as (our state dict, our config): ResBlocks as ``{i}.{j}.linear.*``, each
     head's projection as ``{i}.{L}.weight`` (the shared head copied to every head, as vLLM uses it),
-    ``token_map`` as ``proposal_ids``. :func:`heads.load_heads` calls this for such folders."""
+    ``token_map`` as ``proposal_ids``. ``heads.load_heads`` calls this for such folders."""
     from safetensors import safe_open
 
     config = json.loads((folder / "config.json").read_text())
