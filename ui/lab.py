@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from medusa_lib.present import LABELS, REFERENCE_NAMES, Playground, sample_of_mode
+from medusa_lib.present.export import export_hint
 from medusa_lib.present.lab import (
     Curves,
     Measured,
@@ -268,6 +269,7 @@ def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, ma
     first = h.draw(None, start, pg.defaults.lookup_on)
     gr.Markdown("## Tree lab: why a tree is fast on this device\nSpeed-up = tokens per step (gain) / what one tree step costs against a plain step (cost). "
                 "Edit a tree below: its point moves on the three curves at once, without running the model.", elem_id="lab-title")
+    gr.Markdown(export_hint(pg.heads), elem_id="lab-export")  # whether these heads can be served in vLLM, and how
     with gr.Row(equal_height=True):
         c["lab_note"] = gr.Markdown(" ".join(n for n in (h.base.cost_note, h.base.gain_note) if n), elem_id="lab-note")
         costs_btn = gr.Button("Measure costs on this machine", variant="secondary", elem_id="lab-measure-costs", scale=0, min_width=260)

@@ -9,6 +9,7 @@ from typing import Sequence
 import gradio as gr
 
 from medusa_lib.present import Playground, Settings, numerics_label
+from medusa_lib.present.export import export_hint
 
 from .figures import empty_figure, timeline_figure
 from .lab import build_lab
@@ -45,6 +46,7 @@ def build_demo(
     with gr.Blocks(title="Medusa Playground") as demo:
         gr.Markdown(HEADER, elem_id="header")
         gr.HTML(info_html(model=model_name, device=pg.device, dtype=pg.dtype, heads=pg.heads.num_heads, heads_note=pg.heads_note, numerics=list(pg.variants), engine=pg.engine), elem_id="info")
+        gr.Markdown(export_hint(pg.heads), elem_id="export-hint")  # can these heads be served in vLLM, and how (docs/serving.md)
 
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="playground-tab"):

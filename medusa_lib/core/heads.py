@@ -34,7 +34,8 @@ Checkpoint formats read by :func:`load_heads`:
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
-3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head).
+3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head);
+4. vLLM's Medusa layout (``blocks.{i}.layers.{j}.*``, ``lm_heads.*``, ``token_map``): ``vllm_format.py``.
 Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary,
 ``root.{i}.weight`` for the root projections of root-conditioned heads and ``path.{i}.{j}.weight``
 for the branch projections P^(i+1, j+1) of path-conditioned heads.
@@ -53,16 +54,13 @@ from torch import nn
 
 from .lookup import MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
-from .messages import InputError
+from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+from .vllm_format import read_vllm_medusa
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
 CONFIG_FILE = "config.json"
 TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
-
-
-class HeadsError(InputError):
-    """Heads that cannot be loaded or do not fit the model. One sentence that says what to change."""
 
 
 class ResBlock(nn.Module):
@@ -466,6 +464,8 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
             break
     else:
         state = _full_model_head_tensors(folder)
+    if not state and config.get("model_type") == "medusa":  # vLLM's layout, what pipeline.export writes
+        state, config = read_vllm_medusa(folder)
     if not state:
         raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
     if not config.get("vocab_size") and model is not None:
@@ -473,6 +473,7 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     heads = heads_from_state_dict(state, config=config)
     if (folder / TREES_FILE).exists():
         heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
+    heads.folder = folder  # where they came from (the page's export command names it)
     heads.default_tree = config.get("default_tree")
     heads.calibration = config.get("calibration")
     heads.lookup = config.get("lookup")

@@ -21,6 +21,11 @@ class InputError(ValueError):
     """A setting or input that cannot be used. ``str(e)`` is one sentence that says what to change."""
 
 
+class HeadsError(InputError):
+    """Heads that cannot be loaded or do not fit the model. One sentence that says what to change.
+    (``heads.py``'s error; here so that ``vllm_format.py``, which ``heads.py`` imports, raises it too.)"""
+
+
 def shown(value) -> str:
     """A bad value as a message quotes it: short, and spelled as JSON spells it."""
     if value is None:

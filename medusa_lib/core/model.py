@@ -204,6 +204,17 @@ def _default_cached_folder() -> Path:
     return CACHE_DIR / "SmolLM2-135M-Instruct"
 
 
+def default_model_folder() -> Path:
+    """The default model as a plain Hugging Face folder (safetensors, tokenizer, chat template): the
+    copy its first start writes, written now if missing. What another engine (vLLM) loads."""
+    folder = _default_cached_folder()
+    if not (folder / "config.json").exists():
+        load_model(DEFAULT_MODEL, device="cpu", dtype="auto", allow_remote=False, prepack=False, packed_gqa=False)
+    if not (folder / "config.json").exists():
+        raise ModelError(f"Could not write the default model's folder {folder}; make its parent writable or set MEDUSA_PLAYGROUND_CACHE.")
+    return folder
+
+
 def _save_default_cache(model: nn.Module, tokenizer, folder: Path) -> None:
     """Save the dequantised GGUF model as plain safetensors so later starts take seconds."""
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")

@@ -1,0 +1,38 @@
+"""What the page says about serving the loaded heads elsewhere: whether they export to vLLM, and how.
+
+The rule (which heads vLLM's Medusa can run) and the command are the core's (``core/vllm_format.py``);
+``python -m medusa_lib.pipeline.export`` does the export. docs/serving.md, "Serving your heads".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..core.heads import MedusaHeads
+from ..core.vllm_format import TRAIN_PLAIN, export_command
+
+DOCS = "docs/serving.md#serving-your-heads"
+
+
+def shown_folder(heads: MedusaHeads) -> str | None:
+    """The heads' folder as a command line in the repository root names it (relative when inside it)."""
+    folder = getattr(heads, "folder", None)  # set by load_heads; untrained heads have none
+    if folder is None:
+        return None
+    try:
+        return os.path.relpath(Path(folder).resolve(), Path.cwd())
+    except ValueError:  # another drive (Windows)
+        return str(folder)
+
+
+def export_hint(heads: MedusaHeads) -> str:
+    """One or two sentences (Markdown): can these heads be served in vLLM, and with which command."""
+    folder = shown_folder(heads)
+    if heads.path_conditioned or heads.root_conditioned:
+        kind = "path-conditioned" if heads.path_conditioned else "root-conditioned"
+        return (f"**Serving in vLLM:** these {kind} heads cannot be exported (vLLM's Medusa reads the hidden state only); "
+                f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS}).")
+    if folder is None:
+        return f"**Serving in vLLM:** untrained heads; train plain heads (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS})."
+    return f"**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): `{export_command(folder)}` ({DOCS})."
