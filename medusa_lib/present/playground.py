@@ -18,6 +18,7 @@ import ctypes
 import gc
 import json
 import math
+import time
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -51,13 +52,33 @@ from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, s
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     DECODER_METHOD,
+    MAX_RUN_SECONDS,
     MAX_NEW_TOKENS_LIMIT,
     MAX_PROMPT_CHARS,
     MAX_TREE_CHARS,
     MAX_TREE_NODES,
     PlaygroundError,
+    RunStopped,
     Settings,
 )
+
+StopCheck = Callable[[], "str | None"]  # between two decode steps: None to go on, or the sentence that ends the run (RunStopped)
+
+
+def deadline(seconds: float | None, *, start: float | None = None) -> StopCheck:
+    """A check that ends a run ``seconds`` after ``start`` (now): the server's bound on one call's wall time."""
+    if seconds is None:
+        return lambda: None
+    end = (time.perf_counter() if start is None else start) + seconds
+    why = (f"The run was stopped after {seconds:g} s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+           "ask for fewer new tokens or send a shorter prompt.")
+    return lambda: why if time.perf_counter() > end else None
+
+
+def any_of(*checks: StopCheck | None) -> StopCheck:
+    """The first reason any of ``checks`` gives to stop."""
+    live = [c for c in checks if c is not None]
+    return lambda: next((why for why in (c() for c in live) if why), None)
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -412,14 +433,17 @@ class Playground:
             Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
         self._warm.add(numerics)
 
-    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "") -> Iterator[Event]:
-        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title)."""
+    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None) -> Iterator[Event]:
+        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
+        ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
         record = RunRecord(view, tuple(ids), note=note)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
             for step in steps:
+                if stop is not None and (why := stop()):
+                    raise RunStopped(why)
                 elapsed += step.seconds
                 pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
                 shown_step = StepView(step, pieces, elapsed, len(ids) + committed - 1)
@@ -429,27 +453,29 @@ class Playground:
         record = replace(record, done=True)
         yield Event("end", view, record)
 
-    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder]) -> Iterator[Event]:
-        """Prepared decoders (``prepare``), one after another; an Event after every step. When the
-        run ends or is stopped, memory its caches held goes back to the system (``release_memory``)."""
+    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder], *, stop: StopCheck | None = None) -> Iterator[Event]:
+        """Prepared decoders (``prepare``), one after another; an Event after every step. ``stop`` is
+        asked between steps (a cancelled call, a client gone, a wall-time bound: ``deadline``) and a
+        reason ends the run with RunStopped. When the run ends or is stopped, memory its caches held
+        goes back to the system (``release_memory``)."""
         try:
             self.warmup(ids, decoders.values())
             reference = next(iter(decoders))  # plain greedy or plain sampling: the speed-ups' reference
             for view, decoder in decoders.items():
-                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference))
+                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop)
         finally:
             release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
 
-    def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
+    def stream(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> Iterator[Event]:
         """The three columns (``settings.views``), one after another; an Event after every step."""
         ids, decoders = self.prepare(prompt, settings)
-        yield from self.run(ids, decoders)
+        yield from self.run(ids, decoders, stop=stop)
 
-    def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
+    def compare(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> dict:
         """Run all three and return texts + statistics as a JSON-able dict (the API endpoint). The
         exactness check is "greedy_match" (Medusa greedy vs plain greedy), or "sampling_match"
         (Medusa exact sampling vs plain sampling, same seed) with "sampling", the cost panel's rows."""
-        records = {ev.method: ev.record for ev in self.stream(prompt, settings) if ev.kind == "end"}
+        records = {ev.method: ev.record for ev in self.stream(prompt, settings, stop=stop) if ev.kind == "end"}
         plain, medusa, _ = settings.views
         check = self.greedy_check(records[plain], records[medusa], settings)
         out = {
@@ -465,4 +491,4 @@ class Playground:
         return out
 
 
-__all__ = ["PREFILL_SECONDS", "LONG_RUN_TOKENS", "Playground", "device_name", "measured_limit_why", "prompt_token_limit", "release_memory", "untrained_heads"]
+__all__ = ["MAX_RUN_SECONDS", "RunStopped", "any_of", "deadline", "PREFILL_SECONDS", "LONG_RUN_TOKENS", "Playground", "device_name", "measured_limit_why", "prompt_token_limit", "release_memory", "untrained_heads"]
