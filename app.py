@@ -31,7 +31,7 @@ SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
 TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
 MAX_PROMPT_CHARS = int(os.environ.get("MEDUSA_MAX_PROMPT_CHARS", "32000"))  # longer prompts are refused before tokenising
-MAX_PROMPT_TOKENS = os.environ.get("MEDUSA_MAX_PROMPT_TOKENS", "auto")  # auto = what the device prefills in ~3 s, measured at start-up
+MAX_PROMPT_TOKENS = os.environ.get("MEDUSA_MAX_PROMPT_TOKENS", "auto")  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
 MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value and /compare's default
 MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
 EXAMPLES = ROOT / "assets" / "examples.json"

@@ -50,7 +50,8 @@ def build_demo(
             with gr.Tab("Playground", id="playground", elem_id="playground-tab"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5):
-                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt")
+                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt",
+                                            info=pg.prompt_limit_note())
                         if examples:
                             gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt], label="Examples: click one, then Run",
                                         example_labels=[str(e.get("label") or e["prompt"][:40]) for e in examples], examples_per_page=12)
