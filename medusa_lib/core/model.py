@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from .attention import NAME as PACKED_GQA
@@ -265,6 +266,9 @@ def load_model(
             raise ModelError(f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}.")
         if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
             raise ModelError(f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
+    folder = Path(str(source)).expanduser()
+    if gguf_file is None and folder.is_dir() and not (folder / "config.json").exists():
+        raise ModelError(f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
     say(f"Loading tokenizer from {source}...")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
@@ -273,16 +277,16 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, device_map=device_map, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, **kwargs).to(dev)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a damaged weights file raises SafetensorError (an Exception)
         if isinstance(e, ModelError):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__).rstrip(" :,;")
         if not Path(str(source)).expanduser().exists() and ("connect" in first or "offline" in first.lower() or "cached files" in first):
             raise ModelError(f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
                              "give a local folder, or check the id and the connection.") from None
         if "trust_remote_code" in str(e):
             raise ModelError(f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code.") from None
-        raise ModelError(f"Could not load model {str(name_or_path)!r}: {first[:300]}") from None
+        raise ModelError(f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, or give another folder or Hub id.") from None
     model.eval()
     if gguf_file is not None:
         try:
