@@ -320,7 +320,7 @@ class Handlers:
     def refuse(e: Exception) -> str:
         """Status line (and toast) for a run that cannot go on."""
         msg = cannot_run(e)
-        gr.Warning(msg)
+        gr.Warning(html.escape(msg, quote=False))  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
         return f"**Cannot run:** {html.escape(msg, quote=False)}"
 
     def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
