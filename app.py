@@ -6,7 +6,8 @@
 The server offers only the model and heads it was started with: neither the page nor the API can
 load another. Model code from the Hub runs only with --trust-remote-code.
 
-Every flag has an environment override (a Hugging Face Space sets them in its settings).
+Every flag has an environment override (a Hugging Face Space sets them in its settings); a bad flag or
+override gets one sentence naming it, before the model loads where it can be checked without it.
 Paper: Cai et al., "Medusa", ICML 2024, arXiv 2401.10774.
 """
 
@@ -18,8 +19,27 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+
+
+def env_number(name: str, default: str, *, low: float, high: float | None = None, whole: bool = True, also: tuple[str, ...] = ("auto",)):
+    """An environment override read as a number (or one of ``also``), or exit with one sentence naming the variable."""
+    raw = os.environ.get(name, default).strip()
+    if raw in also:
+        return raw
+    try:
+        value = int(raw) if whole else float(raw)
+        if not (low <= value and (high is None or value <= high)):
+            raise ValueError
+    except ValueError:
+        rule = f"a whole number from {low:g}" if whole else f"a number of at least {low:g}"
+        rule += f" to {high:g}" if high is not None else " up"
+        sys.exit(f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; fix it or unset it.")
+    return value
+
+
 HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
-PORT = int(os.environ.get("MEDUSA_PORT", os.environ.get("GRADIO_SERVER_PORT", "7860")))
+PORT_ENV = "MEDUSA_PORT" if "MEDUSA_PORT" in os.environ else "GRADIO_SERVER_PORT"  # named in the sentence of a bad port
+PORT = env_number(PORT_ENV, "7860", low=1, high=65535, also=())
 MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
 DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
 HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
@@ -30,10 +50,11 @@ CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with th
 SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
 TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
-MAX_PROMPT_CHARS = int(os.environ.get("MEDUSA_MAX_PROMPT_CHARS", "32000"))  # longer prompts are refused before tokenising
-MAX_PROMPT_TOKENS = os.environ.get("MEDUSA_MAX_PROMPT_TOKENS", "auto")  # auto = what the device prefills in ~3 s, measured at start-up
-MAX_NEW_TOKENS = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS", "96"))  # the slider's starting value and /compare's default
-MAX_NEW_TOKENS_LIMIT = int(os.environ.get("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512"))  # the slider's and the API's maximum
+MAX_PROMPT_CHARS = env_number("MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=())  # longer prompts are refused before tokenising
+MAX_PROMPT_TOKENS = env_number("MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1)  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
+MAX_NEW_TOKENS = env_number("MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=())  # the slider's starting value and /compare's default
+MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=())  # the slider's and the API's maximum
+MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())  # wall time one API call may take: ends a run whose client left unseen
 EXAMPLES = ROOT / "assets" / "examples.json"
 
 
@@ -57,24 +78,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def flag(name: str, env: str, argv: list[str] | None) -> str:
+    """How the operator set a value: the flag when it is on the command line, else its environment variable."""
+    given = sys.argv[1:] if argv is None else argv
+    return name if any(a == name or a.startswith(name + "=") for a in given) else env
+
+
+def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
+    """Refuse, before the model loads, what would fail only once it has: a port out of range, a host
+    that is not this machine's, a port in use, a capture the device cannot run. One sentence each."""
+    import errno
+    import socket
+
+    port, host = flag("--port", PORT_ENV, argv), flag("--host", "MEDUSA_HOST" if "MEDUSA_HOST" in os.environ else "GRADIO_SERVER_NAME", argv)
+    if not 1 <= args.port <= 65535:
+        sys.exit(f"error: {port} must be a port from 1 to 65535 (got {args.port}).")
+    try:
+        family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError):
+        sys.exit(f"error: {host} {args.host!r} is not a name or address this machine can resolve; use 127.0.0.1, or 0.0.0.0 to serve the network.")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a port in TIME_WAIT is free
+        try:
+            sock.bind((args.host, args.port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                sys.exit(f"error: {port} {args.port} is in use on {args.host}; stop what serves there or pick another {port}.")
+            if e.errno == errno.EADDRNOTAVAIL:
+                sys.exit(f"error: {host} {args.host!r} is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network.")
+            if e.errno == errno.EACCES:
+                sys.exit(f"error: {port} {args.port} needs administrator rights on this machine; pick a port above 1023.")
+            sys.exit(f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); pick another {port} or {host}.")
+    from medusa_lib.core.kv import resolve_engine
+    from medusa_lib.core.model import resolve_device, resolve_dtype
+
+    try:
+        device = resolve_device(args.device)
+        resolve_dtype(args.dtype, device)
+        resolve_engine(device, cache=args.cache, capture=args.capture)
+    except ValueError as e:  # ModelError (--device, --dtype), EngineError (--cache/--capture)
+        sys.exit(f"error: {e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_serving(args, argv)
     from medusa_lib.present import Playground, load_examples
     from ui import build_demo, launch_options  # imported here: --help needs nothing heavy
 
     try:
         pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
                              trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, cache=args.cache, capture=args.capture, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
-                             max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS if MAX_PROMPT_TOKENS == "auto" else int(MAX_PROMPT_TOKENS))
+                             max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS)
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
-    demo = build_demo(pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS)
+    demo = build_demo(pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS, max_run_seconds=MAX_RUN_SECONDS)
     try:
         demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
-    except OSError as e:  # port taken, unknown host ...
+    except OSError as e:  # the port was taken while the model loaded ...
         sys.exit(f"error: cannot serve on {args.host}:{args.port} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host.")
 
 

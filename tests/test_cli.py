@@ -41,9 +41,9 @@ def model_folder(tmp_path_factory):
     return folder
 
 
-def start(monkeypatch, *argv: str) -> str:
-    """Run app.py's main() in-process until it exits; return the exit message."""
-    app_cli = load_app_module(monkeypatch)
+def start(monkeypatch, *argv: str, **env: str) -> str:
+    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message."""
+    app_cli = load_app_module(monkeypatch, **env)
     with pytest.raises(SystemExit) as err:
         app_cli.main(list(argv))
     return str(err.value.code)
@@ -125,3 +125,81 @@ def test_the_app_s_defaults_are_the_library_s(monkeypatch):
         assert k not in os.environ
     assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS) == (Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS)
     assert app_cli.MAX_PROMPT_TOKENS == "auto"
+
+
+# ------------------------------------------------------------------ start-up: one sentence per bad flag or override (issue #26)
+SERVING_ENV = ("MEDUSA_PORT", "GRADIO_SERVER_PORT", "MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS", "MEDUSA_MAX_RUN_SECONDS")
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("MEDUSA_PORT", "abc", "error: MEDUSA_PORT='abc' is not a whole number from 1 to 65535; fix it or unset it."),
+    ("MEDUSA_PORT", "99999", "error: MEDUSA_PORT='99999' is not a whole number from 1 to 65535; fix it or unset it."),
+    ("GRADIO_SERVER_PORT", "-5", "error: GRADIO_SERVER_PORT='-5' is not a whole number from 1 to 65535; fix it or unset it."),
+    ("MEDUSA_MAX_NEW_TOKENS_LIMIT", "0", "error: MEDUSA_MAX_NEW_TOKENS_LIMIT='0' is not a whole number from 1 up; fix it or unset it."),
+    ("MEDUSA_MAX_NEW_TOKENS", "ten", "error: MEDUSA_MAX_NEW_TOKENS='ten' is not a whole number from 1 up; fix it or unset it."),
+    ("MEDUSA_MAX_PROMPT_CHARS", "1e5", "error: MEDUSA_MAX_PROMPT_CHARS='1e5' is not a whole number from 1 up; fix it or unset it."),
+    ("MEDUSA_MAX_PROMPT_TOKENS", "abc", "error: MEDUSA_MAX_PROMPT_TOKENS='abc' is not a whole number from 1 up (or auto); fix it or unset it."),
+    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1 up; fix it or unset it."),
+])
+def test_a_bad_environment_override_is_one_sentence_naming_it(monkeypatch, name, value, message):
+    for k in SERVING_ENV:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as err:
+        load_app_module(monkeypatch, **{name: value})
+    assert str(err.value.code) == message
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if app.py gets as far as loading a model: these flags must be refused before."""
+    import medusa_lib.present.playground as playground
+
+    def load_model(*a, **kw):
+        raise AssertionError("the model was loaded before the bad flag was refused")
+
+    monkeypatch.setattr(playground, "load_model", load_model)
+    for k in SERVING_ENV + ("MEDUSA_DEVICE", "MEDUSA_CAPTURE", "MEDUSA_CACHE"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_bad_serving_flags_are_refused_before_the_model_loads(monkeypatch, no_model_load):
+    import socket
+
+    assert start(monkeypatch, "--port", "99999") == "error: --port must be a port from 1 to 65535 (got 99999)."
+    assert start(monkeypatch, "--port", "-5") == "error: --port must be a port from 1 to 65535 (got -5)."
+    assert start(monkeypatch, "--host", "8.8.8.8") == "error: --host '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    # GRADIO_SERVER_NAME (what a Space sets) is read like MEDUSA_HOST
+    assert start(monkeypatch, GRADIO_SERVER_NAME="8.8.8.8") == "error: GRADIO_SERVER_NAME '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert start(monkeypatch, "--port", str(port)) == f"error: --port {port} is in use on 127.0.0.1; stop what serves there or pick another --port."
+    assert start(monkeypatch, "--capture", "cuda-graph", "--device", "cpu") == "error: CUDA-graph capture needs a GPU; use --capture none or compile on a CPU."
+    assert start(monkeypatch, "--device", "tpu9") == "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."
+    assert start(monkeypatch, "--dtype", "float8") == "error: Unknown dtype 'float8'; use one of float32, bfloat16, float16 or auto."
+
+
+def test_a_folder_without_a_model_and_damaged_weights_are_one_sentence(monkeypatch, model_folder, tmp_path):
+    import shutil
+
+    assert start(monkeypatch, "--model", "/etc", "--device", "cpu") == (
+        "error: The folder '/etc' has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct.")
+    damaged = tmp_path / "damaged-model"
+    shutil.copytree(model_folder, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    message = start(monkeypatch, "--model", str(damaged), "--device", "cpu")
+    assert message.startswith(f"error: Could not load model {str(damaged)!r} (") and message.endswith("); check its files, or give another folder or Hub id."), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_heads_file_is_one_sentence(monkeypatch, model_folder, tmp_path, damage):
+    folder = tmp_path / "heads"
+    random_heads().save(folder)
+    weights = folder / "medusa_lm_head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200] if damage == "truncated" else os.urandom(4096))
+    message = start(monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu", "--dtype", "float32")
+    assert message.startswith(f"error: The heads file {weights} is not a readable safetensors file (") and message.endswith("); copy the heads again or train new ones."), message
+    assert "\n" not in message

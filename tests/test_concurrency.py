@@ -26,12 +26,12 @@ def count_runs(monkeypatch, pg: Playground, *, step_seconds: float = 0.0) -> dic
     orig, lock = Playground.run, threading.Lock()
     stats = {"active": 0, "peak": 0, "steps": 0, "closed": 0}
 
-    def run(ids, decoders):
+    def run(ids, decoders, **kw):
         with lock:
             stats["active"] += 1
             stats["peak"] = max(stats["peak"], stats["active"])
         try:
-            for ev in orig(pg, ids, decoders):
+            for ev in orig(pg, ids, decoders, **kw):
                 stats["steps"] += ev.kind == "step"
                 time.sleep(step_seconds)
                 yield ev
@@ -112,6 +112,98 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     assert stats["steps"] == steps  # nothing decodes after Stop
     assert steps < 500  # stopped inside the first method: plain alone runs ~505 steps (2.5 s here) to the 512-token context
     assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+
+
+def wait_for(cond, seconds: float) -> float:
+    """Seconds until ``cond()`` held (polled every 20 ms), or inf after ``seconds``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if cond():
+            return time.perf_counter() - t0
+        time.sleep(0.02)
+    return float("inf")
+
+
+def assert_stops_and_the_next_run_is_quick(pg, client, stats, *, within: float) -> None:
+    """The run ended (its generator closed) within ``within`` s, decodes nothing more, and a short call runs at once."""
+    took = wait_for(lambda: stats["closed"] == 1, within)
+    assert took < within, f"the run went on decoding: {stats}"
+    steps = stats["steps"]
+    time.sleep(0.5)
+    assert stats["steps"] == steps  # nothing decodes once it stopped
+    assert steps < 500  # stopped inside the first method: plain alone runs ~505 steps to the 512-token context
+    t0 = time.perf_counter()
+    assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+    assert time.perf_counter() - t0 < 10  # the next user does not wait for the abandoned run (it would take > 30 s)
+
+
+def start_long_compare(url: str, *, open_stream: bool):
+    """POST a long /compare over raw HTTP (as curl would); with ``open_stream``, also send the GET of its event
+    stream on a socket of its own and return that socket (gradio sends nothing on it before an event)."""
+    import json
+    import socket
+    import urllib.request
+
+    from conftest import api_args
+
+    body = json.dumps({"data": api_args(PROMPT, {"max_new_tokens": LIMIT})}).encode()
+    req = urllib.request.Request(f"{url}gradio_api/call/compare", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        event_id = json.load(resp)["event_id"]
+    if not open_stream:
+        return None
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode())
+    return sock
+
+
+def test_a_cancelled_compare_stops_decoding_and_frees_the_device(served, monkeypatch):
+    """gradio_client's job.cancel() on /compare (a plain function in a worker thread gradio cannot stop): the run
+    sees the cancelled call between two steps and ends; the next user's run starts at once (issue #26)."""
+    pg, url, client = served
+    from gradio_client import Client
+
+    stats = count_runs(monkeypatch, pg, step_seconds=0.02)  # plain alone: ~505 steps, over 10 s
+    job = Client(url, verbose=False).submit(PROMPT, LIMIT, api_name="/compare")
+    assert wait_for(lambda: stats["steps"] >= 5, 60) < 60
+    assert job.cancel()
+    assert_stops_and_the_next_run_is_quick(pg, client, stats, within=3)
+
+
+def test_a_dropped_event_stream_stops_the_run(served, monkeypatch):
+    """A raw HTTP client that opens its event stream, reads a little and closes it: its run ends (issue #26)."""
+    pg, url, client = served
+    stats = count_runs(monkeypatch, pg, step_seconds=0.02)
+    sock = start_long_compare(url, open_stream=True)
+    assert wait_for(lambda: stats["steps"] >= 5, 60) < 60
+    sock.close()
+    assert_stops_and_the_next_run_is_quick(pg, client, stats, within=5)
+
+
+def test_a_call_that_never_opens_its_stream_ends_at_the_wall_time_bound(served, monkeypatch):
+    """No signal reaches the server when such a client leaves: the bound (MEDUSA_MAX_RUN_SECONDS) ends the run."""
+    import ui.handlers
+    from medusa_lib.present import deadline
+
+    pg, url, client = served
+    monkeypatch.setattr(ui.handlers, "deadline", lambda seconds: deadline(2.0))
+    stats = count_runs(monkeypatch, pg, step_seconds=0.02)
+    start_long_compare(url, open_stream=False)
+    assert wait_for(lambda: stats["steps"] >= 1, 60) < 60
+    assert_stops_and_the_next_run_is_quick(pg, client, stats, within=6)
+
+
+def test_the_bound_ends_an_api_run_with_one_sentence():
+    from gradio import Error
+
+    from ui.handlers import Handlers
+
+    pg = tiny_playground(oracle=False)
+    with pytest.raises(Error) as err:
+        Handlers(pg, max_run_seconds=0).compare(PROMPT, 64, 0.7, 0.09, 0.3, "chain-2", "", True, True)
+    assert str(err.value.message) == ("The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+                                      "ask for fewer new tokens or send a shorter prompt.")
 
 
 def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):

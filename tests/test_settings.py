@@ -67,6 +67,10 @@ CASES = [
     ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
     ("numerics not loaded", PROMPT, {"numerics": "float64"}, "Numerics must be one of: float32 (got 'float64')."),
     ("numerics not text", PROMPT, {"numerics": 16}, "Numerics must be the name of one of: float32, not a number (got 16)."),
+    ("epsilon just over 1", PROMPT, {"epsilon": 1.0000001}, "Epsilon must be between 0 and 1 (got 1.0000001)."),
+    ("delta as an object", PROMPT, {"delta": {"a": 1}}, 'Delta must be between 0 and 1: send a number, not an object (got {{"a": 1}}).'),
+    ("tree node of true", PROMPT, {"custom_tree": "[[true]]"}, "Tree node [true] must contain whole-number ranks only."),
+    ("tree node of 1e400", PROMPT, {"custom_tree": "[[1e400]]"}, "Tree node [Infinity] must contain whole-number ranks only."),
 ]
 
 
@@ -134,7 +138,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
             outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k != "sample"), "Medusa greedy / exact sampling"))
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
-        assert str(warned[-1].message) == message, case
+        assert html.unescape(str(warned[-1].message)) == message, case  # the toast renders HTML: the message comes escaped
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
     with pytest.warns(UserWarning) as warned:

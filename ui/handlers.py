@@ -9,14 +9,17 @@ Any exception ends as one sentence in the status line (and as the API's error), 
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
+import anyio
 import gradio as gr
 import pandas as pd
 import torch
@@ -24,11 +27,14 @@ import torch
 from medusa_lib.core.messages import InputError
 from medusa_lib.present import (
     LABELS,
+    MAX_RUN_SECONDS,
     NOT_TIMED,
     PATH_COLUMNS,
     SUMMARY_COLUMNS,
     Playground,
     RunRecord,
+    any_of,
+    deadline,
     sample_of_mode,
     mask_data,
     path_rows,
@@ -60,7 +66,59 @@ STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update c
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
 UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the details and keeps serving: try other settings, and please report it."
+DEVICE_WAIT = 10.0  # seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
+CANCELLED = "The call was cancelled, so its run stopped."
+GONE = "The caller closed its connection, so its run stopped."
 log = logging.getLogger("medusa_playground")
+
+
+def caller_gone() -> Callable[[], str | None]:
+    """Inside a queued handler's worker thread: a check that says when gradio has let go of the call.
+
+    A plain function runs in a thread that gradio cannot stop: ``/cancel`` (what gradio_client's
+    ``job.cancel()`` posts) cancels the event's asyncio task, and a client that closes its event
+    stream marks the event dead (``alive = False``); the thread sees neither unless it looks. This
+    looks, so a run can end between two steps. A client that never opens its stream sends no
+    signal at all: the wall-time bound (``deadline``) ends its run."""
+    from gradio.context import LocalContext
+
+    event_id, blocks = LocalContext.event_id.get(None), LocalContext.blocks.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if event_id is None or queue is None:  # called directly (tests, a notebook): nobody to lose
+        return lambda: None
+    try:  # the event's task, named "<session>_<fn><gradio-sep><event id>" by gradio's queue
+        tasks = anyio.from_thread.run_sync(asyncio.all_tasks)
+    except RuntimeError:  # not a worker thread of the server's event loop
+        tasks = set()
+    task = next((t for t in tasks if t.get_name().endswith(f"<gradio-sep>{event_id}")), None)
+
+    def check() -> str | None:
+        if task is not None and (task.cancelling() or task.done()):
+            return CANCELLED
+        event = queue.event_ids_to_events.get(event_id)
+        return GONE if event is not None and not event.alive else None
+
+    return check
+
+
+class DeviceTurn:
+    """One run at a time on the device, also after a cancel: gradio frees the queue's slot as soon as
+    it cancels a call, while the cancelled run's thread still finishes its step; the next run waits
+    for it here (at most DEVICE_WAIT seconds), so its timings are not shared with a dying run."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        held = self._lock.acquire(timeout=DEVICE_WAIT)
+        if not held:
+            log.warning("a stopped run held the device for over %g s; running beside it", DEVICE_WAIT)
+        try:
+            yield
+        finally:
+            if held:
+                self._lock.release()
 
 
 def out_of_memory(e: Exception) -> bool:
@@ -155,9 +213,15 @@ class LiveColumns:
 
 
 class Handlers:
-    def __init__(self, playground: Playground):
+    def __init__(self, playground: Playground, *, max_run_seconds: float | None = MAX_RUN_SECONDS):
         self.pg = playground
         self.live = LiveColumns()
+        self.device = DeviceTurn()
+        self.max_run_seconds = max_run_seconds  # an API call's wall-time bound (None: none)
+
+    def api_stop(self) -> Callable[[], str | None]:
+        """What ends an API call's run between steps: its caller cancelled or left, or the wall-time bound."""
+        return any_of(caller_gone(), deadline(self.max_run_seconds))
 
     # ---------------------------------------------------------------- settings
     def threshold(self, epsilon: float, delta: float):
@@ -218,33 +282,34 @@ class Handlers:
                   summary=empty_summary(), sampling=sampling_html(None), session=None)
         last = 0.0
         try:
-            for ev in self.pg.run(ids, decoders):
-                records[ev.method] = ev.record
-                now = time.perf_counter()
-                if ev.kind == "step" and now - last < STREAM_EVERY:
-                    continue
-                last = now
-                state = "done" if ev.kind == "end" else "running"
-                reference = records[views[0]] if ev.method != views[0] else None  # plain has finished by then: the speed-up's reference
-                upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference), "timeline": timeline_figure(records)}
-                if ev.kind == "start":
-                    upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
-                if ev.kind == "end" and ev.method == method_of(insp_label, records):
-                    upd.update(self.inspector_update(records, insp_label))
-                yield out(**upd)
-            plain, medusa = records[views[0]], records[views[1]]
-            check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
-            rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
-            note = untimed_note(records)
-            t, seed = settings.temperature, settings.seed
-            done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
-                    else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
-            final = out(
-                status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
-                badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
-                summary=summary_frame(records), sampling=sampling_html(rows, temperature=float(settings.temperature)), session=records,
-                **self.inspector_update(records, insp_label),
-            )
+            with self.device.turn():  # the page's turn on the device, as an API call's
+                for ev in self.pg.run(ids, decoders):
+                    records[ev.method] = ev.record
+                    now = time.perf_counter()
+                    if ev.kind == "step" and now - last < STREAM_EVERY:
+                        continue
+                    last = now
+                    state = "done" if ev.kind == "end" else "running"
+                    reference = records[views[0]] if ev.method != views[0] else None  # plain has finished by then: the speed-up's reference
+                    upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference), "timeline": timeline_figure(records)}
+                    if ev.kind == "start":
+                        upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                    if ev.kind == "end" and ev.method == method_of(insp_label, records):
+                        upd.update(self.inspector_update(records, insp_label))
+                    yield out(**upd)
+                plain, medusa = records[views[0]], records[views[1]]
+                check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
+                rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
+                note = untimed_note(records)
+                t, seed = settings.temperature, settings.seed
+                done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
+                        else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
+                final = out(
+                    status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
+                    badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
+                    summary=summary_frame(records), sampling=sampling_html(rows, temperature=float(settings.temperature)), session=records,
+                    **self.inspector_update(records, insp_label),
+                )
         except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
             cut = {COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m)) for m, r in records.items() if not r.done}
             yield out(status=self.refuse(e), **cut)
@@ -255,7 +320,7 @@ class Handlers:
     def refuse(e: Exception) -> str:
         """Status line (and toast) for a run that cannot go on."""
         msg = cannot_run(e)
-        gr.Warning(msg)
+        gr.Warning(html.escape(msg, quote=False))  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
         return f"**Cannot run:** {html.escape(msg, quote=False)}"
 
     def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
@@ -301,9 +366,11 @@ class Handlers:
     # ---------------------------------------------------------------- API
     def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0, numerics=None) -> dict:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
+        stop = self.api_stop()  # first: the bound counts from the call's start
         try:
             settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
-            return self.pg.compare(prompt, settings)
+            with self.device.turn():
+                return self.pg.compare(prompt, settings, stop=stop)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
 

@@ -13,7 +13,7 @@ import gradio as gr
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from medusa_lib.present import LABELS, REFERENCE_NAMES, Playground, sample_of_mode
+from medusa_lib.present import LABELS, MAX_RUN_SECONDS, REFERENCE_NAMES, Playground, RunStopped, any_of, deadline, sample_of_mode
 from medusa_lib.present.export import export_hint
 from medusa_lib.present.lab import (
     Curves,
@@ -37,7 +37,7 @@ from medusa_lib.present.lab import (
 )
 
 from .figures import ACCEPTED, _layout, empty_figure, mask_figure, tree_figure
-from .handlers import cannot_run, method_of, on_gpu, pack
+from .handlers import DeviceTurn, caller_gone, cannot_run, method_of, on_gpu, pack
 
 CURRENT, MEASURED, OPTIMUM = "#D55E00", "#000000", "#009E73"  # Okabe-Ito vermillion, black, bluish green
 HEADS_ONLY, WITH_LOOKUP = "#0072B2", "#CC79A7"
@@ -146,9 +146,14 @@ class LabHandlers:
     """The tab's handlers. A session's lab (its cost curve, measured here or not, and its last Measure)
     lives in its gr.State; the playground is shared read-only."""
 
-    def __init__(self, playground: Playground):
+    def __init__(self, playground: Playground, *, device: DeviceTurn | None = None, max_run_seconds: float | None = MAX_RUN_SECONDS):
         self.pg = playground
         self.base = tree_lab(playground)
+        self.device = device or DeviceTurn()  # the comparison's: one run at a time
+        self.max_run_seconds = max_run_seconds  # any client can reach these handlers through the queue: the API's bound
+
+    def stop(self):
+        return any_of(caller_gone(), deadline(self.max_run_seconds))
 
     def state(self, state: dict | None) -> dict:
         return state if state else {"lab": self.base, "measured": None}
@@ -230,11 +235,12 @@ class LabHandlers:
     def measure(self, state, text, prompt, max_new_tokens, chat_template, lookup_on, numerics, mode="greedy", temperature=0.0, seed=0) -> tuple:
         """Plain greedy, then Medusa greedy with the edited tree (the sampling mode: plain sampling, then Medusa exact sampling, at
         the comparison's temperature and seed), on the comparison's prompt: the measured point and per-head acceptance."""
-        st = self.state(state)
+        st, stop = self.state(state), self.stop()
         try:
             sample = sample_of_mode(mode)
-            m = measure_tree(self.pg, prompt, text, max_new_tokens=max_new_tokens, chat_template=bool(chat_template), lookup_on=bool(lookup_on), numerics=numerics or None,
-                             sample=sample, temperature=temperature, seed=seed)
+            with self.device.turn():
+                m = measure_tree(self.pg, prompt, text, max_new_tokens=max_new_tokens, chat_template=bool(chat_template), lookup_on=bool(lookup_on), numerics=numerics or None,
+                                 sample=sample, temperature=temperature, seed=seed, stop=stop)
         except Exception as e:
             return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}")
         st = {**st, "measured": m}
@@ -243,10 +249,17 @@ class LabHandlers:
         return pack(MEASURE_OUTPUTS, **self.draw(st, text, lookup_on, status=status), lab_acceptance=acceptance_figure(st["lab"], m.medusa, title="Per-head acceptance: the Measure run"), lab_state=st)
 
     def measure_costs(self, state, text, lookup_on, progress=gr.Progress()) -> tuple:
-        st = self.state(state)
+        st, stop = self.state(state), self.stop()
+
+        def step(done: int, total: int) -> None:  # after each size: the place to stop
+            if why := stop():
+                raise RunStopped(why)
+            progress(done / total, desc=f"Timing size {done} of {total}")
+
         try:
             progress(0, desc="Timing one verify step of each size")
-            lab = measure_costs(self.pg, st["lab"], progress=lambda done, total: progress(done / total, desc=f"Timing size {done} of {total}"))
+            with self.device.turn():
+                lab = measure_costs(self.pg, st["lab"], progress=step)
         except Exception as e:
             return pack(COST_OUTPUTS, lab_note=f"**Cannot measure the costs:** {html.escape(cannot_run(e), quote=False)}")
         st = {**st, "lab": lab}
@@ -260,10 +273,11 @@ class LabHandlers:
 
 
 def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, max_new: gr.Slider, chat: gr.Checkbox, lookup: gr.Checkbox, numerics: gr.Radio,
-              mode: gr.Radio, temperature: gr.Slider, seed: gr.Number) -> tuple[LabHandlers, dict]:
+              mode: gr.Radio, temperature: gr.Slider, seed: gr.Number, device: DeviceTurn | None = None,
+              max_run_seconds: float | None = MAX_RUN_SECONDS) -> tuple[LabHandlers, dict]:
     """The tab's components (inside the caller's gr.Tab) and its events (Measure follows the comparison's settings and mode);
     returns the handlers and components."""
-    h = LabHandlers(pg)
+    h = LabHandlers(pg, device=device, max_run_seconds=max_run_seconds)
     c: dict[str, gr.components.Component] = {}
     start = choices_text(preset_choices(pg.defaults.tree, pg.tree_presets))
     first = h.draw(None, start, pg.defaults.lookup_on)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import gradio as gr
 
-from medusa_lib.present import Playground, Settings, numerics_label
+from medusa_lib.present import MAX_RUN_SECONDS, Playground, Settings, numerics_label
 from medusa_lib.present.export import export_hint
 
 from .figures import empty_figure, timeline_figure
@@ -37,8 +37,9 @@ def build_demo(
     examples: Sequence[dict] = (),
     model_name: str = "default",
     max_new_tokens: int = DEFAULTS.max_new_tokens,
+    max_run_seconds: float | None = MAX_RUN_SECONDS,
 ) -> gr.Blocks:
-    pg, h = playground, Handlers(playground)
+    pg, h = playground, Handlers(playground, max_run_seconds=max_run_seconds)
     limit = pg.max_new_tokens_limit  # the same limit for the slider and the API
     start = min(max_new_tokens, limit)  # the same starting value for the slider and the API's default
     c: dict[str, gr.components.Component] = {}
@@ -52,7 +53,8 @@ def build_demo(
             with gr.Tab("Playground", id="playground", elem_id="playground-tab"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5):
-                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt")
+                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, placeholder="Ask the model something, or pick an example below.", elem_id="prompt",
+                                            info=pg.prompt_limit_note())
                         if examples:
                             gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt], label="Examples: click one, then Run",
                                         example_labels=[str(e.get("label") or e["prompt"][:40]) for e in examples], examples_per_page=12)
@@ -116,7 +118,7 @@ def build_demo(
                     gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
             with gr.Tab("Tree lab", id="lab", elem_id="lab-tab"):
                 lab, lab_c = build_lab(pg, custom_tree=custom_tree, prompt=prompt, max_new=max_new, chat=chat, lookup=lookup, numerics=numerics,
-                                       mode=mode, temperature=temperature, seed=seed)
+                                       mode=mode, temperature=temperature, seed=seed, device=h.device, max_run_seconds=max_run_seconds)
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
@@ -159,8 +161,12 @@ def build_demo(
             seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain sampling; "sampling_match"
             instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
             numerics: which loaded copy runs ("float32", exact, the default where a float32 copy is loaded; or the fast 16-bit one, e.g.
-            "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran."""
+            "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran.
+            tree and numerics: null or "" mean the default (the heads' default tree; float32 where loaded); any other value must name one.
+            A cancelled call (gradio_client's job.cancel()) or one whose client closes its event stream stops within a step."""
             return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed, numerics)
 
+        if max_run_seconds is not None:  # said in the API's description: a call that never opens its event stream sends no signal when it leaves
+            compare.__doc__ += f" A call runs for at most {max_run_seconds:g} s of wall time (this server's bound), then ends with an error."
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

@@ -382,10 +382,14 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
 def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
     """Tensors of one file whose key starts with ``prefix`` (prefix stripped)."""
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+        except SafetensorError as e:  # truncated or not a safetensors file at all
+            first = (str(e).strip().splitlines() or ["damaged"])[0][:200]
+            raise HeadsError(f"The heads file {path} is not a readable safetensors file ({first}); copy the heads again or train new ones.") from None
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
     except Exception as e:

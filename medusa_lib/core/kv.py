@@ -300,6 +300,22 @@ class Engine:
     description: str  # for the info line: the engine, or the sentence saying why it fell back
 
 
+def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = "auto") -> tuple[str, str]:
+    """(cache, capture) for a model on ``device``: ``auto`` resolved (``default_engine``), a pair that
+    cannot run there refused with one sentence (EngineError). Cheap: a server checks its flags with it
+    before it loads the model."""
+    auto_cache, auto_capture = default_engine(device)
+    cache = auto_cache if cache in ("auto", "", None) else cache
+    capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
+    if cache not in CACHES or capture not in CAPTURES:
+        raise EngineError(f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r}).")
+    if capture == "cuda-graph" and torch.device(device).type != "cuda":
+        raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
+    if cache == "dynamic" and capture != "none":
+        raise EngineError(f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none.")
+    return cache, capture
+
+
 def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str = "auto", capture: str = "auto", max_len: int,
                    say: Callable[[str], None] = lambda msg: None) -> Engine:
     """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
@@ -307,15 +323,7 @@ def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str 
     step of every tree in ``trees`` (each as it will be verified, e.g. with its lookup branch).
     A model the static path refuses, or a capture that fails, falls back with one sentence said."""
     dev = input_device(model)
-    auto_cache, auto_capture = default_engine(dev)
-    cache = auto_cache if cache in ("auto", "", None) else cache
-    capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
-    if cache not in CACHES or capture not in CAPTURES:
-        raise EngineError(f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r}).")
-    if cache == "dynamic" and capture != "none":
-        raise EngineError(f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none.")
-    if capture == "cuda-graph" and dev.type != "cuda":
-        raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
+    cache, capture = resolve_engine(dev, cache=cache, capture=capture)
     note = static_refusal(model) if cache == "static" else None  # the fallback's sentence is what the info line shows
     if note:
         cache, capture = "dynamic", "none"

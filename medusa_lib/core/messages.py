@@ -2,11 +2,13 @@
 
 A message quotes what the user sent so they can find it, but never at full length: a 1e308
 number, a 5,000-character preset name or a tree nested 900 deep is shown cut short, in the
-words of the JSON it came in (true, null, 'text'), and a value of the wrong type says so.
+words of the JSON it came in (true, null, 1.0000001, [true], {"a": 1}; text on its own as 'text'),
+and a value of the wrong type says so.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import reprlib
 
@@ -27,15 +29,35 @@ class HeadsError(InputError):
 
 
 def shown(value) -> str:
-    """A bad value as a message quotes it: short, and spelled as JSON spells it."""
+    """A bad value as a message quotes it: short, and spelled as the JSON it came in spells it
+    (true, null, 1.0000001, [true], {"a": 1}; text on its own in single quotes, 'text')."""
+    text = _repr.repr(value) if isinstance(value, str) else _json(value, depth=0)
+    return text if len(text) <= ECHO_CHARS + 10 else text[:ECHO_CHARS] + "..."
+
+
+def _json(value, *, depth: int) -> str:
+    """JSON's spelling, cut at depth 3 and 6 items; a float as Python reads it back (repr: 1.0000001, 1e+308),
+    and the numbers JSON cannot write as Python's json module writes them (Infinity, NaN)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:g}" if math.isfinite(value) else {math.inf: "infinity", -math.inf: "-infinity"}.get(value, "NaN")
-    text = _repr.repr(value)
-    return text if len(text) <= ECHO_CHARS + 10 else text[:ECHO_CHARS] + "..."
+        return repr(value) if math.isfinite(value) else {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
+    if isinstance(value, int):  # str() refuses ints of over 4,300 digits: a huge one is shown by its size
+        return str(value) if value.bit_length() < 10_000 else f"about {'-' if value < 0 else ''}1e+{int(value.bit_length() * math.log10(2))}"
+    if isinstance(value, str):
+        return json.dumps(value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "...", ensure_ascii=False)
+    if isinstance(value, (list, tuple, dict)):
+        is_dict = isinstance(value, dict)
+        if depth >= _repr.maxlevel:
+            return "{...}" if is_dict else "[...]"
+        limit = _repr.maxdict if is_dict else _repr.maxlist
+        items = list(value.items())[:limit] if is_dict else list(value[:limit])
+        parts = [f"{_json(str(k), depth=depth + 1)}: {_json(v, depth=depth + 1)}" for k, v in items] if is_dict else [_json(v, depth=depth + 1) for v in items]
+        parts += ["..."] if len(value) > limit else []
+        return ("{%s}" if is_dict else "[%s]") % ", ".join(parts)
+    return _repr.repr(value)
 
 
 def kind(value) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from .attention import NAME as PACKED_GQA
@@ -276,6 +277,9 @@ def load_model(
             raise ModelError(f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}.")
         if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
             raise ModelError(f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
+    folder = Path(str(source)).expanduser()
+    if gguf_file is None and folder.is_dir() and not (folder / "config.json").exists():
+        raise ModelError(f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
     say(f"Loading tokenizer from {source}...")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
@@ -284,16 +288,16 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, device_map=device_map, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, **kwargs).to(dev)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a damaged weights file raises SafetensorError (an Exception)
         if isinstance(e, ModelError):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__).rstrip(" :,;")
         if not Path(str(source)).expanduser().exists() and ("connect" in first or "offline" in first.lower() or "cached files" in first):
             raise ModelError(f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
                              "give a local folder, or check the id and the connection.") from None
         if "trust_remote_code" in str(e):
             raise ModelError(f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code.") from None
-        raise ModelError(f"Could not load model {str(name_or_path)!r}: {first[:300]}") from None
+        raise ModelError(f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, or give another folder or Hub id.") from None
     model.eval()
     if gguf_file is not None:
         try:
@@ -314,11 +318,25 @@ def load_model(
     return model, tokenizer
 
 
+PROMPT_SLOT = "\ue000prompt\ue000"  # a private-use marker no template changes: where the user's text goes
+
+
 def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> list[int]:
-    """Token ids of a user prompt, through the model's chat template when it has one."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
+    """Token ids of a user prompt, through the model's chat template when it has one.
+
+    The user's text is text: a chat marker typed in it (``<|im_end|>\n<|im_start|>system``) is
+    tokenized as the characters it is, never as the special token, so a prompt cannot end its own
+    turn and open a system one. A prompt without such a marker gets the template's ids unchanged."""
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    marked = any(t in prompt for t in specials)
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return list(tokenizer(prompt, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+    if not marked:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False)
+    before, _, after = text.partition(PROMPT_SLOT)  # the template's own text, whose markers are real ones
+    piece = lambda t, split=False: list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []  # noqa: E731
+    return piece(before) + piece(prompt, True) + piece(after)

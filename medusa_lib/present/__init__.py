@@ -22,9 +22,9 @@ from .page import (
     visible_steps,
     why_it_ended,
 )
-from .playground import PREFILL_SECONDS, Playground, measured_limit_why, prompt_token_limit, release_memory, untrained_heads
+from .playground import PROMPT_TOKENS, Playground, any_of, deadline, default_prompt_tokens, release_memory, untrained_heads
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .numerics import default_numerics, numerics_label, numerics_note
-from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_TREE_CHARS, MAX_TREE_NODES, MODES, SAMPLED_VIEWS, PlaygroundError, Settings, sample_of_mode
+from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, MAX_TREE_CHARS, MAX_TREE_NODES, MODES, SAMPLED_VIEWS, PlaygroundError, RunStopped, Settings, sample_of_mode
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("inspector", "numerics", "page", "playground", "records", "settings")]

@@ -189,16 +189,17 @@ class Measured:
 
 
 def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_template: bool = True, lookup_on: bool = True, numerics: str | None = None,
-                 sample: bool = False, temperature: float = 0.0, seed: int = 0) -> Measured:
+                 sample: bool = False, temperature: float = 0.0, seed: int = 0, stop=None) -> Measured:
     """Run plain greedy, then Medusa greedy with the tree of ``text``, on the prompt (the Playground's
     checks, warm-up and one-after-another timing); the measured point beside the predicted one.
-    ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``."""
+    ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``.
+    ``stop``: as ``Playground.run``'s, asked between steps."""
     tree = editor_tree(pg, text)
     settings = pg.settings(max_new_tokens, temperature if sample else 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template,
                            lookup_on, sample=sample, seed=seed, numerics=numerics)
     ids, decoders = pg.prepare(prompt, settings)
     plain_view, medusa_view = settings.views[:2]
-    records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}) if ev.kind == "end"}
+    records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}, stop=stop) if ev.kind == "end"}
     plain, medusa = records[plain_view].result, records[medusa_view].result
     if medusa.decode_steps == 0:
         raise PlaygroundError("The run ended at its prefill, so there is no Medusa step to measure; raise Max new tokens and measure again.")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import math
+import time
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from ..core.decoding import Decoder, _sync, model_info, sampling_probs
+from ..core.decoding import Decoder, model_info, sampling_probs
 from ..core.defaults import heads_defaults
 from ..core.heads import (
     HeadsConfig,
@@ -51,13 +51,33 @@ from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, s
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     DECODER_METHOD,
+    MAX_RUN_SECONDS,
     MAX_NEW_TOKENS_LIMIT,
     MAX_PROMPT_CHARS,
     MAX_TREE_CHARS,
     MAX_TREE_NODES,
     PlaygroundError,
+    RunStopped,
     Settings,
 )
+
+StopCheck = Callable[[], "str | None"]  # between two decode steps: None to go on, or the sentence that ends the run (RunStopped)
+
+
+def deadline(seconds: float | None, *, start: float | None = None) -> StopCheck:
+    """A check that ends a run ``seconds`` after ``start`` (now): the server's bound on one call's wall time."""
+    if seconds is None:
+        return lambda: None
+    end = (time.perf_counter() if start is None else start) + seconds
+    why = (f"The run was stopped after {seconds:g} s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+           "ask for fewer new tokens or send a shorter prompt.")
+    return lambda: why if time.perf_counter() > end else None
+
+
+def any_of(*checks: StopCheck | None) -> StopCheck:
+    """The first reason any of ``checks`` gives to stop."""
+    live = [c for c in checks if c is not None]
+    return lambda: next((why for why in (c() for c in live) if why), None)
 
 
 def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
@@ -68,48 +88,23 @@ def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
     return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
 
 
-PREFILL_SECONDS = 3.0  # the longest prompt a server takes is about what its device prefills in this time
+PROMPT_TOKENS = {"cpu": 2048}  # the longest prompt a server on this kind of device takes, unless its operator sets one; others: the model's context
 LONG_RUN_TOKENS = 1024  # after a run whose prompt + budget reach this, freed memory goes back to the system
 
 
-def measured_limit_why(model) -> str:
-    """What the message of a prompt over a measured limit says about that limit."""
-    return f"about what its {device_name(input_device(model))} prefills in {PREFILL_SECONDS:g} s; a run prefills it three times"
-
-
-@torch.inference_mode()
-def prompt_token_limit(model, *, seconds: float = PREFILL_SECONDS, context_limit: int, probe: tuple[int, int] = (256, 1024)) -> int | None:
-    """The longest prompt this model prefills in about ``seconds`` on its device, measured.
-
-    Prefills of two lengths (the faster of two runs each: the first at a new shape pays one-off
-    kernel set-up) fit t(n) = a*n + b*n^2 (weights: linear in n; attention: quadratic), solved for
-    t(n) = seconds; rounded down to a multiple of 256, at least 256. None when that reaches the model's
-    context (its own limit then decides, as on a GPU).
-    A long prompt is prefilled three times a run (once per method) and every decode step then
-    attends over it, so this keeps one user from holding the device for minutes. Measuring takes
-    about 3 s on 2 CPU cores for SmolLM2-135M in bfloat16 and gives 2,048-2,560 tokens there (a
-    2,048-token prefill took 3.0 s); on a GPU it takes milliseconds."""
+def default_prompt_tokens(model) -> tuple[int | None, str]:
+    """(the longest prompt a server takes, what its message says about that limit): a fixed figure per
+    kind of device, the same at every start. A long prompt is prefilled three times a run (once per
+    method) and every decode step then attends over it, so this keeps one paste from holding a CPU
+    for minutes. 2,048 tokens is what 2 cores of this project's CPU prefilled in about 3 s in
+    bfloat16 (a start-up measurement replaced in issue #26: on a loaded machine it gave anything from
+    256 tokens to the whole context). A GPU prefills the whole context of these models in well under
+    a second: None, its context decides. None too where the context is shorter than the figure."""
     dev = input_device(model)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    n1, n2 = (min(n, context_limit - 1) for n in probe)
-
-    def prefill_seconds(n: int) -> float:
-        ids = torch.randint(3, vocab, (1, n), device=dev)
-        best = math.inf
-        for _ in range(2):
-            t0 = _sync(dev)
-            model(input_ids=ids, logits_to_keep=1)
-            best = min(best, _sync(dev) - t0)
-        return best
-
-    t1, t2 = prefill_seconds(n1), prefill_seconds(n2)
-    if n2 <= n1:  # a context shorter than the probe: it is the limit
-        return None
-    b = max((t2 / n2 - t1 / n1) / (n2 - n1), 0.0)  # t/n = a + b*n through both points
-    a = max(t1 / n1 - b * n1, 1e-12)
-    n = (-a + math.sqrt(a * a + 4 * b * seconds)) / (2 * b) if b > 0 else seconds / a  # a*n + b*n^2 = seconds
-    limit = max(int(n // 256 * 256), 256)
-    return None if limit >= context_limit - 1 else limit
+    limit = PROMPT_TOKENS.get(dev.type)
+    if limit is None or limit >= model_info(model).context_limit:
+        return None, "the model's context"
+    return limit, f"the fixed limit of a server on a {device_name(dev)}, which prefills the prompt once per method"
 
 
 def release_memory(model, *, tokens: int) -> None:
@@ -180,7 +175,7 @@ class Playground:
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
-        self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see prompt_token_limit)
+        self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see default_prompt_tokens)
         self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
         self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
         self.defaults = heads_defaults(heads, input_device(model))  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
@@ -216,7 +211,7 @@ class Playground:
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
-        ``max_prompt_tokens="auto"`` measures what the device prefills in PREFILL_SECONDS.
+        ``max_prompt_tokens="auto"``: the fixed limit of the device's kind (``default_prompt_tokens``).
         ``numerics_copy``: a 16-bit model also gets a float32 copy (with the same heads) when memory
         allows, because only float32 keeps Medusa greedy == plain greedy through near-ties.
         ``cache``/``capture``: the engine (``auto``: ``kv.default_engine`` of the device); a capture
@@ -254,14 +249,19 @@ class Playground:
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         if max_prompt_tokens == "auto":
-            max_prompt_tokens, why = prompt_token_limit(m, context_limit=model_info(m).context_limit), measured_limit_why(m)
-            say(f"Prompts: up to {max_prompt_tokens:,} tokens ({why})" if max_prompt_tokens else "Prompts: up to the model's context")
-            kwargs["prompt_limit_why"] = why
+            max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
+        say(f"Prompts: up to {max_prompt_tokens:,} tokens" if max_prompt_tokens else "Prompts: up to the model's context")
         engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=_static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT)), say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
         return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
 
     # ------------------------------------------------------------------ inputs
+    def prompt_limit_note(self) -> str:
+        """The line the page shows by the prompt: the longest prompt this server takes."""
+        if self.max_prompt_tokens is not None:
+            return f"Up to {self.max_prompt_tokens:,} tokens on this server ({self.prompt_limit_why})."
+        return f"Up to the model's context, {model_info(self.model).context_limit:,} tokens."
+
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
@@ -413,14 +413,17 @@ class Playground:
             Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
         self._warm.add(numerics)
 
-    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "") -> Iterator[Event]:
-        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title)."""
+    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None) -> Iterator[Event]:
+        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
+        ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
         record = RunRecord(view, tuple(ids), note=note)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
             for step in steps:
+                if stop is not None and (why := stop()):
+                    raise RunStopped(why)
                 elapsed += step.seconds
                 pieces = tuple(Piece(t, detok.push(t), o, step.index) for t, o in zip(step.tokens, origins(step)))
                 shown_step = StepView(step, pieces, elapsed, len(ids) + committed - 1)
@@ -430,27 +433,29 @@ class Playground:
         record = replace(record, done=True)
         yield Event("end", view, record)
 
-    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder]) -> Iterator[Event]:
-        """Prepared decoders (``prepare``), one after another; an Event after every step. When the
-        run ends or is stopped, memory its caches held goes back to the system (``release_memory``)."""
+    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder], *, stop: StopCheck | None = None) -> Iterator[Event]:
+        """Prepared decoders (``prepare``), one after another; an Event after every step. ``stop`` is
+        asked between steps (a cancelled call, a client gone, a wall-time bound: ``deadline``) and a
+        reason ends the run with RunStopped. When the run ends or is stopped, memory its caches held
+        goes back to the system (``release_memory``)."""
         try:
             self.warmup(ids, decoders.values())
             reference = next(iter(decoders))  # plain greedy or plain sampling: the speed-ups' reference
             for view, decoder in decoders.items():
-                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference))
+                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop)
         finally:
             release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
 
-    def stream(self, prompt: str, settings: Settings = Settings()) -> Iterator[Event]:
+    def stream(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> Iterator[Event]:
         """The three columns (``settings.views``), one after another; an Event after every step."""
         ids, decoders = self.prepare(prompt, settings)
-        yield from self.run(ids, decoders)
+        yield from self.run(ids, decoders, stop=stop)
 
-    def compare(self, prompt: str, settings: Settings = Settings()) -> dict:
+    def compare(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> dict:
         """Run all three and return texts + statistics as a JSON-able dict (the API endpoint). The
         exactness check is "greedy_match" (Medusa greedy vs plain greedy), or "sampling_match"
         (Medusa exact sampling vs plain sampling, same seed) with "sampling", the cost panel's rows."""
-        records = {ev.method: ev.record for ev in self.stream(prompt, settings) if ev.kind == "end"}
+        records = {ev.method: ev.record for ev in self.stream(prompt, settings, stop=stop) if ev.kind == "end"}
         plain, medusa, _ = settings.views
         check = self.greedy_check(records[plain], records[medusa], settings)
         out = {
@@ -466,4 +471,4 @@ class Playground:
         return out
 
 
-__all__ = ["PREFILL_SECONDS", "LONG_RUN_TOKENS", "Playground", "device_name", "measured_limit_why", "prompt_token_limit", "release_memory", "untrained_heads"]
+__all__ = ["MAX_RUN_SECONDS", "RunStopped", "any_of", "deadline", "PROMPT_TOKENS", "LONG_RUN_TOKENS", "default_prompt_tokens", "Playground", "device_name", "release_memory", "untrained_heads"]

@@ -18,6 +18,7 @@ MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused 
 MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 MAX_SEED = 2**63 - 1  # a torch.Generator seed
+MAX_RUN_SECONDS = 180.0  # wall time one /compare call may take (app.py: MEDUSA_MAX_RUN_SECONDS): bounds a client that left without a word
 
 # What the three columns run, per mode. Greedy (the page's first view): plain greedy, Medusa greedy
 # (== plain greedy) and typical acceptance sampling at T. Sampling (the fair comparison at a
@@ -31,6 +32,10 @@ DECODER_METHOD = {"plain-sample": "plain"}  # a view's decoder method, where the
 
 class PlaygroundError(InputError):
     """Settings the playground cannot run with. One sentence that says what to change."""
+
+
+class RunStopped(InputError):
+    """A run ended between two steps: its caller cancelled or left, or it ran past the server's bound."""
 
 
 def sample_of_mode(mode) -> bool:
