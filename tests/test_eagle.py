@@ -10,8 +10,8 @@ from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
 from medusa_lib.pipeline.train_eagle import FeatureCache, eagle_loss
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
-N_NEW = 48
-TREE = DynamicTreeConfig(top_k=3, depth=4, num_nodes=12)
+N_NEW = 32
+TREE = DynamicTreeConfig(top_k=2, depth=4, num_nodes=8)
 ARCHS = ["llama", "qwen2"]
 
 
@@ -64,7 +64,7 @@ def test_bad_dynamic_trees_are_refused_with_one_sentence():
 
 
 # ------------------------------------------------------------------ a drafter that knows the model
-def trained_head(model, sequences: list[list[int]], steps: int = 150):
+def trained_head(model, sequences: list[list[int]], steps: int = 120):
     """A tiny EAGLE head over-fitted to the model's own continuations, so long paths get accepted."""
     with torch.no_grad():
         records = [{"prompt_ids": s[: len(PROMPT)], "answer_ids": s[len(PROMPT):]} for s in sequences]
@@ -107,10 +107,9 @@ def test_eagle_greedy_equals_plain_greedy_and_model_generate(setups, arch, looku
     model, trained, random = setups[arch]
     ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
     assert plain(model, N_NEW) == ref
-    for head in (trained, random):
+    for head in (random, trained):
         res = run_method(model, PROMPT, method="medusa-greedy", eagle=head, config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=lookup))
         assert res.tokens == ref and res.finish_reason == "length"
-    res = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=lookup))
     assert res.tokens_per_step > 2.0  # the drafter foresees the model: several tokens a step
     for s in res.steps[1:]:
         assert s.drafter == "eagle" and s.tree.num_nodes == TREE.num_nodes + 1 + (s.tree.lookup or 0)
@@ -121,13 +120,12 @@ def test_eagle_greedy_equals_plain_greedy_and_model_generate(setups, arch, looku
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eagle_exact_sampling_equals_plain_sampling_with_the_same_seed(setups, arch):
     model, trained, random = setups[arch]
-    for head in (trained, random):
-        for seed, temperature, top_p, lookup in [(0, 0.9, 1.0, 0), (5, 0.9, 1.0, 3), (2, 1.3, 0.9, 0), (3, 0.3, 1.0, 0)]:
-            ref = run_method(model, PROMPT, method="plain", config=sampling(seed, N_NEW, temperature, top_p)).tokens
-            res = run_method(model, PROMPT, method="medusa-sample", eagle=head, config=sampling(seed, N_NEW, temperature, top_p, lookup))
-            assert res.tokens == ref, (seed, temperature, top_p, lookup)
-    res = run_method(model, PROMPT, method="medusa-sample", eagle=trained, config=sampling(0, N_NEW))
-    assert res.tokens_per_step > 1.5
+    for head, seed, temperature, top_p, lookup in [(trained, 0, 0.9, 1.0, 0), (trained, 5, 0.9, 1.0, 3), (trained, 2, 1.3, 0.9, 0), (random, 3, 0.3, 1.0, 0)]:
+        ref = run_method(model, PROMPT, method="plain", config=sampling(seed, N_NEW, temperature, top_p)).tokens
+        res = run_method(model, PROMPT, method="medusa-sample", eagle=head, config=sampling(seed, N_NEW, temperature, top_p, lookup))
+        assert res.tokens == ref, (seed, temperature, top_p, lookup)
+        if seed in (0, 5):  # the drafter was trained on these two samples: several tokens a step
+            assert res.tokens_per_step > 1.5
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -144,7 +142,7 @@ def test_eagle_typical_acceptance_runs_on_the_dynamic_tree(setups, arch):
 def test_budget_and_context_cut_exactly_as_plain_decoding(setups):
     model, trained, _ = setups["llama"]
     ref = plain(model, N_NEW)
-    for n in (1, 2, 5, 13):
+    for n in (1, 5, 13):
         res = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=n, stop_on_eos=False))
         assert res.tokens == ref[:n] and res.finish_reason == "length"
     model.config.max_position_embeddings = 30  # the context ends 23 tokens after the prompt
