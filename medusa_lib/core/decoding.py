@@ -35,6 +35,11 @@ phase is a method of ``Decoder`` over the ``TreeBuffers`` of the tree it verifie
            tree (reference ``update_inference_inputs``).
 Tokens per step = accept_length + 1.
 
+Drafters: the Medusa heads (above), or an EAGLE head (``eagle.py``; ``Decoder(..., eagle=head)``):
+then ``propose`` first feeds the drafter the verified features of the last step's accepted path,
+then drafts a new dynamic tree (EAGLE-2, ``dynamic_tree.py``) of a fixed size; verify, accept and
+commit are the same, and so are every exactness guarantee and the budget and context cuts.
+
 The records a run yields live in ``steps.py``; the acceptance and sampling rules (pure functions of
 logits) in ``acceptance.py``; the caches and captured steps in ``kv.py``.
 """
@@ -50,6 +55,8 @@ import torch
 from torch import nn
 
 from .acceptance import greedy_accept, greedy_tokens, sample_token, sample_walk, sampling_probs, tempered_probs, typical_accept, typical_threshold, typical_threshold_of_entropy
+from .dynamic_tree import DynamicTreeConfig, as_medusa_tree
+from .eagle import EagleHead, EagleRun
 from .heads import MedusaHeads
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
@@ -107,6 +114,15 @@ class Proposal(NamedTuple):
     matched: int = 0  # of those, the first ``matched`` hold the context's n-gram match (the rest: guesses, static steps only)
 
 
+class EagleInput(NamedTuple):
+    """What the EAGLE drafter reads before its next draft: verified pairs (f_t, x_{t+1})."""
+
+    run: EagleRun  # this run's drafter state
+    features: torch.Tensor  # [n, d] the base model's features f_start .. f_{start+n-1}
+    tokens: torch.Tensor  # [n] the tokens after them x_{start+1} .. x_{start+n} (the last one: the root)
+    start: int  # position of the first feature
+
+
 class Verdict(NamedTuple):
     """What acceptance decided."""
 
@@ -125,8 +141,8 @@ class Decoder:
     ``note`` says why a static run uses the dynamic cache instead (a model the static path refuses).
     """
 
-    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | None = None,
-                 config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None):
+    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | DynamicTreeConfig | None = None,
+                 config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None, eagle: EagleHead | None = None):
         if method not in METHODS:
             raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         config.check()
@@ -138,7 +154,11 @@ class Decoder:
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
         self.heads = heads
+        self.eagle = eagle if method != "plain" else None  # the drafter: an EAGLE head instead of the Medusa heads
+        self.drafter = None if method == "plain" else ("eagle" if self.eagle is not None else "medusa")
         self.note: str | None = static_refusal(model) if config.cache == "static" else None
+        if config.cache == "static" and self.eagle is not None and self.note is None:
+            self.note = "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); this run uses the dynamic cache."
         self.static = config.cache == "static" and self.note is None  # fixed-shape steps over a StaticCache
         self.static_kv = static_kv
         where = {"device": self.device, "out_device": self.out_device, "dtype": self.dtype}
@@ -146,8 +166,13 @@ class Decoder:
         self.root_tree = TreeBuffers.build(root_only_tree(), **where)  # the root alone: a plain step (and Medusa's near the context limit)
         self.lookup_trees: dict[int, TreeBuffers] = {}  # the tree plus a lookup branch of each length
         self.top1_nodes: list[int] = []  # tree positions of the heads' top-1 chain [0], [0, 0], ...
-        if method != "plain":  # every Medusa method
-            if heads is None or tree is None:
+        self.dynamic: DynamicTreeConfig | None = None  # the EAGLE drafter's tree settings
+        if self.eagle is not None:
+            self.eagle.check_fits(model)
+            self.dynamic = tree if isinstance(tree, DynamicTreeConfig) else self.eagle.config.tree
+            self.dynamic.check()
+        elif method != "plain":  # every Medusa method
+            if heads is None or not isinstance(tree, MedusaTree):
                 raise DecodeError(f"{method} needs Medusa heads and a tree.")
             heads.check_fits(model)
             if tree.depth > heads.num_heads:
@@ -161,7 +186,7 @@ class Decoder:
     @property
     def step_trees(self) -> list[TreeBuffers]:
         """Every tree a step of this decoder may verify (the fixed shapes of the static path)."""
-        if self.method == "plain":
+        if self.method == "plain" or self.eagle is not None:
             return [self.root_tree]
         return [self.root_tree, self.lookup_trees[self.config.lookup] if self.static and self.config.lookup else self.tree]
 
@@ -280,6 +305,8 @@ class Decoder:
 
     def propose(self, drafted: torch.Tensor, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Proposal:
         """Tree tokens = the heads' draft [+ a lookup chain from ``history[:seq_len]``], and the tree they fill."""
+        if isinstance(drafted, EagleInput):
+            return self._propose_eagle(drafted, root, history=history, seq_len=seq_len)
         cfg, dev, limit = self.config, self.device, self.info.context_limit
         # The deepest node lands at position seq_len - 1 + depth: near the context limit a
         # root-only (plain) step keeps the output exact.
@@ -293,6 +320,22 @@ class Decoder:
             if chain.numel():
                 return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel(), chain.numel())
         return Proposal(self.tree, drafted.to(dev), 0)
+
+    def _propose_eagle(self, drafted: EagleInput, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Proposal:
+        """The EAGLE drafter reads the verified features of the last accepted path (its cache then
+        holds every committed position), then drafts this step's dynamic tree [+ a lookup branch]."""
+        cfg, dev, limit = self.config, self.device, self.info.context_limit
+        run = drafted.run
+        run.extend(drafted.features, drafted.tokens, drafted.start)
+        if seq_len + self.dynamic.depth + 1 > limit:  # the deepest node must fit in the context: a plain step
+            return Proposal(self.root_tree, root.view(1).to(dev), 0)
+        tree = run.draft(root)
+        shape, tokens, lookup = as_medusa_tree(tree, top_k=self.dynamic.top_k), tree.tokens.to(dev), 0
+        if cfg.lookup:
+            chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]
+            if chain.numel():
+                shape, tokens, lookup = with_lookup(shape, chain.numel()), torch.cat([tokens, chain.to(dev)]), chain.numel()
+        return Proposal(TreeBuffers.build(shape, device=dev, out_device=self.out_device, dtype=self.dtype), tokens, lookup, lookup)
 
     def _fill_chain(self, chain: torch.Tensor, drafted: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """The lookup chain padded to ``config.lookup`` tokens: past the match, the heads' top-1
@@ -343,9 +386,11 @@ class Decoder:
         return Verdict(best, len(path) - 1, nodes, torch.tensor(bonus, device=logits.device))
 
     def commit(
-        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, kv: DynamicKV | StaticKV, history: torch.Tensor, seq_len: int, produced: int
-    ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | None]:
-        """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree.
+        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, kv: DynamicKV | StaticKV, history: torch.Tensor, seq_len: int, produced: int,
+        eagle_run: EagleRun | None = None,
+    ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | EagleInput | None]:
+        """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree
+        (the Medusa heads), or hand the accepted path's verified features to the EAGLE drafter.
 
         Returns (new tokens, finish reason, next root, next draft; None once the run has finished)."""
         nodes = verdict.nodes
@@ -355,6 +400,8 @@ class Decoder:
         accepted = proposal.tokens[nodes.to(self.device)][1:].tolist()
         new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
         history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
+        if reason is None and eagle_run is not None:  # pairs (f_t, x_{t+1}) along the accepted path, the bonus last
+            return new, reason, bonus, EagleInput(eagle_run, hidden[nodes.to(hidden.device)], torch.tensor(accepted + [int(bonus)], device=self.device), seq_len - 1)
         drafted = self._draft(hidden[last], bonus) if reason is None else None  # seeded by the last accepted node's hidden state
         return new, reason, bonus, drafted
 
@@ -375,6 +422,7 @@ class Decoder:
             tree_tokens=proposal.tokens if detail else None,
             best_path=verdict.best if detail else None,
             finish_reason=reason,
+            drafter=self.drafter,
         )
 
     def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
@@ -384,11 +432,14 @@ class Decoder:
         history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
         history[:seq_len] = ids[0].cpu()
 
-        # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree.
+        # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree
+        # (EAGLE: the prompt's features and next tokens, which the drafter reads in the first propose).
         t0 = _sync(dev)
-        hidden = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0, -1]
+        features = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0]
+        hidden = features[-1]
         root = self._pick_root(self.lm_head(hidden), gen)
-        drafted = self._draft(hidden, root)
+        eagle_run = EagleRun(self.eagle, self.dynamic) if self.eagle is not None else None
+        drafted = EagleInput(eagle_run, features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0) if eagle_run else self._draft(hidden, root)
         new, reason = self._finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
         yield self._prefill_step(new, reason, t0, kv)
@@ -402,15 +453,15 @@ class Decoder:
             t2 = _sync(dev)
             verdict = self.accept(logits, proposal, gen)
             t3 = _sync(dev)
-            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced)
+            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced, eagle_run=eagle_run)
             t4 = _sync(dev)
             yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
-def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None) -> RunResult:
+def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None, eagle: EagleHead | None = None) -> RunResult:
     """Convenience: build a Decoder and collect its whole run."""
-    return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv).run(prompt_ids)
+    return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv, eagle=eagle).run(prompt_ids)
 
 
 # Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers

@@ -18,6 +18,10 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   medusa-greedy-nodetail  Medusa greedy without recording the per-step tree detail
   plain-sample      our plain loop sampling at --temperature, --top-p, --seed
   medusa-sample     Medusa exact (lossless) speculative sampling, same tree and lookup as medusa-greedy
+  eagle-greedy      the EAGLE head (--eagle) drafting EAGLE-2's dynamic tree (--eagle-tree), no lookup branch,
+                    on the same verifier: exact greedy
+  eagle-sample      the same drafter with exact speculative sampling (same seed as plain-sample)
+  eagle-typical     the same drafter with typical acceptance, root sampled with --seed
 
 Our methods (baseline, plain-sample, medusa-*) run on one engine (--cache, --capture; core/kv.py):
 auto is a static KV cache with a CUDA graph per step shape on CUDA, the dynamic cache on a CPU. A
@@ -53,6 +57,8 @@ import torch
 
 from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync, first_difference
 from ..core.defaults import heads_defaults
+from ..core.dynamic_tree import DynamicTreeConfig
+from ..core.eagle import load_eagle
 from ..core.heads import load_heads
 from ..core.kv import prepare_engine
 from ..core.lab import step_costs
@@ -63,14 +69,16 @@ from ..core.tree import get_tree, with_lookup
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
-ALL_METHODS = ("hf-generate", "hf-generate-static", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail", "plain-sample", "medusa-sample")
+ALL_METHODS = ("hf-generate", "hf-generate-static", "baseline", "hf-prompt-lookup", "medusa-greedy", "medusa-heads-only", "medusa-typical", "medusa-greedy-nodetail", "plain-sample", "medusa-sample",
+               "eagle-greedy", "eagle-sample", "eagle-typical")
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
 CUDA_DEFAULT_METHODS = "hf-generate,hf-generate-static,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"  # compiled static generate: what a GPU user would race
 WARMUP_PROMPT_LENGTHS = {"hf-generate-static": (32, 16)}  # a second prompt length: any recompile a new length causes happens here, not in the table
-SAMPLED_METHODS = ("plain-sample", "medusa-sample", "medusa-typical")  # draw from the seed when --temperature > 0 (--sampled)
-EXACT_SAMPLERS = {"medusa-sample": "plain-sample"}  # lossless: same seed, same output as its reference
+SAMPLED_METHODS = ("plain-sample", "medusa-sample", "medusa-typical", "eagle-sample", "eagle-typical")  # draw from the seed when --temperature > 0 (--sampled: the first three)
+EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample"}  # lossless: same seed, same output as its reference
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
 DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
+DEFAULT_EAGLE = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct-eagle"
 
 
 class ForwardClock:
@@ -133,6 +141,7 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
         "decode_seconds": res.decode_seconds,
         "phase_seconds": dict(phases),
         "lookup_tokens": res.lookup_tokens,
+        "accept_lengths": [s.accept_length for s in res.steps[1:] if s.finish_reason is None],  # full steps: what the drafter got accepted
     }
 
 
@@ -153,12 +162,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--methods", default=None, help=f"comma list of {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS}; on CUDA {CUDA_DEFAULT_METHODS})")
-    which.add_argument("--sampled", action="store_const", const=",".join(SAMPLED_METHODS), dest="methods", default=None, help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}")
+    which.add_argument("--sampled", action="store_const", const=",".join(SAMPLED_METHODS[:3]), dest="methods", default=None, help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
     ap.add_argument("--lookup", type=int, default=None, help="lookup-branch length of the medusa methods (default: the heads' calibrated one, 0 if calibrated without it, else 4; 0 = heads only)")
     add_model_arguments(ap)
     ap.add_argument("--heads", default=str(DEFAULT_HEADS))
+    ap.add_argument("--eagle", default=str(DEFAULT_EAGLE), help="EAGLE head folder of the eagle-* methods")
+    ap.add_argument("--eagle-tree", default=None, help="the eagle-* methods' dynamic tree as top_k,depth,nodes (default: the head's own)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
@@ -248,6 +259,17 @@ def main(argv: list[str] | None = None) -> None:
         decoders["medusa-greedy-nodetail"] = ours("medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens, record_detail=False, lookup=lookup), heads=heads, tree=tree)
         decoders["medusa-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True, lookup=lookup), heads=heads, tree=tree)
         decoders["medusa-sample"] = ours("medusa-sample", replace(sample_cfg, lookup=lookup), heads=heads, tree=tree)
+    eagle_tree = None
+    if any(m.startswith("eagle") for m in methods):
+        try:
+            eagle = load_eagle(args.eagle, model=model)
+            eagle_tree = DynamicTreeConfig(*map(int, args.eagle_tree.split(","))) if args.eagle_tree else eagle.config.tree
+            eagle_tree.check()
+        except (InputError, ValueError, TypeError) as e:
+            raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else 'write the tree as three whole numbers, top_k,depth,nodes (e.g. 8,5,24)'}") from None
+        decoders["eagle-greedy"] = ours("medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), eagle=eagle, tree=eagle_tree)
+        decoders["eagle-sample"] = ours("medusa-sample", sample_cfg, eagle=eagle, tree=eagle_tree)
+        decoders["eagle-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True), eagle=eagle, tree=eagle_tree)
     decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = ours("plain", sample_cfg)
 
@@ -259,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
 
     sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
     static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
-    print(f"{setup} | {engine.description} | tree {tree_name} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
+    eagle_desc = f" | eagle tree top-k {eagle_tree.top_k} depth {eagle_tree.depth} nodes {eagle_tree.num_nodes}" if eagle_tree else ""
+    print(f"{setup} | {engine.description} | tree {tree_name}{eagle_desc} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
     warmup_seconds = {}
     for m in methods:  # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
         t0 = _sync(device)
@@ -279,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             med = sorted(runs, key=lambda r: r["prefill_seconds"] + r["decode_seconds"])[len(runs) // 2]
             rec = {"method": m, "id": p["id"], "category": p.get("category", ""), **{k: med[k] for k in ("output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds")}}
             rec["total_seconds_runs"] = [r["prefill_seconds"] + r["decode_seconds"] for r in runs]
-            for k in ("phase_seconds", "lookup_tokens"):
+            for k in ("phase_seconds", "lookup_tokens", "accept_lengths"):
                 if k in med:
                     rec[k] = med[k]
             records.append(rec)
@@ -290,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     if engine.static_kv is not None:
         print(f"capture s (at start, before the warm-up; not in the tables): {engine.static_kv.capture_seconds:.2f}")
     if args.json:
-        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
+        out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "eagle_tree": eagle_tree and [eagle_tree.top_k, eagle_tree.depth, eagle_tree.num_nodes], "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
         out["speedup_reference"] = {m: reference_of(m, methods, sampled) for m in methods}
         out["exact_sampling"] = {m: identical_outputs(records, m, ref) for m, ref in EXACT_SAMPLERS.items() if m in methods and ref in methods}
@@ -366,6 +389,13 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
                 for k, v in r.get("phase_seconds", {}).items():
                     tot[k] += v
             lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in ("propose", "verify", "accept", "commit")))
+
+    depth_rows = [m for m in methods if any(r.get("accept_lengths") for r in by[m]) and not m.startswith(("baseline", "plain"))]
+    if depth_rows:  # how deep the drafts got accepted: share of full steps that accepted >= k drafted tokens
+        lines += ["", "share of decode steps accepting >= k drafted tokens (tokens/step = 1 + the sum of the row)", f"{'method':<24}" + "".join(f"{'>=' + str(k):>8}" for k in range(1, 7))]
+        for m in depth_rows:
+            acc = [a for r in by[m] for a in r.get("accept_lengths", [])]
+            lines.append(f"{m:<24}" + "".join(f"{sum(a >= k for a in acc) / max(len(acc), 1):>8.2f}" for k in range(1, 7)))
 
     lookup_rows = [m for m in methods if any(r.get("lookup_tokens") for r in by[m])]
     if lookup_rows:

@@ -1,0 +1,263 @@
+"""The EAGLE draft head: one decoder layer that drafts autoregressively at the feature level.
+
+EAGLE (Li et al., arXiv 2401.15077) and EAGLE-2 (arXiv 2406.16858); reference code
+SafeAILab/EAGLE (``cnets.py``: ``Model.forward`` and ``topK_genrate``). A Medusa head reads only
+h_t, so it cannot know which token the model will pick at t+1; EAGLE's drafter reads that token:
+
+    g_t = Layer( fc([ e(x_{t+1}) ; f_t ]) )          f_t: the base model's feature (final-norm
+    q(x_{t+2} | ...) = softmax( lm_head(g_t) )            hidden state, what lm_head reads)
+
+``fc`` is Linear(2d, d), ``Layer`` one decoder layer of the base model's own transformers class
+(its own small KV cache, the base model's rotary embedding), ``e`` and ``lm_head`` are the base
+model's, frozen and not stored; the lm_head is restricted to a proposal vocabulary
+(``proposal_ids``) as our Medusa heads are. g_t regresses f_{t+1}, so the drafter can feed its own
+output back in and draft further: the next draft step reads (e(x_{t+2}), g_t).
+
+Per decoding step (``EagleRun``): the accepted tokens' *verified* features enter the drafter's
+cache first (they replace whatever it drafted there; reference ``update_inference_inputs``); then
+the dynamic tree (``dynamic_tree.py``) is drafted level by level, and its entries are cropped
+from the drafter's cache again before the next step. Verification, acceptance and exactness are
+the Medusa decoder's (``decoding.py``): only ``propose`` differs.
+
+Folder format (``save`` / ``load_eagle``): ``eagle.safetensors`` (fc, layer, proposal_ids) +
+``config.json`` (``format: medusa-playground-eagle-1``, sizes, the base model, the default
+dynamic tree) + a README.md model card.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
+from .heads import hidden_size_of
+from .messages import InputError
+from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+
+EAGLE_FILE = "eagle.safetensors"
+CONFIG_FILE = "config.json"
+FORMAT = "medusa-playground-eagle-1"
+
+
+class EagleError(InputError):
+    """An EAGLE head that cannot be built, loaded or run. One sentence that says what to change."""
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int
+    vocab_size: int
+    num_proposal_tokens: int | None = None  # draft onto this many frequent tokens (None: the full vocabulary)
+    base_model: str | None = None
+    model_type: str | None = None  # the base model's family: the layer is of its class
+    top_k: int = 8  # default dynamic tree (dynamic_tree.DynamicTreeConfig)
+    depth: int = 5
+    num_nodes: int = 24
+
+    @property
+    def tree(self) -> DynamicTreeConfig:
+        return DynamicTreeConfig(top_k=self.top_k, depth=self.depth, num_nodes=self.num_nodes)
+
+
+def eagle_refusal(model: nn.Module) -> str | None:
+    """Why an EAGLE head cannot be built on this model (one sentence), or None."""
+    body = getattr(model, "base_model", None)
+    if getattr(body, "layers", None) is None or getattr(body, "rotary_emb", None) is None:
+        return f"The EAGLE drafter needs a decoder with rotary position embeddings (Llama, Qwen2, Mistral); {type(model).__name__} has none, so use the Medusa heads."
+    return None
+
+
+class EagleHead(nn.Module):
+    """fc + one decoder layer; the base model's embedding and lm_head are bound, not owned."""
+
+    def __init__(self, model: nn.Module, config: EagleConfig):
+        super().__init__()
+        why = eagle_refusal(model)
+        if why:
+            raise EagleError(why)
+        self.config = config
+        d = config.hidden_size
+        text = copy.deepcopy(model.config.get_text_config(decoder=True))
+        text.num_hidden_layers = 1
+        body = model.base_model
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.layer = type(body.layers[0])(text, layer_idx=0)  # the base model's own decoder-layer class
+        self.rotary = type(body.rotary_emb)(config=text)  # positions as the base model encodes them
+        if config.num_proposal_tokens:
+            self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
+        else:
+            self.proposal_ids = None
+        self.bind(model)
+
+    def bind(self, model: nn.Module) -> None:
+        """Read the token embedding and project through ``model``'s own (frozen) modules."""
+        object.__setattr__(self, "_embed", model.get_input_embeddings())
+        object.__setattr__(self, "_lm_head", model.get_output_embeddings())
+        self._proposal_key = None
+
+    def check_fits(self, model: nn.Module) -> None:
+        d, V = hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0]
+        if self.config.hidden_size != d or self.config.vocab_size != V:
+            raise EagleError(f"This EAGLE head was made for hidden size {self.config.hidden_size} and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
+                             f"load an EAGLE head trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}.")
+
+    # ------------------------------------------------------------------ the maths
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                cache: DynamicCache | None = None) -> torch.Tensor:
+        """g [B, T, d] from features f [B, T, d] and the next tokens x [B, T] (x_{t+1} beside f_t)."""
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([self._embed(tokens).to(dtype), features.to(dtype)], dim=-1))
+        pe = self.rotary(x, position_ids)
+        return self.layer(x, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache, use_cache=cache is not None, position_embeddings=pe)
+
+    def projection_weight(self) -> torch.Tensor:
+        """[V', d] lm_head rows of the proposal tokens (all rows without a proposal vocabulary)."""
+        w = self._lm_head.weight
+        return w if self.proposal_ids is None else w[self.proposal_ids.to(w.device)]
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V'] over the proposal vocabulary; a frozen, once-gathered (packed) map."""
+        w = self._lm_head.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._proposal_key != key:
+            rows = self.projection_weight().detach()
+            proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+            proj.weight = nn.Parameter(rows, requires_grad=False)
+            object.__setattr__(self, "_proj", PackedLinear(proj) if can_prepack(rows) else proj)
+            self._proposal_key = key
+        return self._proj(g.to(w.dtype))
+
+    def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.proposal_ids is None else self.proposal_ids[columns]
+
+    # ------------------------------------------------------------------ saving
+    def save(self, folder: str | Path, *, dtype: torch.dtype | None = None, **extra) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        cast = lambda v: v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()  # noqa: E731
+        state = {k: cast(v) for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        tmp = folder / (EAGLE_FILE + ".tmp")
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        tmp.replace(folder / EAGLE_FILE)  # never a half-written checkpoint
+        meta = {"format": FORMAT, **asdict(self.config), "base_model_name_or_path": self.config.base_model, **extra}
+        (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+
+def new_eagle_head(model: nn.Module, *, proposal_ids: torch.Tensor | None = None, base_model: str | None = None, tree: DynamicTreeConfig = DynamicTreeConfig()) -> EagleHead:
+    """A fresh (random) EAGLE head for ``model``, in float32 on the CPU."""
+    cfg = EagleConfig(hidden_size=hidden_size_of(model.config), vocab_size=model.get_output_embeddings().weight.shape[0],
+                      num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None, base_model=base_model,
+                      model_type=getattr(model.config, "model_type", None), top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes)
+    head = EagleHead(model, cfg).float()
+    if proposal_ids is not None:
+        head.proposal_ids.copy_(proposal_ids)
+    return head
+
+
+def is_eagle_folder(folder: str | Path) -> bool:
+    return (Path(folder) / EAGLE_FILE).exists()
+
+
+def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
+    """An EAGLE head from ``folder``, checked against ``model`` and placed like its lm_head."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder).expanduser()
+    if not is_eagle_folder(folder):
+        raise EagleError(f"No EAGLE head at {str(folder)!r}: give a folder with {EAGLE_FILE} and {CONFIG_FILE}.")
+    meta = json.loads((folder / CONFIG_FILE).read_text())
+    if meta.get("format") != FORMAT:
+        raise EagleError(f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project (format {meta.get('format')!r}, expected {FORMAT!r}).")
+    fields = {k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta}
+    cfg = EagleConfig(**fields)
+    if cfg.model_type and getattr(model.config, "model_type", None) != cfg.model_type:
+        raise EagleError(f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; load an EAGLE head trained for this model.")
+    head = EagleHead(model, cfg)
+    head.check_fits(model)
+    state = load_file(str(folder / EAGLE_FILE))
+    try:
+        head.load_state_dict(state, strict=False)
+        missing = [k for k in head.state_dict() if k not in state and not k.startswith("rotary.")]
+        if missing:
+            raise RuntimeError(f"missing {', '.join(missing[:3])}")
+    except RuntimeError as e:
+        raise EagleError(f"The EAGLE checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
+    head.calibration = meta.get("calibration")
+    p = next(model.parameters())
+    head.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
+    head.requires_grad_(False)
+    if is_prepacked(model):
+        prepack_linear_weights(head)
+    return head.eval()
+
+
+# ---------------------------------------------------------------------- one run's drafter
+class EagleRun:
+    """The drafter's state during one run: its KV cache (entries 0..stable-1 hold verified
+    features), and the step's draft. Created inside ``Decoder.steps``: two runs never share it."""
+
+    def __init__(self, head: EagleHead, tree: DynamicTreeConfig):
+        tree.check()
+        self.head, self.tree = head, tree
+        self.cache = DynamicCache()
+        self.stable = 0  # entries of verified features; everything after them is a draft
+        self.last: torch.Tensor | None = None  # g at the newest verified entry: it drafts level 1
+        dev = head.fc.weight.device
+        self.dtype, self.device = head.fc.weight.dtype, dev
+        self.min = torch.finfo(self.dtype).min
+        k = tree.top_k
+        self.eye = torch.eye(k, dtype=torch.bool, device=dev)
+        self.level_depths = torch.cat([torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)])
+
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
+        q = visible.shape[0]
+        extra = torch.zeros(q, visible.shape[1], dtype=self.dtype, device=self.device).masked_fill(~visible, self.min)
+        return torch.cat([torch.zeros(q, self.stable, dtype=self.dtype, device=self.device), extra], dim=1)[None, None]
+
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
+        """Append verified pairs (f_t, x_{t+1}) for t = start .. start + n - 1 (drafts dropped first)."""
+        if self.cache.get_seq_length() > self.stable:
+            self.cache.crop(-(self.cache.get_seq_length() - self.stable))
+        n = features.shape[0]
+        pos = torch.arange(start, start + n, device=self.device)[None]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        g = self.head(features[None].to(self.device), tokens[None].to(self.device), pos, attention_mask=self._mask(causal), cache=self.cache)[0]
+        self.stable += n
+        self.last, self.next_pos = g[-1], start + n
+
+    def draft(self, root: torch.Tensor) -> DynamicTree:
+        """EAGLE-2's dynamic tree under ``root`` (reference ``topK_genrate``): level 1 from the newest
+        verified entry, then depth - 1 batched draft forwards of the k frontier nodes each, every
+        one seeing the prefix, its drafted ancestors and itself. No host reads."""
+        head, cfg, k = self.head, self.tree, self.tree.top_k
+        logp = torch.log_softmax(head.logits(self.last).float(), -1)
+        top = torch.topk(logp, k)
+        tokens, scores = [head.token_ids(top.indices)], [top.values]
+        parents = [torch.full((k,), -1, dtype=torch.long, device=self.device)]
+        frontier_tok, frontier_val = tokens[0], top.values
+        frontier_g = self.last.expand(k, -1)
+        frontier_idx = torch.arange(k, device=self.device)
+        seen = torch.zeros(k, 0, dtype=torch.bool, device=self.device)  # each frontier node's drafted ancestors
+        offset = k
+        for level in range(1, cfg.depth):
+            seen = torch.cat([seen, self.eye], dim=1)  # ... and itself
+            pos = torch.full((1, k), self.next_pos + level - 1, device=self.device)
+            g = head(frontier_g[None], frontier_tok[None], pos, attention_mask=self._mask(seen), cache=self.cache)[0]
+            columns, values, chosen, rows = expand_level(frontier_val, torch.log_softmax(head.logits(g).float(), -1), k)
+            ids = head.token_ids(columns)
+            tokens.append(ids), scores.append(values), parents.append(frontier_idx.repeat_interleave(k))
+            frontier_tok, frontier_val, frontier_g, seen = ids[chosen], values[chosen], g[rows], seen[rows]
+            frontier_idx = offset + chosen
+            offset += k * k
+        cand = Candidates(torch.cat(tokens), torch.cat(scores), torch.cat(parents), self.level_depths)
+        return select_tree(root, cand, num_nodes=cfg.num_nodes, depth=cfg.depth)
