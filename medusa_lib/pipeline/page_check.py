@@ -50,10 +50,13 @@ def page_prompts(*, bench: str | Path = DEFAULT_PROMPTS, examples: str | Path | 
     return out
 
 
-def check(pg: Playground, prompts, *, modes=("greedy", "sampling"), numerics=("float32", "bfloat16"), max_new_tokens: int = Settings.max_new_tokens) -> list[dict]:
-    """One ``compare`` per (prompt, mode, numerics) at the page's starting values; a row each."""
+def check(pg: Playground, prompts, *, modes=("greedy", "sampling"), numerics=("float32", "bfloat16"), max_new_tokens: int = Settings.max_new_tokens,
+          on_row=None) -> list[dict]:
+    """One ``compare`` per (prompt, mode, numerics) at the page's starting values; a row each, also
+    passed to ``on_row`` as it comes (so a long run that is stopped keeps what it measured). The
+    modes and numerics of one prompt run together, so a partial run covers all of them."""
     rows = []
-    jobs = [(n, m, pid, text) for n in numerics for m in modes for pid, text in prompts]
+    jobs = [(n, m, pid, text) for pid, text in prompts for n in numerics for m in modes]
     for n, mode, pid, text in tqdm(jobs, desc="page compare", unit="run", file=sys.stderr):
         settings = pg.settings(max_new_tokens, Settings.temperature, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, "", True,
                                pg.defaults.lookup_on, sample=MODES[mode], seed=Settings.seed, numerics=n)
@@ -64,6 +67,8 @@ def check(pg: Playground, prompts, *, modes=("greedy", "sampling"), numerics=("f
         rows.append({"id": pid, "mode": mode, "numerics": out["numerics"], "equal": match["equal"], "first_diff": match["first_diff"], "tie": match["tie"],
                      "plain_tps": tps(plain), "medusa_tps": tps(medusa), "typical_tps": tps(typical),
                      "medusa_tokens_per_step": medusa["tokens_per_step"], "typical_tokens_per_step": typical["tokens_per_step"]})
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -116,13 +121,16 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         raise SystemExit(f"--numerics {missing[0]} is not loaded here (loaded: {', '.join(pg.variants)}); pick from those or load the model in that --dtype.")
     prompts = page_prompts(bench=args.prompts, examples=None if args.no_examples else EXAMPLES, per_category=args.per_category)
-    rows = check(pg, prompts, modes=modes, numerics=numerics, max_new_tokens=args.max_new_tokens)
+    def write(rows, summary=None):
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary or summarize(rows)}, indent=1))
+
+    rows = check(pg, prompts, modes=modes, numerics=numerics, max_new_tokens=args.max_new_tokens, on_row=write)
     summary = summarize(rows)
     print(format_summary(summary, setup=f"the page's path at its defaults | {pg.device} | tree {pg.defaults.tree}, lookup {pg.defaults.lookup if pg.defaults.lookup_on else 0} | "
                                          f"{len(prompts)} prompts | {args.max_new_tokens} new tokens | typical at T = {Settings.temperature}, seed {Settings.seed}"))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    write(rows, summary)
 
 
 if __name__ == "__main__":
