@@ -43,7 +43,6 @@ def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> Me
 HEADS = {
     "shared-lm-head-proposal-vocabulary": lambda: proposal_heads(),
     "shared-lm-head-full-vocabulary": lambda: random_heads(shared=True),
-    "own-projections-proposal-vocabulary": lambda: proposal_heads(layers=1, shared=False),
     "own-projections-full-vocabulary": lambda: random_heads(shared=False),
 }
 
@@ -116,6 +115,16 @@ def test_conditioned_heads_are_refused_with_the_heads_that_can_be_exported(kind,
     assert vllm_refusal(heads) == expected[len("error: "):]
     with pytest.raises(ValueError, match="cannot run"):
         to_vllm_medusa(heads)
+
+
+def test_own_projections_onto_a_proposal_vocabulary_are_refused(tmp_path):
+    """vLLM 0.32 sizes per-head projections to the full vocabulary: only a shared head takes token_map."""
+    proposal_heads(layers=1, shared=False).save(tmp_path / "heads")
+    with pytest.raises(SystemExit) as err:
+        main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
+    assert str(err.value) == ("error: These heads have their own projections onto a 100-token proposal vocabulary, which vLLM's Medusa cannot load "
+                              "(it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+                              "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections (--proposal-tokens 0), and export those.")
 
 
 def test_bad_command_lines_get_one_sentence(tmp_path):
