@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from medusa_lib import DecodeConfig, Decoder, get_tree, load_heads, load_model
 from medusa_lib.core.model import chat_prompt_ids, default_model_folder
@@ -85,6 +86,15 @@ def ours(model, heads, prompts, *, tree: str | None, lookup: int = 0) -> tuple[l
         tokens.append(r.tokens)
         steps, made = steps + r.decode_steps, made + r.decode_tokens
     return tokens, made / steps
+
+
+def test_the_exported_shipped_heads_loaded_back_propose_what_they_propose(setting):
+    """The round trip on the real heads and model: our loader reads vLLM's layout back (no vLLM needed)."""
+    _, exported, prompts, model, heads = setting
+    back = load_heads(exported, model=model)
+    h = model.base_model(input_ids=torch.tensor([prompts[0]])).last_hidden_state[0]  # the final-norm states both read
+    lm_head = model.get_output_embeddings()
+    assert torch.equal(back.propose(h, lm_head, topk=4), heads.propose(h, lm_head, topk=4))
 
 
 def test_vllm_serves_the_exported_plain_heads_with_our_plain_greedy_tokens(vllm_python, setting, tmp_path, request):
