@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HIDDEN, VOCAB, make_model, random_heads, tiny_tokenizer
+from conftest import HIDDEN, VOCAB, make_model, random_heads
 from safetensors import safe_open
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
@@ -19,15 +19,6 @@ from medusa_lib.pipeline.export import export_vllm, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SENTENCE = "only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without --root-conditioned or --path-conditioned (python -m medusa_lib.pipeline.train --out DIR) and export those."
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    model = make_model("llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> MedusaHeads:
