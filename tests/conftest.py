@@ -262,3 +262,13 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
     with pytest.warns(UserWarning):
         outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A tiny Llama and its tokenizer saved as a local model folder (what --model takes)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    model = make_model("llama")
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder

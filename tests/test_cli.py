@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    make_model,
-    random_heads,
-    tiny_tokenizer,
-)
+from conftest import random_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,16 +25,6 @@ def load_app_module(monkeypatch, **env):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    """A tiny Llama and its tokenizer saved as a local model folder (what --model takes)."""
-    folder = tmp_path_factory.mktemp("tiny-model")
-    model = make_model("llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def start(monkeypatch, *argv: str, **env: str) -> str:

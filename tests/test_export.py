@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HIDDEN, VOCAB, make_model, random_heads, tiny_tokenizer
+from conftest import HIDDEN, VOCAB, make_model, random_heads
 from safetensors import safe_open
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
@@ -19,15 +19,6 @@ from medusa_lib.pipeline.export import export_vllm, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SENTENCE = "only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without --root-conditioned or --path-conditioned (python -m medusa_lib.pipeline.train --out DIR) and export those."
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    model = make_model("llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> MedusaHeads:
@@ -43,7 +34,6 @@ def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> Me
 HEADS = {
     "shared-lm-head-proposal-vocabulary": lambda: proposal_heads(),
     "shared-lm-head-full-vocabulary": lambda: random_heads(shared=True),
-    "own-projections-proposal-vocabulary": lambda: proposal_heads(layers=1, shared=False),
     "own-projections-full-vocabulary": lambda: random_heads(shared=False),
 }
 
@@ -116,6 +106,16 @@ def test_conditioned_heads_are_refused_with_the_heads_that_can_be_exported(kind,
     assert vllm_refusal(heads) == expected[len("error: "):]
     with pytest.raises(ValueError, match="cannot run"):
         to_vllm_medusa(heads)
+
+
+def test_own_projections_onto_a_proposal_vocabulary_are_refused(tmp_path):
+    """vLLM 0.32 sizes per-head projections to the full vocabulary: only a shared head takes token_map."""
+    proposal_heads(layers=1, shared=False).save(tmp_path / "heads")
+    with pytest.raises(SystemExit) as err:
+        main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
+    assert str(err.value) == ("error: These heads have their own projections onto a 100-token proposal vocabulary, which vLLM's Medusa cannot load "
+                              "(it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+                              "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections (--proposal-tokens 0), and export those.")
 
 
 def test_bad_command_lines_get_one_sentence(tmp_path):

@@ -12,6 +12,8 @@ t+2+i, top-1 each: one chain, no tree, no lookup branch. Its folder is ``config.
                                         ours: proposal_ids
 
 ``medusa_fc_bias`` must be true (vLLM's default is false: its blocks would drop our biases).
+Only the shared head is truncated to ``token_map``'s rows: vLLM sizes per-head projections to the
+full vocabulary, so heads with their own projections onto a proposal vocabulary are refused.
 Root- and path-conditioned heads (``heads.py``) read the root token and their branch besides h_t;
 vLLM's heads read h_t only, so they have no counterpart there.
 """
@@ -32,6 +34,12 @@ TRAIN_PLAIN = "python -m medusa_lib.pipeline.train --out DIR"  # root and path c
 
 def vllm_refusal(heads) -> str | None:
     """Why vLLM's Medusa cannot run ``heads`` (a ``heads.MedusaHeads``) (one sentence that says which heads can), or None."""
+    cfg = heads.config
+    if not cfg.shared_lm_head and cfg.num_proposal_tokens and not (heads.root_conditioned or heads.path_conditioned):
+        # vLLM 0.32 sizes per-head projections to the full vocabulary; only its one shared head is truncated by token_map
+        return (f"These heads have their own projections onto a {cfg.num_proposal_tokens}-token proposal vocabulary, which vLLM's Medusa "
+                f"cannot load (it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+                f"(the default: {TRAIN_PLAIN}) or with full-vocabulary projections (--proposal-tokens 0), and export those.")
     if not (heads.root_conditioned or heads.path_conditioned):
         return None
     kind = "path-conditioned (each head also reads the tree's root and its own branch)" if heads.path_conditioned else "root-conditioned (they also read the tree's root token)"

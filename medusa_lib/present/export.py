@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..core.heads import MedusaHeads
-from ..core.vllm_format import TRAIN_PLAIN, export_command
+from ..core.vllm_format import TRAIN_PLAIN, export_command, vllm_refusal
 
 DOCS = "docs/serving.md#serving-your-heads"
 
@@ -18,6 +18,9 @@ DOCS = "docs/serving.md#serving-your-heads"
 def shown_folder(heads: MedusaHeads) -> str | None:
     """The heads' folder as a command line in the repository root names it (relative when inside it)."""
     folder = getattr(heads, "folder", None)  # set by load_heads; untrained heads have none
+    why = vllm_refusal(heads)
+    if why:
+        return f"**Serving in vLLM:** {why}"
     if folder is None:
         return None
     try:
@@ -33,6 +36,9 @@ def export_hint(heads: MedusaHeads) -> str:
         kind = "path-conditioned" if heads.path_conditioned else "root-conditioned"
         return (f"**Serving in vLLM:** these {kind} heads cannot be exported (vLLM's Medusa reads the hidden state only); "
                 f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS}).")
+    why = vllm_refusal(heads)
+    if why:
+        return f"**Serving in vLLM:** {why}"
     if folder is None:
         return f"**Serving in vLLM:** untrained heads; train plain heads (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS})."
     return f"**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): `{export_command(folder)}` ({DOCS})."
