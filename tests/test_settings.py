@@ -150,3 +150,13 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}  # the default mode: greedy, typical at T
     outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"))
     assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # the sampling mode: all three at T
+
+
+def test_a_null_or_empty_tree_or_numerics_means_the_default():
+    """What the API's description and docs/serving.md say: null or "" = the default; any other value must name one (a number is refused)."""
+    pg = tiny_playground(oracle=False)
+    for empty in (None, ""):
+        s = pg.settings(8, 0.7, 0.09, 0.3, empty, "", True, True, numerics=empty)
+        assert (s.tree, s.numerics) == (pg.defaults.tree, None)
+        pg.prepare(PROMPT, s)  # runs on the heads' default tree and the default numerics
+    assert pg.pair(pg.settings(8, 0.7, 0.09, 0.3, None, "", True, True)) == pg.variants[pg.default_numerics]
