@@ -1,4 +1,4 @@
-"""Start-up from the command line: one sentence and exit code 1 for bad models or heads, safe defaults."""
+"""Start-up from the command line: one sentence and exit code 1 for bad flags, overrides, models or heads, safe defaults."""
 
 from __future__ import annotations
 
@@ -118,12 +118,13 @@ def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
 
 def test_the_app_s_defaults_are_the_library_s(monkeypatch):
     """One set of limits: app.py spells its defaults out (so --help imports nothing heavy); they must be the presenter's."""
-    from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, Settings
+    from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, Settings
 
     app_cli = load_app_module(monkeypatch)
-    for k in ("MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS"):
+    for k in ("MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS", "MEDUSA_MAX_RUN_SECONDS"):
         assert k not in os.environ
-    assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS) == (Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS)
+    assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS, app_cli.MAX_RUN_SECONDS) == (
+        Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS)
     assert app_cli.MAX_PROMPT_TOKENS == "auto"
 
 
