@@ -140,7 +140,8 @@ SERVING_ENV = ("MEDUSA_PORT", "GRADIO_SERVER_PORT", "MEDUSA_MAX_NEW_TOKENS", "ME
     ("MEDUSA_MAX_NEW_TOKENS", "ten", "error: MEDUSA_MAX_NEW_TOKENS='ten' is not a whole number from 1 up; fix it or unset it."),
     ("MEDUSA_MAX_PROMPT_CHARS", "1e5", "error: MEDUSA_MAX_PROMPT_CHARS='1e5' is not a whole number from 1 up; fix it or unset it."),
     ("MEDUSA_MAX_PROMPT_TOKENS", "abc", "error: MEDUSA_MAX_PROMPT_TOKENS='abc' is not a whole number from 1 up (or auto); fix it or unset it."),
-    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1 up; fix it or unset it."),
+    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1; fix it or unset it."),
+    ("MEDUSA_SHARE", "true", "error: MEDUSA_SHARE='true' must be 1 (on) or 0 (off); fix it or unset it."),
 ])
 def test_a_bad_environment_override_is_one_sentence_naming_it(monkeypatch, name, value, message):
     for k in SERVING_ENV:
