@@ -160,3 +160,14 @@ def test_a_null_or_empty_tree_or_numerics_means_the_default():
         assert (s.tree, s.numerics) == (pg.defaults.tree, None)
         pg.prepare(PROMPT, s)  # runs on the heads' default tree and the default numerics
     assert pg.pair(pg.settings(8, 0.7, 0.09, 0.3, None, "", True, True)) == pg.variants[pg.default_numerics]
+
+
+def test_a_bad_value_is_quoted_as_the_json_it_came_in():
+    """Issue #26: 1.0000001 was quoted as 1, [[true]] as [True], 1e400 as inf, {"a": 1} as {'a': 1}."""
+    from medusa_lib.core.messages import shown
+
+    cases = [(1.0000001, "1.0000001"), (1e308, "1e+308"), (2.5, "2.5"), (float("inf"), "Infinity"), (float("nan"), "NaN"), (None, "null"), (True, "true"),
+             ([True], "[true]"), ([float("inf")], "[Infinity]"), ({"a": 1}, '{"a": 1}'), (["a", None], '["a", null]'), ("8", "'8'"),
+             (list(range(9)), "[0, 1, 2, 3, 4, 5, ...]"), ([[[[[0]]]]], "[[[[...]]]]"), (10**40000, "about 1e+40000")]
+    assert [shown(v) for v, _ in cases] == [want for _, want in cases]
+    assert shown("t" * 5000) == "'ttttttttttttttttt...tttttttttttttttttt'" and len(shown([["x" * 99] * 9])) <= 50
