@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    free_port,
     make_model,
     random_heads,
     tiny_tokenizer,
@@ -42,18 +43,20 @@ def model_folder(tmp_path_factory):
 
 
 def start(monkeypatch, *argv: str, **env: str) -> str:
-    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message."""
+    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message.
+    On a free port unless ``argv`` names one: app.py refuses a busy port before it loads anything, and 7860 may be taken here."""
     app_cli = load_app_module(monkeypatch, **env)
+    port = [] if "--port" in argv else ["--port", str(free_port())]
     with pytest.raises(SystemExit) as err:
-        app_cli.main(list(argv))
+        app_cli.main([*argv, *port])
     return str(err.value.code)
 
 
 def test_cli_mismatched_heads_exit_with_one_sentence(model_folder, tmp_path):
     heads = random_heads(hidden=32)
     heads.save(tmp_path / "heads")
-    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32",
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
