@@ -31,10 +31,18 @@ def env_number(name: str, default: str, *, low: float, high: float | None = None
         if not (low <= value and (high is None or value <= high)):
             raise ValueError
     except ValueError:
-        rule = f"a whole number from {low:g}" if whole else f"a number of at least {low:g}"
-        rule += f" to {high:g}" if high is not None else " up"
+        rule = (f"a whole number from {low:g}" + (f" to {high:g}" if high is not None else " up") if whole
+                else f"a number of at least {low:g}" + (f" and at most {high:g}" if high is not None else ""))
         sys.exit(f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; fix it or unset it.")
     return value
+
+
+def env_switch(name: str) -> bool:
+    """An on/off override: 1 or 0 (unset: off), or exit with one sentence naming the variable."""
+    raw = os.environ.get(name, "0").strip()
+    if raw not in ("0", "1", ""):
+        sys.exit(f"error: {name}={raw!r} must be 1 (on) or 0 (off); fix it or unset it.")
+    return raw == "1"
 
 
 HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
@@ -47,8 +55,8 @@ DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
 CACHE = os.environ.get("MEDUSA_CACHE", "auto")  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
 CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
-SHARE = os.environ.get("MEDUSA_SHARE", "0") == "1"
-TRUST_REMOTE_CODE = os.environ.get("MEDUSA_TRUST_REMOTE_CODE", "0") == "1"  # run a Hub model's own Python code: the operator's call, never the page's
+SHARE = env_switch("MEDUSA_SHARE")
+TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")  # run a Hub model's own Python code: the operator's call, never the page's
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
 MAX_PROMPT_CHARS = env_number("MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=())  # longer prompts are refused before tokenising
 MAX_PROMPT_TOKENS = env_number("MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1)  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU

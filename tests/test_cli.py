@@ -1,4 +1,4 @@
-"""Start-up from the command line: one sentence and exit code 1 for bad models or heads, safe defaults."""
+"""Start-up from the command line: one sentence and exit code 1 for bad flags, overrides, models or heads, safe defaults."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_heads
+from conftest import (
+    free_port,
+    make_model,
+    random_heads,
+    tiny_tokenizer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,18 +33,20 @@ def load_app_module(monkeypatch, **env):
 
 
 def start(monkeypatch, *argv: str, **env: str) -> str:
-    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message."""
+    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message.
+    On a free port unless ``argv`` names one: app.py refuses a busy port before it loads anything, and 7860 may be taken here."""
     app_cli = load_app_module(monkeypatch, **env)
+    port = [] if "--port" in argv else ["--port", str(free_port())]
     with pytest.raises(SystemExit) as err:
-        app_cli.main(list(argv))
+        app_cli.main([*argv, *port])
     return str(err.value.code)
 
 
 def test_cli_mismatched_heads_exit_with_one_sentence(model_folder, tmp_path):
     heads = random_heads(hidden=32)
     heads.save(tmp_path / "heads")
-    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32",
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
@@ -104,12 +111,13 @@ def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
 
 def test_the_app_s_defaults_are_the_library_s(monkeypatch):
     """One set of limits: app.py spells its defaults out (so --help imports nothing heavy); they must be the presenter's."""
-    from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, Settings
+    from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, Settings
 
     app_cli = load_app_module(monkeypatch)
-    for k in ("MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS"):
+    for k in ("MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS", "MEDUSA_MAX_RUN_SECONDS"):
         assert k not in os.environ
-    assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS) == (Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS)
+    assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS, app_cli.MAX_RUN_SECONDS) == (
+        Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS)
     assert app_cli.MAX_PROMPT_TOKENS == "auto"
 
 
@@ -125,7 +133,8 @@ SERVING_ENV = ("MEDUSA_PORT", "GRADIO_SERVER_PORT", "MEDUSA_MAX_NEW_TOKENS", "ME
     ("MEDUSA_MAX_NEW_TOKENS", "ten", "error: MEDUSA_MAX_NEW_TOKENS='ten' is not a whole number from 1 up; fix it or unset it."),
     ("MEDUSA_MAX_PROMPT_CHARS", "1e5", "error: MEDUSA_MAX_PROMPT_CHARS='1e5' is not a whole number from 1 up; fix it or unset it."),
     ("MEDUSA_MAX_PROMPT_TOKENS", "abc", "error: MEDUSA_MAX_PROMPT_TOKENS='abc' is not a whole number from 1 up (or auto); fix it or unset it."),
-    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1 up; fix it or unset it."),
+    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1; fix it or unset it."),
+    ("MEDUSA_SHARE", "true", "error: MEDUSA_SHARE='true' must be 1 (on) or 0 (off); fix it or unset it."),
 ])
 def test_a_bad_environment_override_is_one_sentence_naming_it(monkeypatch, name, value, message):
     for k in SERVING_ENV:

@@ -192,3 +192,17 @@ def test_the_page_has_the_lab_tab_and_still_offers_only_compare():
         assert {"lab-tab", "lab-cost", "lab-gain", "lab-speedup", "lab-paths", "lab-add", "lab-remove", "lab-use", "lab-measure", "lab-acceptance"} <= ids
     finally:
         demo.close()
+
+
+def test_the_lab_s_measurements_end_at_the_api_s_bound(pg, monkeypatch):
+    """Any client can reach Measure and Measure costs through the queue (issue #26: one held it 61 s): they end
+    between steps at the same wall-time bound as /compare, or when their caller cancels or leaves."""
+    from ui.lab import COST_OUTPUTS, MEASURE_OUTPUTS, LabHandlers
+
+    bound = "The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); ask for fewer new tokens or send a shorter prompt."
+    h = LabHandlers(pg, max_run_seconds=0)
+    out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0]]", PROMPT, 24, True, False, None))
+    assert out["lab_status"] == f"**Cannot measure:** {bound}"
+    monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
+    out = outputs(COST_OUTPUTS, h.measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
+    assert out["lab_note"] == f"**Cannot measure the costs:** {bound}"

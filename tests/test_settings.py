@@ -150,3 +150,24 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}  # the default mode: greedy, typical at T
     outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"))
     assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # the sampling mode: all three at T
+
+
+def test_a_null_or_empty_tree_or_numerics_means_the_default():
+    """What the API's description and docs/serving.md say: null or "" = the default; any other value must name one (a number is refused)."""
+    pg = tiny_playground(oracle=False)
+    for empty in (None, ""):
+        s = pg.settings(8, 0.7, 0.09, 0.3, empty, "", True, True, numerics=empty)
+        assert (s.tree, s.numerics) == (pg.defaults.tree, None)
+        pg.prepare(PROMPT, s)  # runs on the heads' default tree and the default numerics
+    assert pg.pair(pg.settings(8, 0.7, 0.09, 0.3, None, "", True, True)) == pg.variants[pg.default_numerics]
+
+
+def test_a_bad_value_is_quoted_as_the_json_it_came_in():
+    """Issue #26: 1.0000001 was quoted as 1, [[true]] as [True], 1e400 as inf, {"a": 1} as {'a': 1}."""
+    from medusa_lib.core.messages import shown
+
+    cases = [(1.0000001, "1.0000001"), (1e308, "1e+308"), (2.5, "2.5"), (float("inf"), "Infinity"), (float("nan"), "NaN"), (None, "null"), (True, "true"),
+             ([True], "[true]"), ([float("inf")], "[Infinity]"), ({"a": 1}, '{"a": 1}'), (["a", None], '["a", null]'), ("8", "'8'"),
+             (list(range(9)), "[0, 1, 2, 3, 4, 5, ...]"), ([[[[[0]]]]], "[[[[...]]]]"), (10**40000, "about 1e+40000")]
+    assert [shown(v) for v, _ in cases] == [want for _, want in cases]
+    assert shown("t" * 5000) == "'ttttttttttttttttt...tttttttttttttttttt'" and len(shown([["x" * 99] * 9])) <= 50
