@@ -151,7 +151,7 @@ def eagle_loss(head: EagleHead, proj: torch.Tensor, cache: FeatureCache, batch: 
         ploss = -(p * logq).sum(-1).mean()
     with torch.no_grad():
         hit = (logq.argmax(-1) == p.argmax(-1)).float().mean()
-    return vloss + TOKEN_WEIGHT * ploss, {"vloss": float(vloss.detach()), "ploss": float(ploss), "top1": float(hit), "n": int(mask.sum())}
+    return vloss + TOKEN_WEIGHT * ploss, {"vloss": float(vloss.detach()), "ploss": float(ploss.detach()), "top1": float(hit), "n": int(mask.sum())}
 
 
 @torch.no_grad()
