@@ -38,7 +38,7 @@ def test_default_model_loads_offline_and_answers(default_fp32):
 def test_unknown_model_offline_gets_a_clear_message(tmp_path):
     with pytest.raises(ModelError, match="not one this server was started with"):
         load_model("someone/not-a-model", allow_remote=False)
-    with pytest.raises(ModelError, match="Could not load model"):
+    with pytest.raises(ModelError, match="has no config.json, so it holds no model; give a folder with config.json and the weights"):
         load_model(str(tmp_path), allow_remote=False)  # an empty folder
 
 
