@@ -290,8 +290,8 @@ class Handlers:
                         continue
                     last = now
                     state = "done" if ev.kind == "end" else "running"
-                    reference = records[views[0]] if ev.method != views[0] else None  # plain has finished by then: the speed-up's reference
-                    upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference), "timeline": timeline_figure(records)}
+                    upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference_of(records, ev.method)),
+                                           "timeline": timeline_figure(records)}  # plain runs first: it has finished by then
                     if ev.kind == "start":
                         upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
                     if ev.kind == "end" and ev.method == method_of(insp_label, records):

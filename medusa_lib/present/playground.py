@@ -181,7 +181,7 @@ class Playground:
         self.defaults = heads_defaults(heads, input_device(model))  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
-        self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        self.dtype = dtype_name(model)
         # numerics -> (model, heads): the loaded dtype first, then e.g. a float32 copy, so a page can
         # show the bfloat16 speed-up and the float32 exactness on one prompt (a run names its pair)
         self.variants: dict[str, tuple] = {self.dtype: (model, heads), **{k: v for k, v in (variants or {}).items() if k != self.dtype}}
@@ -237,7 +237,7 @@ class Playground:
             h = untrained_heads(m)
             note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
         say(f"Medusa: {h.num_heads} {note}")
-        loaded = str(next(m.parameters()).dtype).replace("torch.", "")
+        loaded = dtype_name(m)
         if numerics_copy and loaded != "float32":
             need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
             if free_memory(input_device(m)) > need:
