@@ -7,6 +7,12 @@
 * ``sample_token`` / ``sample_walk``: one exact draw (exponential race argmax(p / E)), and exact
   speculative sampling over a tree of deterministic candidates (every emitted token is one draw
   from the model's conditional, so with the same seed it equals plain sampling).
+
+The noise of a draw is keyed by (seed, position of the token drawn) (``race_noise``): a counter-based
+hash, not a stateful generator. The token at position p of a run is drawn with the same E whoever
+draws it, in whatever order and however many candidates a step drafts, so plain sampling and exact
+Medusa sampling agree by construction, and a captured fixed-shape step can draw on the device
+without a generator's state (the same idea as Philox's counter-based streams).
 """
 
 from __future__ import annotations
@@ -43,20 +49,43 @@ def sampling_probs(logits: torch.Tensor, *, temperature: float, top_p: float) ->
     return probs
 
 
-def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+_U32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (two multiply-xorshift rounds) on int64 tensors holding uint32
+    values; every product stays below 2^59, so no overflow on any device."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _U32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _U32
+    return (x >> 16) ^ x
+
+
+def race_noise(seed: int | torch.Tensor, positions: int | torch.Tensor, vocab: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """E ~ Exp(1) i.i.d. [..., vocab] for the draws of the tokens at ``positions`` [...] (absolute
+    positions in the sequence), keyed by ``seed`` only: a pure function, so the same (seed,
+    position) gives the same noise on every call, in eager code and inside a captured graph."""
+    positions = torch.as_tensor(positions, dtype=torch.long, device=device)
+    seed = torch.as_tensor(seed, dtype=torch.long, device=positions.device)
+    key = _mix32((seed & _U32) ^ _mix32((positions & _U32) + 0x6A09E667))  # [...]
+    v = torch.arange(vocab, dtype=torch.long, device=positions.device)
+    h = _mix32(((key[..., None] ^ 0x3C6EF372) + v * 0x9E3779B1) & _U32)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), 24 bits
+    return -torch.log(u)
+
+
+def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, seed: int | torch.Tensor = 0, position: int | torch.Tensor = 0) -> torch.Tensor:
     """argmax at T=0; else one draw from ``sampling_probs``, made by the exponential race
-    argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p). Each draw consumes one exponential
-    per vocabulary entry from ``generator`` whatever p is, so plain sampling and exact Medusa
-    sampling, drawing one token at a time from the same generator, stay in step."""
+    argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p), with the noise of the token at
+    ``position`` under ``seed`` (``race_noise``): plain sampling and exact Medusa sampling draw the
+    token at each position with the same noise, so with the same seed they agree."""
     if temperature <= 0:
         return greedy_tokens(logits)
     probs = sampling_probs(logits, temperature=temperature, top_p=top_p)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(-1)
+    return (probs / race_noise(seed, position, probs.shape[-1], device=probs.device)).argmax(-1)
 
 
 def sample_walk(
-    logits: torch.Tensor, tokens: Sequence[int], children: Sequence[Sequence[int]], *, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor, tokens: Sequence[int], children: Sequence[Sequence[int]], *, temperature: float, top_p: float, seed: int = 0, position: int = 0
 ) -> tuple[list[int], int]:
     """Exact speculative sampling over a tree of deterministic candidates.
 
@@ -64,10 +93,11 @@ def sample_walk(
     if a child of the node holds token y, descend to it (the first such child: any gives the same
     prefix) and draw again; otherwise y is the bonus token and the walk ends (at a leaf every draw
     ends it). Returns (the path of tree nodes from the root, the bonus token). Every emitted token
-    is one ``sample_token`` draw from the model's conditional given the tokens before it."""
+    is one ``sample_token`` draw from the model's conditional given the tokens before it; the
+    draw at depth d is the token at ``position`` + d."""
     node, path = 0, [0]
     while True:
-        y = int(sample_token(logits[node], temperature=temperature, top_p=top_p, generator=generator))
+        y = int(sample_token(logits[node], temperature=temperature, top_p=top_p, seed=seed, position=position + len(path) - 1))
         child = next((c for c in children[node] if tokens[c] == y), None)
         if child is None:
             return path, y
@@ -120,4 +150,4 @@ def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> t
     return typical_threshold_of_entropy(entropy, epsilon=epsilon, delta=delta)
 
 
-__all__ = ["greedy_accept", "greedy_tokens", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept", "typical_threshold", "typical_threshold_of_entropy"]
+__all__ = ["greedy_accept", "greedy_tokens", "race_noise", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept", "typical_threshold", "typical_threshold_of_entropy"]

@@ -7,8 +7,9 @@
   the model's p = softmax(logits / T) (top-p), descend to the child whose token is y and draw
   again there, until y is no child's token (or a leaf is reached): y is the bonus token. Every
   emitted token is one draw from the model's conditional given the tokens before it, made with
-  the same function (``sample_token``) of the same generator as plain sampling, so with the same
-  seed the output equals plain sampling's token for token (up to floating-point ties). The tree's
+  the same function (``sample_token``) and the same noise (keyed by seed and position) as plain
+  sampling, so with the same seed the output equals plain sampling's token for token (up to
+  floating-point ties). The tree's
   candidates are deterministic (top-k), so no draft probabilities are needed (q = 1; EAGLE's
   ``evaluate_posterior``, the Medusa maintainers' recommendation for exact sampling).
 * ``medusa-typical``: the paper's typical acceptance (arXiv 2401.10774, Sec. 2.3.1):
@@ -40,8 +41,11 @@ then ``propose`` first feeds the drafter the verified features of the last step'
 then drafts a new dynamic tree (EAGLE-2, ``dynamic_tree.py``) of a fixed size; verify, accept and
 commit are the same, and so are every exactness guarantee and the budget and context cuts.
 
-The records a run yields live in ``steps.py``; the acceptance and sampling rules (pure functions of
-logits) in ``acceptance.py``; the caches and captured steps in ``kv.py``.
+Engines: on the dynamic cache (``kv.DynamicKV``) the phases above run as separate calls; on the
+static cache a whole step is one fixed-shape device program (``fused.py``: captured as one CUDA
+graph on a GPU, eager on a CPU) with the same outputs. The records a run yields live in
+``steps.py``; the acceptance and sampling rules (pure functions of logits) in ``acceptance.py``;
+the caches and captured steps in ``kv.py``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from .acceptance import greedy_accept, greedy_tokens, sample_token, sample_walk,
 from .dynamic_tree import DynamicTreeConfig, as_medusa_tree
 from .eagle import EagleHead, EagleRun
 from .heads import MedusaHeads
+from .fused import fused_steps, ready
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
@@ -227,32 +232,35 @@ class Decoder:
             return DynamicKV(self.model)
         need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(b.num_nodes for b in self.step_trees)
         shared = self.static_kv
-        if shared is not None and shared.max_len >= need and shared.claim():
+        if shared is not None and shared.max_len >= need and shared.claim(wait=0.2 if self.device.type == "cuda" else 0.0):
             shared.start()
             return shared
-        if self.device.type == "cuda":  # uncaptured static steps are slower than dynamic ones on a GPU (GPU.md); exact either way
+        if self.device.type == "cuda" and shared is not None:  # busy or too small: uncaptured static steps cost more than dynamic ones on a GPU
             return DynamicKV(self.model)
         return StaticKV(self.model, max_len=need)
 
-    def _generator(self) -> torch.Generator | None:
-        if self.config.temperature <= 0:
-            return None
-        g = torch.Generator(device=self.out_device)
-        g.manual_seed(self.config.seed)
-        return g
-
-    def _prefill_step(self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV) -> Step:
+    def _prefill_step(self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV, engine: str | None = None) -> Step:
         """Step 0, timed from t0 to now: the prompt's forward and the first new token."""
         t1 = _sync(self.device)
-        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason, engine=kv.engine(b.num_nodes for b in self.step_trees))
+        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason, engine=engine or kv.engine(b.num_nodes for b in self.step_trees))
 
     # ------------------------------------------------------------------ entry
     @torch.inference_mode()
     def steps(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[Step]:
         ids = self._prompt_tensor(prompt_ids)
         kv = self._open_kv(ids.shape[1])
+        if kv.kind == "static":
+            try:  # a capture made now (another preset, a custom tree): recorded only if it succeeds
+                ready(self, kv)
+            except Exception as e:  # noqa: BLE001  the run still runs, on the dynamic cache, and says so
+                kv.release()
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
+                self.note = f"Capturing this run's step failed ({type(e).__name__}: {first}), so it runs with the dynamic cache."
+                kv = DynamicKV(self.model)
         try:
-            if self.method == "plain":
+            if kv.kind == "static":
+                yield from fused_steps(self, ids, kv)
+            elif self.method == "plain":
                 yield from self._plain_steps(ids, kv)
             else:
                 yield from self._medusa_steps(ids, kv)
@@ -263,25 +271,22 @@ class Decoder:
         return RunResult(self.method, tuple(self.steps(prompt_ids)))
 
     # ------------------------------------------------------------------ plain
-    def _plain_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
+    def _plain_steps(self, ids: torch.Tensor, kv: DynamicKV) -> Iterator[Step]:
         cfg, dev = self.config, self.device
-        gen = self._generator()
+        draw = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
         seq_len = ids.shape[1]
         t0 = _sync(dev)
         logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+        token = sample_token(logits, position=seq_len, **draw)
         new, reason = self._finish([int(token)], 0, seq_len)
         yield self._prefill_step(new, reason, t0, kv)
         produced, seq_len, index = len(new), seq_len + len(new), 1
         while reason is None:
             t0 = _sync(dev)
-            if self.static:  # the root-only tree: a fixed [1, 1] step over the static length
-                logits = kv.forward(token.view(1).to(dev), self.root_tree, seq_len - 1)[0][0]
-            else:  # the stock call, as model.generate makes it
-                pos = torch.tensor([[seq_len - 1]], device=dev)
-                logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True).logits[0, -1]
+            pos = torch.tensor([[seq_len - 1]], device=dev)  # the stock call, as model.generate makes it
+            logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True).logits[0, -1]
             t1 = _sync(dev)
-            token = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+            token = sample_token(logits, position=seq_len, **draw)
             new, reason = self._finish([int(token)], produced, seq_len)
             t2 = _sync(dev)
             yield Step(index, tuple(new), t2 - t0, MappingProxyType({"verify": t1 - t0, "accept": t2 - t1}), accept_length=0, finish_reason=reason)
@@ -293,10 +298,11 @@ class Decoder:
         cfg = self.config
         return cfg.temperature > 0 and (self.method == "medusa-sample" or (self.method == "medusa-typical" and cfg.sample_root))
 
-    def _pick_root(self, logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    def _pick_root(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        """The token at ``position``: a draw (seed and position key its noise), or the argmax."""
         cfg = self.config
         if self._samples_root:
-            return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+            return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=position)
         return greedy_tokens(logits)
 
     def _draft(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
@@ -310,11 +316,8 @@ class Decoder:
         cfg, dev, limit = self.config, self.device, self.info.context_limit
         # The deepest node lands at position seq_len - 1 + depth: near the context limit a
         # root-only (plain) step keeps the output exact.
-        if seq_len + max(self.tree.depth, cfg.lookup if self.static else 0) + 1 > limit:
+        if seq_len + self.tree.depth + 1 > limit:
             return Proposal(self.root_tree, root.view(1).to(dev), 0)
-        if cfg.lookup and self.static:  # a fixed shape: the branch is always there, guessed where the context has no match
-            chain = ngram_proposal(history[:seq_len], length=cfg.lookup).to(dev)
-            return Proposal(self.lookup_trees[cfg.lookup], torch.cat([drafted.to(dev), self._fill_chain(chain, drafted.to(dev), root.to(dev))]), cfg.lookup, chain.numel())
         if cfg.lookup:
             chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]  # the chain's last node must fit in the context too
             if chain.numel():
@@ -337,28 +340,17 @@ class Decoder:
                 shape, tokens, lookup = with_lookup(shape, chain.numel()), torch.cat([tokens, chain.to(dev)]), chain.numel()
         return Proposal(TreeBuffers.build(shape, device=dev, out_device=self.out_device, dtype=self.dtype), tokens, lookup, lookup)
 
-    def _fill_chain(self, chain: torch.Tensor, drafted: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
-        """The lookup chain padded to ``config.lookup`` tokens: past the match, the heads' top-1
-        guess for the same depth, then the last token again. Any guess keeps the output exact
-        (the base model verifies it); the shape never changes."""
-        guess = [drafted[j].view(1) for j in self.top1_nodes[chain.numel():]]
-        out = torch.cat([chain.view(-1), *guess])[: self.config.lookup]
-        if out.numel() < self.config.lookup:
-            last = out[-1:] if out.numel() else root.view(1)
-            out = torch.cat([out, last.expand(self.config.lookup - out.numel())])
-        return out
-
     def verify(self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of all tree tokens after the ``prefix_len`` cached ones, every node seeing the
         prefix, the root, its ancestors and itself: (logits [L, V], hidden states [L, d])."""
         return kv.forward(proposal.tokens, proposal.buffers, prefix_len)
 
-    def accept(self, logits: torch.Tensor, proposal: Proposal, gen: torch.Generator | None) -> Verdict:
+    def accept(self, logits: torch.Tensor, proposal: Proposal, seq_len: int) -> Verdict:
         """Per root-to-leaf path, the leading candidates that pass (greedy or typical); the best path
         wins; then the bonus token after it. Exact sampling walks the tree draw by draw instead."""
         cfg = self.config
         if self.method == "medusa-sample" and cfg.temperature > 0:
-            return self._accept_by_sampling(logits, proposal, gen)
+            return self._accept_by_sampling(logits, proposal, seq_len)
         argmax = greedy_tokens(logits)  # [L]: the base model's greedy choice after every node
         ri = proposal.buffers.out.retrieve_indices
         valid = ri >= 0  # padded slots never pass
@@ -372,14 +364,14 @@ class Decoder:
         n = int(accept_length[best])
         nodes = proposal.buffers.cpu.retrieve_indices[best, : n + 1]
         last = int(nodes[-1])
-        bonus = self._pick_root(logits[last], gen) if self._samples_root else argmax[last]
+        bonus = self._pick_root(logits[last], seq_len + n) if self._samples_root else argmax[last]
         return Verdict(best, n, nodes, bonus)
 
-    def _accept_by_sampling(self, logits: torch.Tensor, proposal: Proposal, gen: torch.Generator | None) -> Verdict:
-        """``sample_walk`` over the proposal's tree; the accepted path is reported as the first
-        root-to-leaf row of the tree that starts with it."""
+    def _accept_by_sampling(self, logits: torch.Tensor, proposal: Proposal, seq_len: int) -> Verdict:
+        """``sample_walk`` over the proposal's tree (its first draw is the token at ``seq_len``); the
+        accepted path is reported as the first root-to-leaf row of the tree that starts with it."""
         cfg, tree = self.config, proposal.buffers.cpu
-        path, bonus = sample_walk(logits, proposal.tokens.tolist(), tree.children, temperature=cfg.temperature, top_p=cfg.top_p, generator=gen)
+        path, bonus = sample_walk(logits, proposal.tokens.tolist(), tree.children, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=seq_len)
         nodes = torch.tensor(path, dtype=torch.long)
         rows = tree.retrieve_indices[:, : len(path)]
         best = int((rows == nodes).all(dim=1).long().argmax())  # every node lies on some root-to-leaf row
@@ -427,7 +419,6 @@ class Decoder:
 
     def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
         cfg, dev = self.config, self.device
-        gen = self._generator()
         seq_len = ids.shape[1]
         history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
         history[:seq_len] = ids[0].cpu()
@@ -437,7 +428,7 @@ class Decoder:
         t0 = _sync(dev)
         features = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0]
         hidden = features[-1]
-        root = self._pick_root(self.lm_head(hidden), gen)
+        root = self._pick_root(self.lm_head(hidden), seq_len)
         eagle_run = EagleRun(self.eagle, self.dynamic) if self.eagle is not None else None
         drafted = EagleInput(eagle_run, features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0) if eagle_run else self._draft(hidden, root)
         new, reason = self._finish([int(root)], 0, seq_len)
@@ -451,7 +442,7 @@ class Decoder:
             t1 = _sync(dev)
             logits, hidden = self.verify(proposal, kv=kv, prefix_len=seq_len - 1)
             t2 = _sync(dev)
-            verdict = self.accept(logits, proposal, gen)
+            verdict = self.accept(logits, proposal, seq_len)
             t3 = _sync(dev)
             new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced, eagle_run=eagle_run)
             t4 = _sync(dev)

@@ -51,6 +51,7 @@ class EngineError(InputError):
 
 
 CACHES = ("dynamic", "static")
+ALIGN = 64  # static lengths are rounded up to a multiple of this
 CAPTURES = ("none", "compile", "cuda-graph")
 
 
@@ -157,21 +158,28 @@ class StaticKV:
         self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
         if capture == "cuda-graph" and self.device.type != "cuda":
             raise ValueError("cuda-graph capture needs the model on a CUDA device.")
-        self.max_len, self.capture = int(max_len), capture
+        self.max_len, self.capture = -(-int(max_len) // ALIGN) * ALIGN, capture  # aligned: no padded mask copies in SDPA
+        self.model = model
         self.cache = new_static_cache(model, self.max_len)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)  # copied into every layer's length inside the step
         self.min = torch.finfo(self.dtype).min
+        self.cols = torch.arange(self.max_len, device=self.device)  # key slots, for masks built on the device
         self.slots: dict[int, _Slots] = {}
         self.captured: set[int] = set()  # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
-        self.capture_seconds = 0.0  # compile/capture time spent in warm_up (never counted in tokens/s)
+        self.capture_seconds = 0.0  # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
+        self.store: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
+        self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
+        self.programs: dict = {}  # whole-step programs (fused.py), by what they compute; they replay one run at a time
+        self.state = None  # the device buffers those programs read and write (fused.FusedState)
         self._lock = threading.Lock()
         self._step = torch.compile(self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False) if capture == "compile" else self._eager_step
         self._pool = None  # CUDA graphs share one memory pool (they replay one at a time)
 
     # ------------------------------------------------------------------ one run at a time
-    def claim(self) -> bool:
-        """Take this cache for one run; False when another run holds it."""
-        return self._lock.acquire(blocking=False)
+    def claim(self, wait: float = 0.0) -> bool:
+        """Take this cache for one run; False when another run still holds it after ``wait`` seconds
+        (a stopped run lets go when its generator closes, within ~50 ms of the stop)."""
+        return self._lock.acquire(timeout=wait) if wait > 0 else self._lock.acquire(blocking=False)
 
     def release(self) -> None:
         if self._lock.locked():
@@ -179,13 +187,62 @@ class StaticKV:
 
     def start(self) -> None:
         """Empty the cache for a new run (slots beyond the length are masked, never read)."""
+        self.bind()
+        self.lens.zero_()
+
+    def bind(self) -> None:
+        """Allocate the cache once: one eager 1-token forward makes transformers allocate every
+        layer, then every layer's K and V become views of one store and every length a view of one
+        [layers] tensor, so the compaction of a step is one gather and one copy for all layers, and
+        setting the lengths one copy (not one launch per layer). Layers of different shapes keep
+        their own tensors (``store`` stays None)."""
+        if self.lens is not None:
+            return
+        layers = self.cache.layers
+        if not all(getattr(layer, "is_initialized", False) for layer in layers):
+            with torch.inference_mode():
+                self.body(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), position_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                          past_key_values=self.cache, use_cache=True)
+        shapes = {(tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype, layer.keys.device) for layer in layers}
+        self.lens = torch.zeros(len(layers), dtype=torch.long, device=self.device)
+        if len(shapes) == 1 and layers[0].keys.shape == layers[0].values.shape:
+            self.store = torch.zeros((len(layers), 2, *layers[0].keys.shape), dtype=layers[0].keys.dtype, device=layers[0].keys.device)
+        for i, layer in enumerate(layers):
+            if self.store is not None:
+                layer.keys, layer.values = self.store[i, 0], self.store[i, 1]
+            layer.cumulative_length = self.lens[i]  # a 0-d view: the layer's own add_ writes into lens
+            for t in (layer.keys, layer.values, layer.cumulative_length):
+                torch._dynamo.mark_static_address(t)
+
+    def set_lengths(self, prefix: torch.Tensor) -> None:
+        """Every layer's length = ``prefix`` (a device scalar), in one copy."""
+        self.lens.copy_(prefix.expand_as(self.lens))
+
+    def tree_mask(self, bias: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """[1, 1, L, max_len] float mask of a tree step after ``prefix`` cached tokens, built on the
+        device from a device scalar: 0 over the prefix, the tree bias over the L tree slots,
+        dtype-min beyond (fixed shape, no host value)."""
+        n = bias.shape[0]
+        rel = self.cols - prefix  # slot minus prefix
+        tree_part = bias.index_select(1, rel.clamp(0, n - 1))  # [L, max_len]
+        mask = torch.where(rel < 0, torch.zeros((), dtype=self.dtype, device=self.device), torch.where(rel < n, tree_part, torch.full((), self.min, dtype=self.dtype, device=self.device)))
+        return mask[None, None]
+
+    def compact(self, prefix: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Move the K/V of tree slots ``prefix + nodes`` to ``prefix + 0 .. len(nodes) - 1``, every
+        layer at once (one gather, one copy into the store); device tensors, fixed shape. The
+        lengths are not touched: the next step sets them from its prefix."""
+        src, dst = prefix + nodes, prefix + torch.arange(nodes.numel(), device=nodes.device)
+        if self.store is not None:
+            self.store.index_copy_(4, dst, self.store.index_select(4, src))
+            return
         for layer in self.cache.layers:
-            layer.cumulative_length.zero_()
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
 
     # ------------------------------------------------------------------ the step
     def _eager_step(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        for layer in self.cache.layers:  # a device tensor, not a Python int: a capture must not bake it in
-            layer.cumulative_length.copy_(self.prefix)
+        self.set_lengths(self.prefix)  # a device tensor, not a Python int: a capture must not bake it in
         h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True).last_hidden_state[0]
         return self.lm_head(h), h
 
@@ -221,21 +278,23 @@ class StaticKV:
 
     # ------------------------------------------------------------------ warm-up and capture
     def warm_up(self, trees: list[TreeBuffers], *, runs: int = 3) -> float:
-        """Compile or capture the step of every tree size in ``trees`` (at load, never in a user's
-        run); returns the seconds it took. The cache is left empty."""
+        """Compile or capture the one-forward step of every tree size in ``trees`` (the Tree lab's
+        measured costs time these); returns the seconds it took. The cache is left empty. A size
+        is recorded as captured only once its capture succeeded."""
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.start()
-            self.body(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), position_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                      past_key_values=self.cache, use_cache=True)  # allocates the static tensors
             for bufs in {b.num_nodes: b for b in trees}.values():
                 tokens = torch.zeros(bufs.num_nodes, dtype=torch.long, device=self.device)
-                self.captured.add(bufs.num_nodes)
                 if self.capture == "cuda-graph":
-                    self._capture_graph(tokens, bufs, runs=runs)
+                    s = self._slots_for(bufs.num_nodes)
+                    self.forward(tokens, bufs, 1)  # fills the input buffers
+                    s.graph, s.out = self.record(lambda: self._eager_step(s.ids, s.pos, s.mask), runs=runs)
                 else:
+                    self.captured.add(bufs.num_nodes)  # compile: compiled by the calls below
                     for _ in range(runs):
                         self.forward(tokens, bufs, 1)
+                self.captured.add(bufs.num_nodes)
             self.start()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -247,19 +306,28 @@ class StaticKV:
         """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were captured."""
         return f"static, {self.capture}" if self.capture != "none" and set(sizes) <= self.captured else "static"
 
-    def _capture_graph(self, tokens: torch.Tensor, bufs: TreeBuffers, *, runs: int) -> None:
-        """Warm up on a side stream, then record one replayable graph of the step (PyTorch's CUDA-graph recipe)."""
-        s = self._slots_for(bufs.num_nodes)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(runs):
-                self.forward(tokens, bufs, 1)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            s.out = self._eager_step(s.ids, s.pos, s.mask)
-        s.graph, self._pool = graph, graph.pool()
+    def record(self, fn: Callable[[], object], *, runs: int = 3, reset: Callable[[], None] = lambda: None, graphs=None):
+        """Warm ``fn`` up on a side stream and record it as one replayable CUDA graph (PyTorch's
+        recipe), under the model's own device (``cuda:N``: the capture stream lives there) and with
+        ``capture_error_mode="thread_local"`` (another thread's CUDA call cannot break it). Returns
+        (graph, what fn returned during the capture); raises when the capture fails, and then
+        nothing is kept. ``reset`` runs before every warm-up call and before the capture, outside
+        it. ``graphs`` replaces ``torch.cuda`` (tests pass a fake)."""
+        cuda = graphs or torch.cuda
+        with cuda.device(self.device):
+            stream = cuda.Stream(self.device)
+            stream.wait_stream(cuda.current_stream(self.device))
+            with cuda.stream(stream):
+                for _ in range(runs):
+                    reset()
+                    fn()
+            cuda.current_stream(self.device).wait_stream(stream)
+            reset()
+            graph = cuda.CUDAGraph()
+            with cuda.graph(graph, pool=self._pool, stream=cuda.Stream(self.device), capture_error_mode="thread_local"):
+                out = fn()
+        self._pool = graph.pool()
+        return graph, out
 
 
 def default_engine(device: torch.device | str) -> tuple[str, str]:
