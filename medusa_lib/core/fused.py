@@ -112,7 +112,7 @@ class Program:
             self.guess = torch.tensor([top1[i] if i < t else 0 for i in range(lookup)], dtype=torch.long, device=dev)
             self.lj = torch.arange(lookup, device=dev)
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
-        self.fn = self.step
+        self.compiled = None  # or ``step`` compiled (capture "compile")
 
     # ------------------------------------------------------------------ pieces
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -188,7 +188,7 @@ class Program:
         path_tokens = toks[self.ri]
         if self.rule == "sample":
             n, nodes, bonus = self._walk(logits, toks, seq_len)
-            best = torch.zeros(1, dtype=torch.long, device=h.device)  # the host finds the row (Step.best_path)
+            best = ((self.ri == nodes[None]) | (self.j[None] > n)).all(dim=1).long().argmax().view(1)  # the first row that starts with the path
         else:
             if self.rule == "typical":
                 probs = tempered_probs(logits, s.temperature)
@@ -271,7 +271,7 @@ class Program:
                 for _ in range(2):
                     stand_in()
                     fn()
-                self.fn = fn
+                self.compiled = fn
             else:
                 stand_in()
                 graph, _ = kv.record(self.step, runs=2, reset=stand_in, graphs=graphs)
@@ -294,13 +294,15 @@ class Program:
 
     @property
     def captured(self) -> bool:
-        return self.graph is not None or self.fn is not self.step
+        return self.graph is not None or self.compiled is not None
 
     def run(self) -> None:
         if self.graph is not None:
             self.graph.replay()
+        elif self.compiled is not None:
+            self.compiled()
         else:
-            self.fn()
+            self.step()
 
 
 def rule_of(decoder) -> tuple[str, bool, bool]:
@@ -381,8 +383,6 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         count, accepted, code, matched, best = row[:META]
         new, reason = tuple(row[META : META + count]), REASONS[code]
         nodes = row[META + WIDTH : META + WIDTH + accepted + 1]
-        if detail and prog.rule == "sample":
-            best = int((prog.bufs.cpu.retrieve_indices[:, : len(nodes)] == torch.tensor(nodes)).all(dim=1).long().argmax())
         start = L - prog.lookup
         yield Step(
             index, new, seconds, MappingProxyType({"step": seconds}),

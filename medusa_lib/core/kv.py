@@ -302,6 +302,11 @@ class StaticKV:
         self.capture_seconds += seconds
         return seconds
 
+    @property
+    def programs_captured(self) -> int:
+        """Whole-step programs (fused.py) captured or compiled on this cache so far."""
+        return sum(p.captured for p in self.programs.values())
+
     def engine(self, sizes) -> str:
         """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were captured."""
         return f"static, {self.capture}" if self.capture != "none" and set(sizes) <= self.captured else "static"
@@ -343,8 +348,9 @@ def describe_engine(cache: str, capture: str, *, shapes: int = 0, seconds: float
         return "dynamic KV cache (eager)"
     if capture == "none":
         return "static KV cache (eager)"
-    how = {"compile": "torch.compile", "cuda-graph": "CUDA graphs"}[capture]
-    return f"static KV cache, {how} of {shapes} step shape{'s' * (shapes != 1)} captured at load in {seconds:.1f} s"
+    how = {"compile": "torch.compile", "cuda-graph": "one CUDA graph"}[capture]
+    done = f"; {shapes} captured in {seconds:.1f} s" if shapes else ""
+    return f"static KV cache, each whole decode step {how}{done}"
 
 
 def static_refusal(model: nn.Module) -> str | None:
@@ -387,9 +393,10 @@ def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = 
 def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str = "auto", capture: str = "auto", max_len: int,
                    say: Callable[[str], None] = lambda msg: None) -> Engine:
     """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
-    ``max_len`` slots and compile/record now, at load, the one-token step (plain decoding) and the
-    step of every tree in ``trees`` (each as it will be verified, e.g. with its lookup branch).
-    A model the static path refuses, or a capture that fails, falls back with one sentence said."""
+    ``max_len`` slots (``trees``: the steps it must hold). Each decoder's whole-step programs
+    (fused.py) are captured before its first run on it (``fused.ready``; servers and the bench
+    warm every method up at start, so no timed run captures). A model the static path refuses
+    falls back with one sentence said; a capture that fails gives that run the dynamic cache."""
     dev = input_device(model)
     cache, capture = resolve_engine(dev, cache=cache, capture=capture)
     note = static_refusal(model) if cache == "static" else None  # the fallback's sentence is what the info line shows
@@ -402,18 +409,15 @@ def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str 
         description = note or describe_engine(cache, "none")
         say(note or f"Engine: {description}.")
         return Engine(cache, None, description)
-    where = {"device": dev, "out_device": model.get_output_embeddings().weight.device, "dtype": next(model.parameters()).dtype}
-    steps = [TreeBuffers.build(t, **where) for t in (root_only_tree(), *trees)]
-    say(f"Capturing the decode steps ({capture}; {', '.join(str(n) for n in sorted({b.num_nodes for b in steps}))} tokens)...")
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
-        kv.warm_up(steps)
-    except Exception as e:  # a model or platform the capture cannot handle: eager static steps, said once
+        kv.bind()
+    except Exception as e:  # a model or platform the static cache cannot handle: said once
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
         cache = "dynamic" if dev.type == "cuda" else "static"  # on a GPU eager static steps cost more than dynamic ones
-        note = f"The {capture} capture failed ({type(e).__name__}: {first}), so runs use the {cache} cache eagerly."
+        note = f"The {capture} engine failed ({type(e).__name__}: {first}), so runs use the {cache} cache eagerly."
         say(note)
         return Engine(cache, None, note)
-    description = describe_engine("static", capture, shapes=len(kv.captured), seconds=kv.capture_seconds)
+    description = describe_engine("static", capture)
     say(f"Engine: {description}.")
     return Engine("static", kv, description)

@@ -1,0 +1,227 @@
+"""The whole-step program of the static engine (core/fused.py): its structure, held on the CPU.
+
+Exactness with the static cache (greedy == model.generate, exact sampling == plain sampling, every
+preset, lookup on and off, the budget and context cuts) runs in test_decoding.py and test_static.py,
+where every exactness test takes both caches. Here: a step reads nothing back to the host and the
+loop reads once per step (a dispatch-mode counter), dynamo traces a step as one graph with no
+break, the device lookup branch equals the host one, the keyed sampling noise, and the capture's
+bookkeeping, device placement and failure path with a stand-in for torch.cuda."""
+
+import contextlib
+
+import pytest
+import torch
+from conftest import make_model, random_heads
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices, run_method
+from medusa_lib.core import fused
+from medusa_lib.core.acceptance import race_noise, sample_token
+from medusa_lib.core.kv import StaticKV
+from medusa_lib.core.lookup import ngram_proposal
+
+PROMPT = [1, 17, 33, 250, 99, 4, 61, 17, 33, 250]
+TREE = build_tree(cartesian_choices([3, 2, 2]))
+HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
+READ_BOUND = 3  # aten ops outside the program per decode step: the read of the result row (slice, .tolist())
+HOST_MADE = {"lift_fresh", "detach_"}  # CPU tensors the step records make from the row (Step.tree_tokens): host memory, no device op
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_model("llama")
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return random_heads(3, shared=True, path=True)
+
+
+def decoder(model, heads, method="medusa-greedy", *, lookup=3, temperature=0.0, n=24, kv=None, top_p=1.0):
+    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache="static", lookup=lookup, temperature=temperature, top_p=top_p, seed=5, sample_root=True)
+    return Decoder(model, method=method, heads=None if method == "plain" else heads, tree=None if method == "plain" else TREE, config=cfg, static_kv=kv)
+
+
+class OpLog(TorchDispatchMode):
+    """Every aten op dispatched, and whether it ran inside a program's step."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.ops = False, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        bool_index = name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) if i is not None)
+        self.ops.append((self.inside, "boolean-index" if bool_index else name))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method,lookup,temperature", [("medusa-greedy", 3, 0.0), ("medusa-greedy", 0, 0.0), ("medusa-sample", 3, 0.9), ("medusa-typical", 3, 0.9), ("plain", 0, 0.9)])
+def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(llama, heads, monkeypatch, method, lookup, temperature):
+    log = OpLog()
+    step = fused.Program.step
+
+    def watched(self):
+        log.inside = True
+        try:
+            step(self)
+        finally:
+            log.inside = False
+    monkeypatch.setattr(fused.Program, "step", watched)
+    dec = decoder(llama, heads, method, lookup=lookup, temperature=temperature)
+    it = dec.steps(PROMPT)
+    next(it)  # the prefill (eager, reads its first token)
+    with log:
+        steps = list(it)
+    inside = [name for was_inside, name in log.ops if was_inside]
+    outside = [name for was_inside, name in log.ops if not was_inside and name not in HOST_MADE]
+    assert inside and not (set(inside) & (HOST_READS | {"boolean-index"})), sorted(set(inside) & (HOST_READS | {"boolean-index"}))
+    assert len(outside) <= READ_BOUND * len(steps), (len(outside) / len(steps), sorted(set(outside)))
+    assert outside.count("resolve_conj") == len(steps)  # one read (.tolist() of the result row) per step
+    assert sum(n in ("_to_copy", "copy_") for n in outside) <= len(steps)  # on CUDA: one device-to-host copy per step
+
+
+@pytest.mark.parametrize("method,lookup,temperature,top_p", [("medusa-greedy", 3, 0.0, 1.0), ("medusa-sample", 0, 0.9, 0.8), ("medusa-typical", 3, 0.9, 1.0), ("plain", 0, 0.0, 1.0)])
+def test_dynamo_traces_a_whole_step_as_one_graph(llama, heads, method, lookup, temperature, top_p):
+    import torch._dynamo
+
+    dec = decoder(llama, heads, method, lookup=lookup, temperature=temperature, top_p=top_p, n=8)
+    kv = StaticKV(llama, max_len=64)
+    dec.static_kv = kv
+    assert kv.claim()
+    kv.release()
+    dec.run(PROMPT)  # a real state to trace from
+    tree, root = fused.programs(dec, kv)
+    prog = tree or root
+    torch._dynamo.reset()
+    with torch.inference_mode():  # as a run calls it (Decoder.steps)
+        explanation = torch._dynamo.explain(prog.step)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def host_chain(history: list[int], c: int, drafted: list[int], top1: list[int], root: int) -> tuple[list[int], int]:
+    """The lookup branch as the dynamic path builds it (lookup.ngram_proposal), padded as static steps pad it."""
+    chain = ngram_proposal(torch.tensor(history), length=c).tolist()
+    out = (chain + [drafted[j] for j in top1[len(chain):]])[:c]
+    out += [out[-1] if out else root] * (c - len(out))
+    return out, len(chain)
+
+
+@torch.inference_mode()  # the state's buffers are a run's (inference tensors)
+def test_the_device_lookup_branch_equals_the_host_one(llama, heads):
+    dec = decoder(llama, heads, lookup=4, n=8)
+    kv = StaticKV(llama, max_len=128)
+    dec.static_kv = kv
+    dec.run(PROMPT)
+    tree, _ = fused.programs(dec, kv)
+    g = torch.Generator().manual_seed(0)
+    drafted = torch.randint(0, 300, (TREE.num_nodes,), generator=g)
+    for trial in range(200):
+        n = int(torch.randint(2, 60, (1,), generator=g))
+        history = torch.randint(0, 4 if trial % 2 else 12, (n,), generator=g)  # small alphabets: many matches
+        kv.state.history.fill_(7)
+        kv.state.history[:n] = history
+        got, matched = tree._chain(drafted, history[-1:], torch.tensor([n]))
+        want = host_chain(history.tolist(), 4, drafted.tolist(), list(dec.top1_nodes), int(history[-1]))
+        assert (got.tolist(), int(matched)) == want, (history.tolist(), got.tolist(), want)
+
+
+def test_sampling_noise_is_a_function_of_seed_and_position():
+    a = race_noise(3, torch.arange(4000), 64)
+    assert torch.equal(a, race_noise(3, torch.arange(4000), 64)) and not torch.equal(a[0], race_noise(4, 0, 64))
+    assert (a > 0).all() and abs(float(a.mean()) - 1) < 0.01 and abs(float((a > 1).float().mean()) - 0.3679) < 0.005  # Exp(1)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    counts = torch.bincount(torch.stack([sample_token(p.log(), temperature=1.0, top_p=1.0, seed=9, position=i) for i in range(20000)]), minlength=4)
+    assert ((counts / 20000 - p).abs() <= 5 * (p * (1 - p) / 20000).sqrt() + 1e-3).all(), counts
+    logits = torch.randn(100)
+    assert int(sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12)) == int(sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12))
+
+
+def test_the_static_engine_samples_what_plain_sampling_draws(llama, heads):
+    ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.9, seed=5)).tokens
+    for method in ("plain", "medusa-sample"):
+        for lookup in (0, 3):
+            assert decoder(llama, heads, method, lookup=lookup if method != "plain" else 0, temperature=0.9, n=30).run(PROMPT).tokens == ref
+
+
+class FakeCuda:
+    """Stands in for torch.cuda in StaticKV.record: records where the capture runs, and "replays"
+    by calling ``replay`` (the program's eager step), or fails where told to."""
+
+    def __init__(self, replay=None, fail: str | None = None):
+        self.devices, self.streams, self.modes, self.replay, self.fail = [], [], [], replay, fail
+
+    def device(self, dev):
+        self.devices.append(torch.device(dev))
+        return contextlib.nullcontext()
+
+    def Stream(self, dev):  # noqa: N802
+        self.streams.append(torch.device(dev))
+        return self
+
+    def current_stream(self, dev):
+        return self
+
+    def wait_stream(self, other):
+        pass
+
+    def stream(self, s):
+        return contextlib.nullcontext()
+
+    def CUDAGraph(self):  # noqa: N802
+        outer = self
+
+        class Graph:
+            def replay(self):
+                if outer.replay:
+                    outer.replay()
+
+            def pool(self):
+                return None
+        return Graph()
+
+    @contextlib.contextmanager
+    def graph(self, g, *, pool=None, stream=None, capture_error_mode="global"):
+        self.modes.append(capture_error_mode)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        yield
+
+
+@torch.inference_mode()  # as a run captures (Decoder.steps)
+def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, heads):
+    ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=24, stop_on_eos=False)).tokens
+    kv = StaticKV(llama, max_len=128)
+    dec = decoder(llama, heads, kv=kv)
+    dec.run(PROMPT)
+    kv.capture = "cuda-graph"  # as on a GPU; the stand-in records instead
+    tree, root = fused.programs(dec, kv)
+    fake = FakeCuda(fail="operation not permitted when stream is capturing")
+    with pytest.raises(RuntimeError, match="not permitted"):
+        fused.ready(dec, kv, graphs=fake)
+    assert not tree.captured and not root.captured and fake.modes == ["thread_local"]
+    stale = FakeCuda(replay=lambda: None)  # a graph that does nothing: its result differs from the eager step's
+    with pytest.raises(RuntimeError, match="differs"):
+        root.capture(graphs=stale)
+    assert not root.captured
+    good = {p: FakeCuda(replay=p.step) for p in (tree, root)}
+    for p, fake in good.items():
+        p.capture(graphs=fake)
+        assert p.captured and set(fake.devices) == set(fake.streams) == {kv.device} and fake.modes == ["thread_local"]
+    res = dec.run(PROMPT)  # the "graphs" replay: same tokens, labelled captured
+    assert res.tokens == ref and res.engine == "static, cuda-graph"
+
+
+def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, heads, monkeypatch):
+    ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=24, stop_on_eos=False)).tokens
+    kv = StaticKV(llama, max_len=128)
+    kv.capture = "cuda-graph"
+    real = fused.ready
+    monkeypatch.setattr("medusa_lib.core.decoding.ready", lambda d, k: real(d, k, graphs=FakeCuda(fail="out of memory")))
+    dec = decoder(llama, heads, kv=kv)
+    res = dec.run(PROMPT)
+    assert res.tokens == ref and res.engine == "dynamic"
+    assert dec.note.startswith("Capturing this run's step failed (RuntimeError: out of memory)")
+    assert kv.claim()  # released for the next run
+    kv.release()
