@@ -225,3 +225,25 @@ def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, 
     assert dec.note.startswith("Capturing this run's step failed (RuntimeError: out of memory)")
     assert kv.claim()  # released for the next run
     kv.release()
+
+
+def test_the_labs_measured_costs_time_the_engine_that_serves(llama):
+    from medusa_lib.core.lab import step_costs
+
+    kv = StaticKV(llama, max_len=128)
+    rows = step_costs(llama, sizes=[1, 4, 9], prefix=40, repeats=1, static_kv=kv)
+    assert [r["tokens"] for r in rows] == [1, 4, 9] and {r["engine"] for r in rows} == {"static"}
+    assert rows[0]["vs_one_token"] == 1.0 and all(r["body_ms"] > 0 for r in rows)
+    assert kv.claim()  # given back
+    held = step_costs(llama, sizes=[1, 2], prefix=8, repeats=1, static_kv=kv)  # busy: the dynamic forward is timed instead
+    kv.release()
+    assert "engine" not in held[0]
+
+
+def test_the_profile_tool_counts_what_a_step_costs_the_host(llama, heads):
+    from medusa_lib.pipeline.profile_step import dispatch_profile
+
+    dec = decoder(llama, heads, lookup=3, n=20)
+    row = dispatch_profile(dec, PROMPT, skip=2)
+    assert row["steps"] >= 3 and row["host reads inside the step"] == []
+    assert 0 < row["aten ops outside the step, per step"] <= READ_BOUND

@@ -1,31 +1,28 @@
 """The KV cache of a run: transformers' DynamicCache, or a StaticCache with fixed-shape steps.
 
-Both give a decoder the same three operations, so the Medusa step (propose, verify, accept,
-commit) and the plain step are one code path whatever the cache:
+``DynamicKV`` (transformers' ``DynamicCache``) gives the dynamic path of ``decoding.py`` three
+operations: ``cache`` (what the prefill writes into), ``forward`` (one forward of L tree tokens
+after ``prefix_len`` cached ones, with the tree mask: logits [L, V], hidden [L, d]) and ``keep``
+(keep the accepted nodes' entries behind the prefix, crop the rest).
 
-  cache    the transformers ``Cache`` the prefill writes the prompt into
-  forward  one forward of L tree tokens after ``prefix_len`` cached ones, with the tree mask:
-           (logits [L, V], hidden states [L, d]); a plain step is the root-only tree (L = 1)
-  keep     keep the accepted tree nodes' entries right after the prefix, drop the rest
+``StaticKV`` holds a ``StaticCache`` of ``max_len`` slots (rounded up to a multiple of 64) whose
+layers' K and V are views of one store tensor and whose lengths are views of one tensor
+(``bind``), plus what the static engine's whole-step programs (``fused.py``) need from it: masks
+built on the device from a device scalar (``tree_mask``), the lengths set in one copy
+(``set_lengths``), the accepted slots moved for all layers in one gather and one copy
+(``compact``), and CUDA-graph recording under the model's own device (``record``). Its per-size
+single-forward ``forward``/``warm_up`` remain for the Tree lab's measured costs (``lab.py``).
 
-``DynamicKV`` appends and crops (transformers' ``DynamicCache``): each forward has the shape of
-what is cached so far. ``StaticKV`` holds a ``StaticCache`` of ``max_len`` slots and, per tree
-size L, fixed input buffers: token ids [1, L], position ids [1, L] and a float 4D mask
-[1, 1, L, max_len] over the whole static length (0 for the prefix and the node's ancestors,
-dtype-min elsewhere). Every step of a size has the same shapes and addresses, so it can be
-captured once and replayed (``capture``):
-
-  none        eager calls of the stock model (CPU default; exact and testable everywhere)
-  compile     ``torch.compile`` of the step (mode "reduce-overhead" on CUDA: compiled + CUDA graphs)
-  cuda-graph  one ``torch.cuda.CUDAGraph`` per tree size over the stock model (CUDA only)
+  capture none        eager calls of the stock model (exact and testable everywhere)
+  capture compile     ``torch.compile`` of each program (mode "reduce-overhead" on CUDA)
+  capture cuda-graph  one ``torch.cuda.CUDAGraph`` per program (CUDA only)
 
 transformers 5.x ``StaticLayer`` writes at its ``cumulative_length`` (a device tensor) with
-``index_copy_`` and has no crop: a step copies the prefix length into every layer's
-``cumulative_length`` inside the (captured) call, and ``keep`` moves the accepted slots with
-``index_copy_`` and sets the length (recipe verified on an H100: ../shared/reference/GPU.md;
-gpt-fast ``generate.py`` and Sequoia's ``Engine.py`` do the same). A captured ``StaticKV`` is
-built and warmed up once, at model load (``warm_up``), and used by one run at a time
-(``claim``/``release``); a run that finds it busy gets one of its own (``Decoder._open_kv``).
+``index_copy_`` and has no crop: a step sets the prefix length inside the (captured) call (recipe
+verified on an H100: ../shared/reference/GPU.md; gpt-fast ``generate.py`` and Sequoia's
+``Engine.py`` do the same). A captured ``StaticKV`` is built once, at model load, and used by one
+run at a time (``claim``/``release``); a run that finds it busy gets one of its own
+(``Decoder._open_kv``).
 """
 
 from __future__ import annotations

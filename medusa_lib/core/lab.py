@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from .decoding import _sync
-from .kv import new_cache
+from .kv import StaticKV, new_cache
 from .model import body_and_lm_head, input_device
-from .tree import LOOKUP_RANK, TOPK, TreeError, greedy_choices, validate_choices
+from .tree import LOOKUP_RANK, TOPK, TreeBuffers, TreeError, build_tree, chain_choices, greedy_choices, root_only_tree, validate_choices
 
 MAX_SIZE = 64  # the lab's largest tree: tokens verified per step, root included
 SIZES = tuple(range(1, MAX_SIZE + 1))
@@ -35,11 +35,19 @@ SIZES = tuple(range(1, MAX_SIZE + 1))
 # ------------------------------------------------------------------ cost: one verify step of L tokens
 @torch.inference_mode()
 def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeats: int = 5,
-               progress: Callable[[int, int], None] | None = None) -> list[dict]:
+               progress: Callable[[int, int], None] | None = None, static_kv: StaticKV | None = None) -> list[dict]:
     """Median ms of one body forward of L new tokens after a cached ``prefix`` (causal 4D float mask,
     explicit positions, as in a tree step) and of the lm_head over those L rows, per size L; a plain
     step (L = 1) is always measured first. ``vs_one_token`` = (body + lm_head) / that of L = 1.
-    ``progress(done, total)`` is called after each size."""
+    ``progress(done, total)`` is called after each size. With ``static_kv`` (the captured engine a
+    GPU server decodes with) each size is timed as that engine runs it: a fixed-shape forward over
+    the static cache, replayed as a CUDA graph (recorded first where missing); body_ms then holds
+    the whole step's forward, lm_head included."""
+    if static_kv is not None and static_kv.claim():
+        try:
+            return _static_costs(static_kv, [1] + [int(L) for L in sizes if int(L) != 1], prefix=prefix, repeats=repeats, progress=progress)
+        finally:
+            static_kv.release()
     body, lm_head = body_and_lm_head(model)
     device = input_device(model)
     dtype = next(model.parameters()).dtype
@@ -72,6 +80,36 @@ def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeat
     base = rows[0]["body_ms"] + rows[0]["lm_head_ms"]
     for r in rows:
         r["vs_one_token"] = (r["body_ms"] + r["lm_head_ms"]) / base
+    return rows
+
+
+def _static_costs(kv: StaticKV, sizes: list[int], *, prefix: int, repeats: int, progress) -> list[dict]:
+    device, vocab = kv.device, kv.lm_head.weight.shape[0]
+    where = {"device": device, "out_device": kv.lm_head.weight.device, "dtype": kv.dtype}
+    g = torch.Generator().manual_seed(0)
+    prefix = min(prefix, kv.max_len - max(sizes))
+    rows = []
+    for i, L in enumerate(sizes):
+        bufs = TreeBuffers.build(build_tree(chain_choices(L - 1), num_heads=L - 1) if L > 1 else root_only_tree(), **where)
+        if kv.capture != "none" and L not in kv.captured:
+            kv.warm_up([bufs])
+        kv.start()
+        kv.body(input_ids=torch.randint(3, vocab, (1, prefix), generator=g).to(device), past_key_values=kv.cache, use_cache=True)
+        new = torch.randint(3, vocab, (L,), generator=g).to(device)
+        ms = []
+        for rep in range(repeats + 2):  # the first two are warm-up
+            t0 = _sync(device)
+            kv.forward(new, bufs, prefix)
+            t1 = _sync(device)
+            if rep >= 2:
+                ms.append(1000 * (t1 - t0))
+        rows.append({"tokens": L, "body_ms": statistics.median(ms), "lm_head_ms": 0.0, "engine": kv.engine([L])})
+        if progress is not None:
+            progress(i + 1, len(sizes))
+    kv.start()
+    base = rows[0]["body_ms"]
+    for r in rows:
+        r["vs_one_token"] = r["body_ms"] / base
     return rows
 
 

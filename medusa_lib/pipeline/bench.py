@@ -381,14 +381,15 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
 
     phase_rows = [m for m in methods if any("phase_seconds" in r for r in by[m])]
     if phase_rows:
-        lines += ["", "mean ms per decode step, by phase", f"{'method':<24}" + "".join(f"{p:>10}" for p in ("propose", "verify", "accept", "commit"))]
+        names = [p for p in ("propose", "verify", "accept", "commit", "step") if any(p in r.get("phase_seconds", {}) for m in phase_rows for r in by[m])]
+        lines += ["", "mean ms per decode step, by phase (static engine: one whole-step program, \"step\")", f"{'method':<24}" + "".join(f"{p:>10}" for p in names)]
         for m in phase_rows:
             steps = max(sum(r["steps"] for r in by[m]), 1)
             tot = defaultdict(float)
             for r in by[m]:
                 for k, v in r.get("phase_seconds", {}).items():
                     tot[k] += v
-            lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in ("propose", "verify", "accept", "commit")))
+            lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in names))
 
     depth_rows = [m for m in methods if any(r.get("accept_lengths") for r in by[m]) and not m.startswith(("baseline", "plain"))]
     if depth_rows:  # how deep the drafts got accepted: share of full steps that accepted >= k drafted tokens
