@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from .page import DRAFTER_NAMES
+
 if TYPE_CHECKING:
     from .records import RunRecord, StepView
 
@@ -89,6 +91,6 @@ def path_rows(record: RunRecord, tokenizer) -> list[dict]:
         ids = s.tree_token_ids
         rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
                      "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
-                     "drafted by": ("lookup" if s.lookup_accepted else "heads") if s.accept_length else "",
+                     "drafted by": ("lookup" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", "heads")) if s.accept_length else "",
                      "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
     return rows
