@@ -313,7 +313,8 @@ class Handlers:
                 t, seed = settings.temperature, settings.seed
                 done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
                         else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
-                done = f"Medusa columns drafted by the {DRAFTER_NAMES[medusa.drafter]}. " + done if medusa.drafter in DRAFTER_NAMES else done
+                if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:  # the server offers a choice: say which ran
+                    done = f"Medusa columns drafted by the {DRAFTER_NAMES[medusa.drafter]}. " + done
                 final = out(
                     status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
                     badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
@@ -365,7 +366,7 @@ class Handlers:
                 status = {}
                 if t == 0 or t >= total:
                     drafter = next((r.drafter for r in records.values() if r.drafter in DRAFTER_NAMES), None)
-                    by = f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})" if drafter else ""
+                    by = f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})" if drafter and len(self.pg.drafters.available) > 1 else ""
                     status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs{by}" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
                 yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
                 if t >= total:

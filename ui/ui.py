@@ -85,7 +85,7 @@ def build_demo(
                             gr.HTML(drafter_note_html(pg.drafters.note, "drafter-note"), elem_id="drafter-note")
                         eagle_tree = gr.HTML(drafter_note_html(tree_note(pg.drafters.tree), "eagle-tree-note"), visible=eagle_on, elem_id="eagle-tree-note")
                         with gr.Row():
-                            tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset (Medusa heads)", interactive=not eagle_on, elem_id="tree-preset")
+                            tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset (Medusa drafter)", interactive=not eagle_on, elem_id="tree-preset")
                             with gr.Column(min_width=160):
                                 chat = gr.Checkbox(value=True, label="Use the chat template")
                                 lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
