@@ -160,6 +160,7 @@ def test_the_page_names_the_drafter_in_columns_summary_inspector_status_and_repl
     assert 'data-drafter="eagle"' in final["col_greedy"] and 'data-drafter="eagle"' in final["col_typical"] and "data-drafter" not in final["col_plain"]
     assert list(final["summary"]["drafter"]) == ["", "EAGLE head", "EAGLE head"]
     assert "drafted by the EAGLE head" in final["tree_plot"].layout.title.text
+    assert final["tree_plot"].layout.xaxis.ticktext[1] == "depth 1"  # EAGLE's levels are draft depths, not heads
     records = final["session"]
     replay = shown(REPLAY_OUTPUTS, h.replay(records, "2x"))
     assert "Medusa columns drafted by the EAGLE head" in replay["status"] and 'data-drafter="eagle"' in replay["col_greedy"]

@@ -97,5 +97,5 @@ def build_eagle_lab(pg: Playground, *, prompt: gr.Textbox, max_new: gr.Slider, c
         with gr.Column(scale=3):
             plot = gr.Plot(budget_figure(None, default_nodes=tree.num_nodes, device=h.label), show_label=False, elem_id="eagle-lab-plot")
     btn.click(on_gpu(h.measure), inputs=[prompt, max_new, chat, numerics], outputs=[plot, status], concurrency_id="device", concurrency_limit=1,
-              api_visibility="private", show_progress="full")
+              api_visibility="private", show_progress="full", show_progress_on=[plot])
     return h

@@ -110,7 +110,7 @@ def build_demo(
                     with gr.Column(scale=7):
                         c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
                                                     interactive=False, elem_id="summary", wrap=True,
-                                                    column_widths=["20%", "10%", "11%", "12%", "12%", "14%", "9%", "12%"])
+                                                    column_widths=["17%", "12%", "8%", "10%", "11%", "10%", "12%", "8%", "12%"])
                     with gr.Column(scale=5):
                         c["timeline"] = gr.Plot(timeline_figure({}), show_label=False, elem_id="timeline")
 

@@ -41,7 +41,7 @@ def tree_layout(parents: Sequence[int]) -> list[float]:
 
 
 def tree_nodes(view: StepView, tokenizer) -> list[dict]:
-    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?),
+    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?, drafter),
     plus the bonus token (the base model's own next token after the accepted path) if it was kept."""
     step = view.step
     if step.tree is None:
@@ -55,14 +55,14 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
 
     nodes = [
         {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
-         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j)}
+         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j), "drafter": step.drafter}
         for j in range(tree.num_nodes)
     ]
     if len(step.tokens) > step.accept_length and step.accepted_nodes:
         last = step.accepted_nodes[-1]
         bonus = step.tokens[step.accept_length]
         nodes.append({"node": tree.num_nodes, "depth": nodes[last]["depth"] + 0.5, "y": y[last], "parent": last, "token_id": bonus,  # between columns
-                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus"})
+                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus", "drafter": step.drafter})
     return nodes
 
 
