@@ -78,7 +78,7 @@ def test_recorded_figures_count_only_on_their_own_kind_of_device(pg):
 
 def test_the_shipped_heads_make_medusa_the_default_here(pg):
     assert pg.drafters.available == ("medusa", "eagle") and pg.drafters.default == "medusa"
-    assert pg.drafters.note.startswith("The Medusa heads start selected: the EAGLE head records no measured speed-up on CPU")
+    assert pg.drafters.note.startswith("The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU")
     cfg = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())
     assert "calibration" not in cfg  # nothing recorded: the rule keeps Medusa
 

@@ -156,8 +156,8 @@ def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, de
     if chosen == "eagle":
         return f"The EAGLE head starts selected: it is the faster drafter here ({figures() if medusa else f'its recorded speed-up on {device}: {eagle:.2f}x plain'})."
     if eagle is None:
-        return (f"The Medusa heads start selected: the EAGLE head records no measured speed-up on {device} in its config.json "
-                "(the Tree lab's EAGLE sweep measures one).")
+        return (f"The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on {device} "
+                "(the Tree lab's EAGLE section measures it on your prompt).")
     return f"The Medusa heads start selected: they are the faster drafter here ({figures()})."
 
 
