@@ -48,7 +48,8 @@ text is drawn from the model itself; lowering them does the opposite.
 
 **Two drafters: Medusa heads or an EAGLE head.** The **Drafter** choice picks who proposes the tree that the
 Medusa columns verify (the plain column never drafts). A Medusa head reads only h_t, the base model's hidden state
-at the last token, and must guess position t+k without knowing which tokens the model will pick before it. The
+at the last token (the embedded heads add the embeddings of their own branch's tokens, never a feature of the model
+after them), and must guess position t+k without knowing which tokens the model will pick before it. The
 EAGLE head ([Li et al., 2024](https://arxiv.org/abs/2401.15077)) is one small decoder layer that is fed what the
 heads never see: the embedding of the token actually chosen at t+1 together with the base model's feature f_t.
 It runs autoregressively at the feature level, feeding its own predicted feature back in beside the token it
