@@ -51,6 +51,7 @@ PORT = env_number(PORT_ENV, "7860", low=1, high=65535, also=())
 MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
 DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
 HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
+EAGLE = os.environ.get("MEDUSA_EAGLE", "auto")  # auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
 DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
 CACHE = os.environ.get("MEDUSA_CACHE", "auto")  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
@@ -72,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=PORT, help=f"port (default {PORT})")
     ap.add_argument("--model", default=MODEL, help="'default' (SmolLM2-135M-Instruct, offline), a local folder or a Hub id")
     ap.add_argument("--heads", default=HEADS, help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)")
+    ap.add_argument("--eagle", default=EAGLE, help="EAGLE head folder for the page's Drafter choice, 'auto' (the one beside the Medusa heads, "
+                    "<heads>-eagle, if any; default) or 'none' (Medusa heads only)")
     ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
     ap.add_argument("--no-float32-copy", dest="float32_copy", action="store_false",
@@ -126,6 +129,12 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
         resolve_engine(device, cache=args.cache, capture=args.capture)
     except ValueError as e:  # ModelError (--device, --dtype), EngineError (--cache/--capture)
         sys.exit(f"error: {e}")
+    from medusa_lib.present.drafter import find_eagle
+
+    try:
+        find_eagle(args.eagle, heads=args.heads)  # a named EAGLE folder that holds no head: before the model loads
+    except ValueError as e:
+        sys.exit(f"error: {str(e).replace('--eagle', flag('--eagle', 'MEDUSA_EAGLE', argv), 1)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     from ui import build_demo, launch_options  # imported here: --help needs nothing heavy
 
     try:
-        pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype,
+        pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype, eagle=args.eagle,
                              trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, cache=args.cache, capture=args.capture, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
                              max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS)
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback

@@ -208,10 +208,10 @@ def cuda_calibrated_playground() -> Playground:
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
 
-API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed", "numerics"]
+API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed", "numerics", "drafter"]
 
 
-API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0, "numerics": "float32"}
+API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0, "numerics": "float32", "drafter": ""}
 
 
 def api_args(prompt: str, overrides: dict) -> list:

@@ -66,7 +66,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run")
+    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3

@@ -2,7 +2,7 @@
 
 Loads the page, runs an example as a new user would (the first view: greedy mode, float32), waits for
 the three outputs and the tree plot, checks the green badge, the speed-ups and the inspector, runs the
-sampling mode, replays the race and stops it, and saves assets/screenshot.png. Slow: the default model
+sampling mode, replays the race and stops it, picks the EAGLE drafter, and saves assets/screenshot.png. Slow: the default model
 (SmolLM2-135M-Instruct) loads from the cache in seconds, or dequantises its GGUF in ~20 s on a cold cache.
 """
 
@@ -164,6 +164,32 @@ def test_tree_lab_edit_measure_and_use(page):
     page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Custom tree')", timeout=30_000)
     page.get_by_role("tab", name="Playground").click()
     assert page.input_value("#custom-tree textarea") == edited
+
+
+def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(page):
+    """Pick the EAGLE head: the tree controls say they are the Medusa heads' (disabled), the run stays exact
+    (float32), and the columns, the summary and the inspector name the EAGLE head as the drafter."""
+    page.get_by_role("tab", name="Playground").click()
+    if not page.input_value("#prompt textarea").strip():
+        page.fill("#prompt textarea", "Why is the sky blue? Answer in two sentences.")
+    assert page.is_checked("#drafter input[value='medusa']")  # the shipped EAGLE head records no speed-up: Medusa is the default
+    assert "The Medusa heads start selected" in page.inner_text("#drafter-note")
+    page.locator("#drafter input[value='eagle']").check()
+    page.wait_for_selector("#eagle-tree-note .eagle-tree-note", timeout=30_000)
+    assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
+    assert "top-k 8, depth 5, 24 nodes" in page.inner_text("#eagle-tree-note")
+    page.click("#run-btn")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Medusa columns drafted by the EAGLE head')", timeout=540_000)
+    badge = page.query_selector("#greedy-badge [data-equal]")
+    assert badge.get_attribute("data-equal") == "true", badge.inner_text()
+    for col in ("#out-greedy", "#out-typical"):
+        assert page.get_attribute(f"{col} .method-drafter", "data-drafter") == "eagle"
+    assert page.locator("#out-plain .method-drafter").count() == 0
+    page.wait_for_function("document.querySelector('#tree-plot .gtitle') && document.querySelector('#tree-plot .gtitle').textContent.includes('drafted by the EAGLE head')",
+                           timeout=30_000)
+    assert "EAGLE head" in page.inner_text("#summary") and "EAGLE head" in page.inner_text("#path-table")
+    page.locator("#drafter input[value='medusa']").check()  # back to the default for the tests after this one
+    page.wait_for_function("!document.querySelector('#tree-preset input').disabled", timeout=30_000)
 
 
 def test_a_warning_quoting_a_bad_value_shows_it_as_text(page):

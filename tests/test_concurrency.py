@@ -83,7 +83,7 @@ def test_four_page_sessions_at_once_see_only_their_own_text(served):
     _, url, client = served
     prompts = [f"w{100 + i} w{130 + i}" for i in range(4)]
     alone = [client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, False, 0, api_name="/compare")["methods"] for p in prompts]  # the greedy mode, as the page's default
-    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run") for p in prompts]
+    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run") for p in prompts]
     for job, ref in zip(jobs, alone):
         updates = list(job)
         assert job.result()[0].startswith("Done")
@@ -98,7 +98,7 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     stop = [d for d in client.config["dependencies"] if d.get("cancels")]
     assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
     stats = count_runs(monkeypatch, pg, step_seconds=0.005)
-    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run")
+    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
     for out in job:
         if "Running" in str(out[0]):
             break

@@ -23,10 +23,10 @@ from medusa_lib.present import GREEDY_VIEWS, SAMPLED_VIEWS
 
 LIMIT = 12  # max new tokens for the fuzzed server: a valid run stays short
 VALID = {"prompt": PROMPT, "max_new_tokens": 4, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "",
-         "chat_template": True, "lookup_branch": True, "sample": True, "seed": 0, "numerics": "float32"}
+         "chat_template": True, "lookup_branch": True, "sample": True, "seed": 0, "numerics": "float32", "drafter": ""}
 NAMED = {"prompt": "prompt", "max_new_tokens": "max new tokens", "temperature": "temperature", "epsilon": "epsilon", "delta": "delta",
          "tree": "tree", "custom_tree": "tree", "chat_template": "chat template", "lookup_branch": "lookup branch",
-         "sample": "sampling", "seed": "seed", "numerics": "numerics"}
+         "sample": "sampling", "seed": "seed", "numerics": "numerics", "drafter": "drafter"}
 FUZZ = settings(derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # Text of every kind: control characters (Cc) and lone surrogates (Cs) included.

@@ -59,7 +59,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
         assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", api_name="/run")
+        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()

@@ -354,7 +354,7 @@ def test_each_run_uses_the_model_of_its_numerics_and_the_default_is_the_loaded_d
     out = pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2", numerics="bfloat16"))
     assert out["numerics"] == "bfloat16" and "(bfloat16)" in out["greedy_match"]["message"]
     assert pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2"))["numerics"] == "float32"
-    assert pg2._warm == {"float32", "bfloat16"}  # each copy warmed up once
+    assert pg2._warm == {("float32", "medusa"), ("bfloat16", "medusa")}  # each copy warmed up once per drafter
 
 
 def test_a_numerics_value_not_loaded_gets_one_sentence():

@@ -67,6 +67,9 @@ CASES = [
     ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
     ("numerics not loaded", PROMPT, {"numerics": "float64"}, "Numerics must be one of: float32 (got 'float64')."),
     ("numerics not text", PROMPT, {"numerics": 16}, "Numerics must be the name of one of: float32, not a number (got 16)."),
+    ("drafter not known", PROMPT, {"drafter": "EAGLE"}, 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
+    ("drafter not text", PROMPT, {"drafter": 3}, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
+    ('drafter "eagle" on a server without an EAGLE head', PROMPT, {"drafter": "eagle"}, 'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).'),
     ("epsilon just over 1", PROMPT, {"epsilon": 1.0000001}, "Epsilon must be between 0 and 1 (got 1.0000001)."),
     ("delta as an object", PROMPT, {"delta": {"a": 1}}, 'Delta must be between 0 and 1: send a number, not an object (got {{"a": 1}}).'),
     ("tree node of true", PROMPT, {"custom_tree": "[[true]]"}, "Tree node [true] must contain whole-number ranks only."),
@@ -136,7 +139,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         message = message.format(presets=", ".join(pg.tree_names()))
         a = {**API_DEFAULTS, **overrides}
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
-            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k != "sample"), "Medusa greedy / exact sampling"))
+            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k not in ("sample", "drafter")), "Medusa greedy / exact sampling", drafter=a["drafter"]))
         assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
         assert html.unescape(str(warned[-1].message)) == message, case  # the toast renders HTML: the message comes escaped
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay

@@ -105,7 +105,7 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
     depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
-    level = "depth" if any(n["kind"] == "lookup" for n in nodes) else "head"  # the lookup branch is no head's
+    level = "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"  # the lookup branch and EAGLE's drafts are no head's
     fig.update_xaxes(tickvals=list(range(depth + 1)), ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
                      range=[-0.3, x_max + 0.9], showgrid=False, zeroline=False, side="top")
     fig.update_yaxes(visible=False, range=[-leaves + 0.4, 0.6])
@@ -115,7 +115,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
 def _hover(n: dict) -> str:
     if n["kind"] == "node":
         return f"node {n['node']}: head {n['depth']}, rank {n['rank']}"
-    where = {"root": "root", "bonus": "bonus token", "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}"}.get(n["kind"], f"head {n['depth']}, rank {n['rank']}")
+    drafted = f"EAGLE draft, depth {n['depth']}, rank {n['rank']} among its siblings" if n.get("drafter") == "eagle" else f"head {n['depth']}, rank {n['rank']}"
+    where = {"root": "root", "bonus": "bonus token", "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}"}.get(n["kind"], drafted)
     return f"node {n['node']}: {html.escape(n['label'])} (id {n['token_id']})<br>{where}"
 
 

@@ -26,6 +26,7 @@ import torch
 
 from medusa_lib.core.messages import InputError
 from medusa_lib.present import (
+    DRAFTER_NAMES,
     LABELS,
     MAX_RUN_SECONDS,
     NOT_TIMED,
@@ -227,6 +228,11 @@ class Handlers:
     def threshold(self, epsilon: float, delta: float):
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
 
+    def drafter_choice(self, drafter: str) -> tuple:
+        """The Drafter choice: the tree preset and the custom tree apply to the Medusa heads only; EAGLE's own tree is said instead."""
+        medusa = drafter != "eagle"
+        return gr.update(interactive=medusa), gr.update(interactive=medusa), gr.update(visible=not medusa)
+
     # ---------------------------------------------------------------- inspector
     def inspector(self, records: dict | None, label: str, step: float) -> tuple:
         method = method_of(label, records)
@@ -239,7 +245,8 @@ class Handlers:
         i = min(max(int(step or 1), 1), len(rec.views) - 1)
         view = rec.views[i]
         s = view.step
-        tree = tree_figure(tree_nodes(view, self.pg.tokenizer), title=f"{label}, step {i}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)")
+        by = f", drafted by the {DRAFTER_NAMES[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""  # EAGLE's tree is a new shape every step
+        tree = tree_figure(tree_nodes(view, self.pg.tokenizer), title=f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)")
         z, cols, rows = mask_data(view, self.pg.tokenizer)
         mask = mask_figure(z, cols, rows, title=f"Tree attention mask, step {i} (row attends to column)")
         return tree, mask, pd.DataFrame(path_rows(rec, self.pg.tokenizer), columns=PATH_COLUMNS)
@@ -256,22 +263,23 @@ class Handlers:
 
     # ---------------------------------------------------------------- the run
     def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode="greedy",
-            request: gr.Request = None) -> Iterator[tuple]:
+            drafter=None, request: gr.Request = None) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode)
+        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode, drafter)
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode) -> Iterator[tuple]:
+    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode, drafter=None) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
             sample = sample_of_mode(mode)
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics,
+                                        drafter=drafter)
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
@@ -293,7 +301,8 @@ class Handlers:
                     upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference_of(records, ev.method)),
                                            "timeline": timeline_figure(records)}  # plain runs first: it has finished by then
                     if ev.kind == "start":
-                        upd["status"] = f"Running **{LABELS[ev.method]}** ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                        by = f", drafted by the {DRAFTER_NAMES[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
+                        upd["status"] = f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
                     if ev.kind == "end" and ev.method == method_of(insp_label, records):
                         upd.update(self.inspector_update(records, insp_label))
                     yield out(**upd)
@@ -304,6 +313,8 @@ class Handlers:
                 t, seed = settings.temperature, settings.seed
                 done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
                         else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
+                if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:  # the server offers a choice: say which ran
+                    done = f"Medusa columns drafted by the {DRAFTER_NAMES[medusa.drafter]}. " + done
                 final = out(
                     status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
                     badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
@@ -354,7 +365,9 @@ class Handlers:
                 # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
                 status = {}
                 if t == 0 or t >= total:
-                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
+                    drafter = next((r.drafter for r in records.values() if r.drafter in DRAFTER_NAMES), None)
+                    by = f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})" if drafter and len(self.pg.drafters.available) > 1 else ""
+                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs{by}" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
                 yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
                 if t >= total:
                     break
@@ -364,11 +377,12 @@ class Handlers:
             yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
-    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0, numerics=None) -> dict:
+    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0, numerics=None, drafter=None) -> dict:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         stop = self.api_stop()  # first: the bound counts from the call's start
         try:
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics)
+            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics,
+                                        drafter=drafter)
             with self.device.turn():
                 return self.pg.compare(prompt, settings, stop=stop)
         except Exception as e:

@@ -37,6 +37,7 @@ from medusa_lib.present.lab import (
 )
 
 from .figures import ACCEPTED, _layout, empty_figure, mask_figure, tree_figure
+from .eagle_lab import build_eagle_lab
 from .handlers import DeviceTurn, caller_gone, cannot_run, method_of, on_gpu, pack
 
 CURRENT, MEASURED, OPTIMUM = "#D55E00", "#000000", "#009E73"  # Okabe-Ito vermillion, black, bluish green
@@ -269,6 +270,9 @@ class LabHandlers:
     def last_run(self, state, records) -> go.Figure:
         """Per-head acceptance of the comparison's last Medusa greedy (or exact sampling) run."""
         rec = (records or {}).get(method_of("", records))
+        if rec is not None and rec.drafter == "eagle":  # the heads' ranks mean nothing in EAGLE's dynamic tree
+            return empty_figure("The last run was drafted by the EAGLE head; per-head acceptance is about the Medusa heads. See EAGLE's node budgets below.",
+                                title="Per-head acceptance", height=300)
         return acceptance_figure(self.state(state)["lab"], rec, title=f"Per-head acceptance: the last {LABELS[rec.method]} run" if rec else "Per-head acceptance")
 
 
@@ -309,6 +313,7 @@ def build_lab(pg: Playground, *, custom_tree: gr.Textbox, prompt: gr.Textbox, ma
             c["lab_mask"] = gr.Plot(first["lab_mask"], show_label=False, elem_id="lab-mask")
     c["lab_acceptance"] = gr.Plot(acceptance_figure(h.base), show_label=False, elem_id="lab-acceptance")
     c["lab_state"] = gr.State(None)
+    build_eagle_lab(pg, prompt=prompt, max_new=max_new, chat=chat, numerics=numerics, device=h.device, max_run_seconds=max_run_seconds)
 
     quiet = dict(concurrency_limit=None, api_visibility="private", show_progress="hidden")
     edit_out = [c[n] for n in EDIT_OUTPUTS]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from medusa_lib.present import LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
+from medusa_lib.present import DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
 
 METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00", "plain-sample": "#555555", "medusa-sample": "#0072B2"}  # Okabe-Ito, by column
 CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
@@ -56,9 +56,11 @@ def column_html(method: str, record: RunRecord | None, *, state: str = "waiting"
     cursor = CURSOR if state in ("running", "replay") else ""
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
     note = f'<div class="method-note">{html.escape(record.note)}</div>' if record is not None and record.note else ""
+    drafter = record.drafter if record is not None else None  # who drafted this column's trees (Medusa columns only)
+    tag = f'<span class="method-drafter" data-drafter="{drafter}">drafted by the {DRAFTER_NAMES[drafter]}</span>' if drafter in DRAFTER_NAMES else ""
     return (
         f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
-        f'<div class="method-head"><span class="method-name">{LABELS[method]}</span><span class="method-state">{badge}</span></div>'
+        f'<div class="method-head"><span class="method-name">{LABELS[method]}</span>{tag}<span class="method-state">{badge}</span></div>'
         f'<div class="method-stats">{stats_line(record, reference=reference)}</div>{note}'
         f'<div class="method-text">{body}</div></div>'
     )
@@ -148,6 +150,11 @@ def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: st
 def calibration_note_html(note: str) -> str:
     """``HeadsDefaults.note``: the default tree was calibrated on another kind of device than this one."""
     return f'<div class="calibration-note">{html.escape(note)}</div>'
+
+
+def drafter_note_html(note: str, cls: str) -> str:
+    """A line under the Drafter choice: why its default is what it is, or what EAGLE's tree is (``present.drafter``)."""
+    return f'<div class="{cls}">{html.escape(note)}</div>' if note else ""
 
 
 def numerics_note_html(note: str) -> str:

@@ -46,6 +46,19 @@ not a sample any more: the panel under the badge (Sampling mode) shows how far i
 model's likely ones. Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the
 text is drawn from the model itself; lowering them does the opposite.
 
+**Two drafters: Medusa heads or an EAGLE head.** The **Drafter** choice picks who proposes the tree that the
+Medusa columns verify (the plain column never drafts). A Medusa head reads only h_t, the base model's hidden state
+at the last token (the embedded heads add the embeddings of their own branch's tokens, never a feature of the model
+after them), and must guess position t+k without knowing which tokens the model will pick before it. The
+EAGLE head ([Li et al., 2024](https://arxiv.org/abs/2401.15077)) is one small decoder layer that is fed what the
+heads never see: the embedding of the token actually chosen at t+1 together with the base model's feature f_t.
+It runs autoregressively at the feature level, feeding its own predicted feature back in beside the token it
+drafted, so each deeper draft knows which token was picked before it. It also scores its guesses as it goes and
+grows a new tree every step (EAGLE-2's *dynamic tree*: the best few continuations per level, then the best N nodes
+overall), so the inspector's tree changes shape from step to step and the tree preset does not apply to it.
+Verification, acceptance and the badge are the same for both: a drafter changes the speed, never what Medusa
+greedy writes. {drafter_note}
+
 **Numerics.** The comparison starts in float32, where both identities hold on every prompt. The 16-bit copy
 is faster, but a tree step and a one-token step add up their numbers in different orders, so where the
 model's two best tokens nearly tie, the rounding may make Medusa pick the other one (the badge then shows
@@ -81,6 +94,7 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
     return why + (" With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.")
 
 
-def explain(calibration: dict | None = None, *, default_tree: str | None = None, lookup: int | None = None) -> str:
-    """How to read the page, for students (figures from the heads' calibration, if any)."""
-    return EXPLAIN.format(why=why_faster(calibration, default_tree=default_tree, lookup=lookup))
+def explain(calibration: dict | None = None, *, default_tree: str | None = None, lookup: int | None = None, drafter_note: str = "") -> str:
+    """How to read the page, for students (figures from the heads' calibration, if any; ``drafter_note``:
+    why the Drafter choice starts where it does, ``Playground.drafters.note``)."""
+    return EXPLAIN.format(why=why_faster(calibration, default_tree=default_tree, lookup=lookup), drafter_note=drafter_note)

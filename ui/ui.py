@@ -8,13 +8,13 @@ from typing import Sequence
 
 import gradio as gr
 
-from medusa_lib.present import MAX_RUN_SECONDS, Playground, Settings, numerics_label
+from medusa_lib.present import DRAFTER_NAMES, MAX_RUN_SECONDS, Playground, Settings, numerics_label, tree_note
 from medusa_lib.present.export import export_hint
 
 from .figures import empty_figure, timeline_figure
 from .lab import build_lab
 from .handlers import INSPECT_CHOICES, INSPECT_OUTPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers, empty_paths, empty_summary, on_gpu
-from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, info_html, numerics_note_html, sampling_html
+from .render import LEGEND_HTML, badge_html, calibration_note_html, column_html, drafter_note_html, info_html, numerics_note_html, sampling_html
 from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
@@ -77,8 +77,15 @@ def build_demo(
                                 epsilon = gr.Slider(0, 1, value=DEFAULTS.posterior_threshold, step=0.01, label="\u03b5 epsilon")
                                 delta = gr.Slider(0, 1, value=DEFAULTS.posterior_alpha, step=0.01, label="\u03b4 delta")
                             thr_plot = gr.Plot(h.threshold(DEFAULTS.posterior_threshold, DEFAULTS.posterior_alpha), show_label=False, elem_id="threshold-plot", min_width=240)
+                        # who drafts the Medusa columns' trees (present/drafter.py); the plain column never drafts
+                        eagle_on = pg.drafters.default == "eagle"
+                        drafter = gr.Radio([(DRAFTER_NAMES[d], d) for d in pg.drafters.available], value=pg.drafters.default, label="Drafter",
+                                           interactive=len(pg.drafters.available) > 1, elem_id="drafter")
+                        if pg.drafters.note:
+                            gr.HTML(drafter_note_html(pg.drafters.note, "drafter-note"), elem_id="drafter-note")
+                        eagle_tree = gr.HTML(drafter_note_html(tree_note(pg.drafters.tree), "eagle-tree-note"), visible=eagle_on, elem_id="eagle-tree-note")
                         with gr.Row():
-                            tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset", elem_id="tree-preset")
+                            tree = gr.Dropdown(pg.tree_names(), value=pg.defaults.tree, label="Tree preset (Medusa drafter)", interactive=not eagle_on, elem_id="tree-preset")
                             with gr.Column(min_width=160):
                                 chat = gr.Checkbox(value=True, label="Use the chat template")
                                 lookup = gr.Checkbox(value=pg.defaults.lookup_on, label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)", elem_id="lookup-branch")
@@ -89,7 +96,8 @@ def build_demo(
                                             value=pg.default_numerics, label="Numerics", visible=len(pg.variants) > 1, elem_id="numerics")
                         if pg.numerics_note:
                             gr.HTML(numerics_note_html(pg.numerics_note), elem_id="numerics-note")
-                        custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1, elem_id="custom-tree")
+                        custom_tree = gr.Textbox(label="Custom tree (JSON list of paths; overrides the preset when not empty)", placeholder="[[0], [0, 0], [1], [0, 0, 0]]", lines=1,
+                                                 interactive=not eagle_on, elem_id="custom-tree")
 
                 gr.HTML(LEGEND_HTML, elem_id="legend")
                 with gr.Row(equal_height=True, elem_id="columns"):
@@ -102,7 +110,7 @@ def build_demo(
                     with gr.Column(scale=7):
                         c["summary"] = gr.Dataframe(empty_summary(), label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
                                                     interactive=False, elem_id="summary", wrap=True,
-                                                    column_widths=["20%", "10%", "11%", "12%", "12%", "14%", "9%", "12%"])
+                                                    column_widths=["17%", "12%", "8%", "10%", "11%", "10%", "12%", "8%", "12%"])
                     with gr.Column(scale=5):
                         c["timeline"] = gr.Plot(timeline_figure({}), show_label=False, elem_id="timeline")
 
@@ -115,7 +123,7 @@ def build_demo(
                     c["mask_plot"] = gr.Plot(empty_figure("Run the playground to see the tree attention mask.", title="Tree attention mask"), show_label=False, elem_id="mask-plot", scale=2)
                 c["path_table"] = gr.Dataframe(empty_paths(), label="Accepted path of every step", interactive=False, max_height=360, elem_id="path-table")
                 with gr.Accordion("How to read this page", open=True):
-                    gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length), elem_id="explain")
+                    gr.Markdown(explain(pg.defaults.calibration, default_tree=pg.defaults.tree, lookup=pg.defaults.lookup_length, drafter_note=pg.drafters.note), elem_id="explain")
             with gr.Tab("Tree lab", id="lab", elem_id="lab-tab"):
                 lab, lab_c = build_lab(pg, custom_tree=custom_tree, prompt=prompt, max_new=max_new, chat=chat, lookup=lookup, numerics=numerics,
                                        mode=mode, temperature=temperature, seed=seed, device=h.device, max_run_seconds=max_run_seconds)
@@ -123,9 +131,9 @@ def build_demo(
 
         # ------------------------------------------------------------ events
         settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed, numerics]
-        run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode], outputs=[c[n] for n in RUN_OUTPUTS],
+        run_ev = run_btn.click(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode, drafter], outputs=[c[n] for n in RUN_OUTPUTS],
                                concurrency_id="device", concurrency_limit=1, api_visibility="undocumented", api_name="run", show_progress="minimal")
-        submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode], outputs=[c[n] for n in RUN_OUTPUTS],
+        submit_ev = prompt.submit(on_gpu(h.run), inputs=[prompt, *settings_in, insp_method, mode, drafter], outputs=[c[n] for n in RUN_OUTPUTS],
                                   concurrency_id="device", concurrency_limit=1, api_visibility="private", show_progress="minimal")
         # The replay renders a frame 12 times a second: it takes turns with the runs in the device's queue,
         # so it never costs CPU while another user's run is being timed.
@@ -136,6 +144,7 @@ def build_demo(
         columns = [c["col_plain"], c["col_greedy"], c["col_typical"]]
         stop_btn.click(None, cancels=[run_ev, submit_ev, replay_ev], queue=False, api_visibility="private")
         stop_btn.click(h.stop, inputs=columns, outputs=[c["status"], *columns], queue=False, api_visibility="private")
+        drafter.change(h.drafter_choice, inputs=drafter, outputs=[tree, custom_tree, eagle_tree], concurrency_limit=None, api_visibility="private", show_progress="hidden")
         for slider in (epsilon, delta):
             slider.change(h.threshold, inputs=[epsilon, delta], outputs=thr_plot, concurrency_limit=None, api_visibility="private", show_progress="hidden")
         c["insp_step"].release(h.inspector, inputs=[c["session"], insp_method, c["insp_step"]], outputs=[c[n] for n in INSPECT_OUTPUTS],
@@ -152,7 +161,7 @@ def build_demo(
         def compare(prompt: str, max_new_tokens: int = start, temperature: float = DEFAULTS.temperature, epsilon: float = DEFAULTS.posterior_threshold,
                     delta: float = DEFAULTS.posterior_alpha, tree: str = default_tree, custom_tree: str = "", chat_template: bool = True,
                     lookup_branch: bool = pg.defaults.lookup_on, sample: bool = False, seed: int = DEFAULTS.seed,
-                    numerics: str = pg.default_numerics) -> dict:
+                    numerics: str = pg.default_numerics, drafter: str = pg.drafters.default) -> dict:
             """Run plain greedy, Medusa greedy and Medusa typical (sampling at `temperature` from `seed`) on the prompt, one after another
             (the page's Greedy mode); return the three texts, their
             statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
@@ -162,9 +171,12 @@ def build_demo(
             instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
             numerics: which loaded copy runs ("float32", exact, the default where a float32 copy is loaded; or the fast 16-bit one, e.g.
             "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran.
-            tree and numerics: null or "" mean the default (the heads' default tree; float32 where loaded); any other value must name one.
+            drafter: who drafts the Medusa columns' trees, "medusa" (the Medusa heads and `tree`) or "eagle" (the EAGLE head, a new dynamic tree
+            every step; `tree` and `custom_tree` do not apply to it); the JSON's "drafter" says which ran.
+            tree, numerics and drafter: null or "" mean the default (the heads' default tree; float32 where loaded; the faster drafter on this
+            device, by the figures recorded in the heads' config.json); any other value must name one.
             A cancelled call (gradio_client's job.cancel()) or one whose client closes its event stream stops within a step."""
-            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed, numerics)
+            return h.compare(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample, seed, numerics, drafter)
 
         if max_run_seconds is not None:  # said in the API's description: a call that never opens its event stream sends no signal when it leaves
             compare.__doc__ += f" A call runs for at most {max_run_seconds:g} s of wall time (this server's bound), then ends with an error."

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from .page import DRAFTER_NAMES
+
 if TYPE_CHECKING:
     from .records import RunRecord, StepView
 
@@ -39,7 +41,7 @@ def tree_layout(parents: Sequence[int]) -> list[float]:
 
 
 def tree_nodes(view: StepView, tokenizer) -> list[dict]:
-    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?),
+    """One dict per tree node of a Medusa step (depth, y, parent, token, head rank, accepted?, drafter),
     plus the bonus token (the base model's own next token after the accepted path) if it was kept."""
     step = view.step
     if step.tree is None:
@@ -53,14 +55,14 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
 
     nodes = [
         {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
-         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j)}
+         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j), "drafter": step.drafter}
         for j in range(tree.num_nodes)
     ]
     if len(step.tokens) > step.accept_length and step.accepted_nodes:
         last = step.accepted_nodes[-1]
         bonus = step.tokens[step.accept_length]
         nodes.append({"node": tree.num_nodes, "depth": nodes[last]["depth"] + 0.5, "y": y[last], "parent": last, "token_id": bonus,  # between columns
-                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus"})
+                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus", "drafter": step.drafter})
     return nodes
 
 
@@ -89,6 +91,6 @@ def path_rows(record: RunRecord, tokenizer) -> list[dict]:
         ids = s.tree_token_ids
         rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
                      "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
-                     "drafted by": ("lookup" if s.lookup_accepted else "heads") if s.accept_length else "",
+                     "drafted by": ("lookup" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", "heads")) if s.accept_length else "",
                      "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
     return rows

@@ -196,7 +196,7 @@ def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_templa
     ``stop``: as ``Playground.run``'s, asked between steps."""
     tree = editor_tree(pg, text)
     settings = pg.settings(max_new_tokens, temperature if sample else 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template,
-                           lookup_on, sample=sample, seed=seed, numerics=numerics)
+                           lookup_on, sample=sample, seed=seed, numerics=numerics, drafter="medusa")  # the edited tree is the Medusa heads'
     ids, decoders = pg.prepare(prompt, settings)
     plain_view, medusa_view = settings.views[:2]
     records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}, stop=stop) if ev.kind == "end"}

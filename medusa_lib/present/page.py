@@ -18,6 +18,7 @@ import torch
 from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of_entropy
 from .records import RunRecord
 
+DRAFTER_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head"}  # how the page names each drafter (Step.drafter)
 LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical",
           "plain-sample": "Plain (sampling)", "medusa-sample": "Medusa exact sampling"}
 PLAIN_VIEWS = ("plain", "plain-sample")  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
@@ -89,7 +90,7 @@ def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool =
     return GreedyCheck(first is None, first, len(plain), len(medusa), sampled=sampled)
 
 
-SUMMARY_COLUMNS = ["method", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
+SUMMARY_COLUMNS = ["method", "drafter", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
 
 
 NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
@@ -111,6 +112,7 @@ def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
         rows.append(
             {
                 "method": LABELS[method],
+                "drafter": DRAFTER_NAMES.get(rec.drafter or "", ""),  # who drafted the trees ('' for plain decoding)
                 "tokens": len(r.tokens),
                 "wall (s)": round(rec.elapsed, 3),
                 "prefill (s)": round(r.prefill_seconds, 3),

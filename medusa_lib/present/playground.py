@@ -27,13 +27,7 @@ import torch
 
 from ..core.decoding import Decoder, model_info, sampling_probs
 from ..core.defaults import heads_defaults
-from ..core.heads import (
-    HeadsConfig,
-    HeadsError,
-    MedusaHeads,
-    hidden_size_of,
-    load_heads,
-)
+from ..core.heads import MedusaHeads
 from ..core.kv import StaticKV, describe_engine, prepare_engine
 from ..core.lookup import MAX_LOOKUP
 from ..core.messages import kind, must_be_switch, shown
@@ -46,6 +40,7 @@ from ..core.tree import (
     preset_names,
     with_lookup,
 )
+from .drafter import find_eagle, load_eagle_for, load_medusa, make_drafters, untrained_heads
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
 from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
@@ -78,14 +73,6 @@ def any_of(*checks: StopCheck | None) -> StopCheck:
     """The first reason any of ``checks`` gives to stop."""
     live = [c for c in checks if c is not None]
     return lambda: next((why for why in (c() for c in live) if why), None)
-
-
-def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
-    """Identity ResBlocks on the shared lm_head: every head proposes the base model's next token."""
-    hidden = hidden_size_of(model.config)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    p = model.get_output_embeddings().weight
-    return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
 
 
 PROMPT_TOKENS = {"cpu": 2048}  # the longest prompt a server on this kind of device takes, unless its operator sets one; others: the model's context
@@ -166,7 +153,7 @@ class Playground:
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
                  max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
                  variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None,
-                 numerics_speeds: Mapping[str, float] | None = None):
+                 numerics_speeds: Mapping[str, float] | None = None, eagles: Mapping | None = None, eagle_note: str = ""):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
         self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
@@ -188,7 +175,11 @@ class Playground:
         self.default_numerics = default_numerics(self.variants)  # what a run that names none uses: float32 where loaded (exact), numerics.py
         self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
         self.numerics_note = numerics_note(self.numerics_speeds, device=device_name(input_device(model)))  # the line under the page's choice
-        self._warm: set[str] = set()  # numerics already warmed up
+        self._warm: set[tuple] = set()  # (numerics, drafter) already warmed up
+        # the Drafter choice: the EAGLE head per numerics ({}: the Medusa heads only), the default and the line that says why (drafter.py)
+        self.drafters = make_drafters(dict(eagles or {}), defaults=self.defaults, device=input_device(model), device_label=device_name(input_device(model)))
+        if eagle_note and not self.drafters.eagles:
+            self.drafters = replace(self.drafters, note=eagle_note)
 
     def pair(self, settings: Settings | None) -> tuple:
         """The (model, heads) a run uses: its settings' numerics, or the default (float32 where loaded)."""
@@ -207,7 +198,7 @@ class Playground:
     @classmethod
     def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
              trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, max_prompt_tokens: int | str | None = "auto",
-             numerics_copy: bool = True, cache: str = "auto", capture: str = "auto", **kwargs) -> "Playground":
+             numerics_copy: bool = True, cache: str = "auto", capture: str = "auto", eagle: str | Path | None = "auto", **kwargs) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
@@ -215,35 +206,26 @@ class Playground:
         ``numerics_copy``: a 16-bit model also gets a float32 copy (with the same heads) when memory
         allows, because only float32 keeps Medusa greedy == plain greedy through near-ties.
         ``cache``/``capture``: the engine (``auto``: ``kv.default_engine`` of the device); a capture
-        is compiled or recorded here, at load, for the default tree's step shapes, never in a run."""
+        is compiled or recorded here, at load, for the default tree's step shapes, never in a run.
+        ``eagle``: the EAGLE head's folder, "auto" (the one beside the Medusa heads, if any) or "none";
+        a named folder is checked before the model loads and must load (EagleError)."""
         say = progress or (lambda msg: None)
+        eagle_folder, eagle_named = find_eagle(eagle, heads=heads)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
-        shown = _short_path(path) if path else ""
-        if path is not None and (path.exists() or path != Path(default_heads or "")):
-            try:
-                h = load_heads(path, model=m)
-            except HeadsError:
-                raise
-            except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                raise HeadsError(f"Could not read the Medusa heads at {shown} ({type(e).__name__}: {first}); check the files or train new heads.") from None
-            note = f"trained heads from {shown}" + (
-                " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)" if h.path_conditioned
-                else " (root-conditioned: they also read the tree's root token)" if h.root_conditioned
-                else ""
-            )
-        else:
-            h = untrained_heads(m)
-            note = "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
+        h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
         say(f"Medusa: {h.num_heads} {note}")
+        e, kwargs["eagle_note"] = load_eagle_for(eagle_folder, m, named=eagle_named)
+        say(f"EAGLE: the head from {_short_path(eagle_folder)}" if e is not None else f"EAGLE: {kwargs['eagle_note']}")
+        eagles = {dtype_name(m): e} if e is not None else {}
         loaded = dtype_name(m)
         if numerics_copy and loaded != "float32":
             need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
             if free_memory(input_device(m)) > need:
                 m32, _ = load_model(model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code)
-                h32 = load_heads(path, model=m32) if note.startswith("trained") else untrained_heads(m32)
+                h32 = load_medusa(path, m32, default_heads=default_heads)[0] if note.startswith("trained") else untrained_heads(m32)
                 kwargs["variants"] = {"float32": (m32, h32)}
+                eagles.update({"float32": load_eagle_for(eagle_folder, m32, named=True)[0]} if e is not None else {})
                 kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
                 say(f"Numerics: float32 (exact, the comparison's default) and {loaded} ({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)")
             else:
@@ -253,7 +235,7 @@ class Playground:
         say(f"Prompts: up to {max_prompt_tokens:,} tokens" if max_prompt_tokens else "Prompts: up to the model's context")
         engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=_static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT)), say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
-        return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
+        return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
 
     # ------------------------------------------------------------------ inputs
     def prompt_limit_note(self) -> str:
@@ -265,7 +247,7 @@ class Playground:
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0, numerics=None) -> Settings:
+    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0, numerics=None, drafter=None) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
         default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
         becomes the heads' branch length or 0. Only what these conversions need is checked here (the
@@ -280,7 +262,7 @@ class Playground:
         return Settings(max_new_tokens=max_new_tokens, temperature=temperature, posterior_threshold=epsilon, posterior_alpha=delta,
                         tree=tree if tree not in (None, "") else self.defaults.tree, custom_tree="" if custom_tree is None else custom_tree,
                         chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0, sample=sample, seed=seed,
-                        numerics=numerics if numerics != "" else None)
+                        numerics=numerics if numerics != "" else None, drafter=drafter if drafter != "" else None)
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
@@ -318,11 +300,13 @@ class Playground:
         self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
         self.check_numerics(settings.numerics)
-        tree = self.resolve_tree(settings)
+        drafter = self.drafters.resolve(settings.drafter)
+        eagle = self.drafters.head(drafter, dtype_name(self.pair(settings)[0]))
+        tree = self.resolve_tree(settings) if eagle is None else None  # EAGLE grows its own tree (drafter.tree_note)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         model, heads = self.pair(settings)
         shared = self.static_kv if model is self.model else None  # captured for the loaded model; a copy runs its own static caches
-        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=replace(settings.config(v), cache=self.cache), static_kv=shared)
+        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=replace(settings.config(v), cache=self.cache), static_kv=shared, eagle=eagle)
                     for v in settings.views}
         next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
@@ -406,18 +390,18 @@ class Playground:
                     kv.warm_up(missing)
                 finally:
                     kv.release()
-        numerics = dtype_name(decoders[0].model)
-        if numerics in self._warm:
+        key = (dtype_name(decoders[0].model), next((d.drafter for d in decoders if d.drafter), None))
+        if key in self._warm:
             return
         for d in decoders:
-            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else None, config=replace(d.config, max_new_tokens=2)).run(ids[:16])
-        self._warm.add(numerics)
+            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else d.dynamic, config=replace(d.config, max_new_tokens=2), eagle=d.eagle).run(ids[:16])
+        self._warm.add(key)
 
     def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None) -> Iterator[Event]:
         """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
         ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
-        record = RunRecord(view, tuple(ids), note=note)
+        record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
@@ -458,11 +442,14 @@ class Playground:
         records = {ev.method: ev.record for ev in self.stream(prompt, settings, stop=stop) if ev.kind == "end"}
         plain, medusa, _ = settings.views
         check = self.greedy_check(records[plain], records[medusa], settings)
+        drafter = self.drafters.resolve(settings.drafter)
+        dynamic = self.drafters.tree
         out = {
             "prompt": prompt,
-            "tree": self.resolve_tree(settings).name,
+            "drafter": drafter,
+            "tree": self.resolve_tree(settings).name if drafter == "medusa" else f"eagle-dynamic (top-k {dynamic.top_k}, depth {dynamic.depth}, {dynamic.num_nodes} nodes)",
             "numerics": dtype_name(self.pair(settings)[0]),
-            "methods": {m: {"label": LABELS[m], "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
+            "methods": {m: {"label": LABELS[m], "drafter": r.drafter, "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
             "sampling_match" if settings.sample else "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
             "summary": summary_rows(records),
         }

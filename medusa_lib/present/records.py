@@ -39,6 +39,7 @@ class RunRecord:
     prompt_ids: tuple[int, ...]
     views: tuple[StepView, ...] = ()
     done: bool = False
+    drafter: str | None = None  # who drafted its trees: "medusa" (heads), "eagle" (EAGLE head), None (plain decoding)
     note: str = ""  # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
 
     @property

@@ -66,6 +66,7 @@ class Settings:
     sample: bool = False  # the sampling mode (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
     numerics: str | None = None  # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded; Playground.prepare checks it)
+    drafter: str | None = None  # who drafts the Medusa columns' trees, "medusa" (heads) or "eagle" (EAGLE head); None: the playground's default (drafter.py)
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         """The check of the settings a page or an API caller sent (``Playground.settings`` has already
