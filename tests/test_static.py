@@ -280,10 +280,10 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
         assert step.lookup_accepted == expected and step.accept_length == 3
 
 
-def test_with_cuda_graphs_a_run_first_records_the_step_shapes_not_captured_yet(monkeypatch):
-    """The page's other trees: their shapes are recorded before the timed runs (never while another
-    run holds the shared cache), so no column runs eagerly beside captured ones. The recording
-    itself needs a GPU; here the StaticKV says it captures CUDA graphs and warm_up is watched."""
+def test_with_a_capturing_engine_a_run_first_captures_its_programs(monkeypatch):
+    """The page's other trees and rules: their whole-step programs are captured before the timed
+    runs (never while another run holds the shared cache), so no column runs eagerly beside
+    captured ones. Capturing needs a GPU; here the StaticKV says it captures and ``ready`` is watched."""
     from conftest import PROMPT as TEXT
     from conftest import tiny_playground
 
@@ -291,19 +291,16 @@ def test_with_cuda_graphs_a_run_first_records_the_step_shapes_not_captured_yet(m
 
     pg = tiny_playground(static=True)
     kv = pg.static_kv
-    kv.capture, kv.captured = "cuda-graph", {1}  # as if recorded at load for the one-token step only
-    recorded = []
-    monkeypatch.setattr(kv, "warm_up", lambda trees: recorded.append(sorted(t.num_nodes for t in trees)) or kv.captured.update(t.num_nodes for t in trees))
+    kv.capture = "cuda-graph"
+    seen = []
+    monkeypatch.setattr("medusa_lib.present.playground.ready", lambda d, k: seen.append((d.method, k is kv)))
     settings = Settings(max_new_tokens=8, tree="chain-2", lookup=3, temperature=0.0)
     ids, decoders = pg.prepare(TEXT, settings)
-    pg.warmup(ids, decoders.values())
-    assert recorded == [[3 + 3]]  # chain-2 + its lookup branch of 3; the one-token step was there
-    pg.warmup(ids, decoders.values())
-    assert recorded == [[6]]  # captured once
-    kv.captured = {1}
-    assert kv.claim()  # another run holds the cache: nothing is recorded now
+    assert kv.claim()  # another run holds the cache: nothing is captured now
     try:
         pg.warmup(ids, decoders.values())
     finally:
         kv.release()
-    assert recorded == [[6]]
+    assert seen == []
+    pg.warmup(ids, decoders.values())
+    assert seen == [(d.method, True) for d in decoders.values()] and len(seen) == 3

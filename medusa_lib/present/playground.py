@@ -18,14 +18,16 @@ import ctypes
 import gc
 import json
 import time
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from ..core.acceptance import race_noise
 from ..core.decoding import Decoder, model_info, sampling_probs
+from ..core.fused import ready
 from ..core.defaults import heads_defaults
 from ..core.heads import MedusaHeads
 from ..core.kv import StaticKV, describe_engine, prepare_engine
@@ -94,17 +96,19 @@ def default_prompt_tokens(model) -> tuple[int | None, str]:
     return limit, f"the fixed limit of a server on a {device_name(dev)}, which prefills the prompt once per method"
 
 
-def release_memory(model, *, tokens: int) -> None:
+def release_memory(model, *, tokens: int, keep_device_cache: bool = False) -> None:
     """After a long run, give the memory its caches and attention buffers held back to the system.
 
     CUDA's caching allocator keeps freed blocks and glibc keeps freed heap pages, so without this a
     server stays at the peak of its longest prompt (1.05 GB -> 1.6-1.9 GB after a 32,000-character
     prompt on the CPU, issue #17; after a 2,520-token prompt, 1,032 MB without this, 964 MB with it).
-    Short runs skip it: they barely grow memory, and reallocating is not free."""
+    Short runs skip it: they barely grow memory, and reallocating is not free. ``keep_device_cache``
+    (a captured static engine is loaded): CUDA's cached blocks stay, so its next run pays no
+    cudaMalloc."""
     if tokens < LONG_RUN_TOKENS:
         return
     gc.collect()
-    if input_device(model).type == "cuda":
+    if input_device(model).type == "cuda" and not keep_device_cache:  # with a captured engine, an emptied allocator would make the next run pay cudaMalloc
         torch.cuda.empty_cache()
     elif _malloc_trim is not None:
         _malloc_trim(0)
@@ -153,11 +157,12 @@ class Playground:
     def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
                  max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
                  variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None,
-                 numerics_speeds: Mapping[str, float] | None = None, eagles: Mapping | None = None, eagle_note: str = ""):
+                 numerics_speeds: Mapping[str, float] | None = None, eagles: Mapping | None = None, eagle_note: str = "", variant_kv: Mapping | None = None):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
         self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
-        self.engine = engine or describe_engine(cache, static_kv.capture if static_kv else "none", shapes=len(static_kv.captured) if static_kv else 0,
+        self.variant_kv = dict(variant_kv or {})  # numerics -> the captured static cache of that copy (a float32 copy gets its own)
+        self.engine = engine or describe_engine(cache, static_kv.capture if static_kv else "none", shapes=static_kv.programs_captured if static_kv else 0,
                                                 seconds=static_kv.capture_seconds if static_kv else 0.0)
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
@@ -233,9 +238,22 @@ class Playground:
         if max_prompt_tokens == "auto":
             max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
         say(f"Prompts: up to {max_prompt_tokens:,} tokens" if max_prompt_tokens else "Prompts: up to the model's context")
-        engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=_static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT)), say=say)
+        static_len = _static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT))
+        engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
-        return cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
+        if engine.static_kv is not None and "variants" in kwargs:  # the float32 copy gets a captured engine of its own: both numerics time the same engine
+            kwargs["variant_kv"] = {k: prepare_engine(mv, engine_trees(mv, hv), cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len).static_kv
+                                    for k, (mv, hv) in kwargs["variants"].items()}
+        pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
+        if engine.static_kv is not None and engine.static_kv.capture != "none":  # capture the first view's steps now, not in a user's run
+            say("Capturing the decode steps of the page's first view...")
+            for numerics in pg.variants:
+                ids, decoders = pg.prepare("Hello", replace(Settings(), numerics=numerics, max_new_tokens=8))
+                pg.warmup(ids, decoders.values())
+            kv = engine.static_kv
+            pg.engine = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
+            say(f"Engine: {pg.engine}.")
+        return pg
 
     # ------------------------------------------------------------------ inputs
     def prompt_limit_note(self) -> str:
@@ -305,7 +323,7 @@ class Playground:
         tree = self.resolve_tree(settings) if eagle is None else None  # EAGLE grows its own tree (drafter.tree_note)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         model, heads = self.pair(settings)
-        shared = self.static_kv if model is self.model else None  # captured for the loaded model; a copy runs its own static caches
+        shared = self.static_kv if model is self.model else self.variant_kv.get(settings.numerics if settings.numerics is not None else self.default_numerics)
         decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=replace(settings.config(v), cache=self.cache), static_kv=shared, eagle=eagle)
                     for v in settings.views}
         next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
@@ -336,15 +354,13 @@ class Playground:
     def draw_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], a: int, b: int, config, *, draw: int, signed: bool = False, model=None) -> float:
         """How far apart tokens a and b were in draw number ``draw`` (0-based) of a seeded sampled run
         after prompt + tokens: T x |(log p_a - log E_a) - (log p_b - log E_b)|, in logit units, where
-        the draw is argmax(p / E) (``sample_token``) and E is replayed from the seed (``signed``:
-        without the absolute value, positive where a wins the draw)."""
+        the draw is argmax(p / E) (``sample_token``) and E is the noise of that position under the
+        seed (``race_noise``; ``signed``: without the absolute value, positive where a wins the draw)."""
         model = model or self.model
         ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(model))
         logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
         probs = sampling_probs(logits, temperature=config.temperature, top_p=config.top_p)
-        gen = torch.Generator(device=logits.device).manual_seed(config.seed)
-        for _ in range(draw + 1):  # one draw per token, as in the run (each consumes one exponential per vocabulary entry)
-            race = torch.empty_like(probs).exponential_(generator=gen)
+        race = race_noise(config.seed, len(prompt_ids) + draw, probs.shape[-1], device=probs.device)  # the token at that position
         score = probs.log() - race.log()
         gap = float(config.temperature * (score[a] - score[b]))
         return gap if signed else abs(gap)
@@ -377,24 +393,29 @@ class Playground:
 
     # ------------------------------------------------------------------ running
     def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder]) -> None:
-        """Run each method for two tokens once per numerics, so the first timed run pays no one-off
-        costs; with CUDA graphs, first record the step shapes of these decoders not captured yet
-        (milliseconds each, before any timed run), so no column runs eagerly beside captured ones."""
+        """Run each method for two tokens once per numerics and drafter, through the engine the run
+        will use (the shared static cache too), so the first timed run pays no one-off costs; on a
+        capturing engine, first capture the whole-step programs of these decoders not captured yet
+        (milliseconds each on a GPU, before any timed run, and only while no run holds the cache),
+        so no column runs eagerly beside captured ones. A capture that fails is left to the run,
+        which then takes the dynamic cache and says so (``Decoder.steps``)."""
         decoders = list(decoders)
-        kv = self.static_kv
-        if kv is not None and kv.capture == "cuda-graph":
-            sizes = {b.num_nodes: b for d in decoders if d.static_kv is kv for b in d.step_trees}
-            missing = [b for n, b in sizes.items() if n not in kv.captured]
-            if missing and kv.claim():  # never while another run holds it
+        for kv in {id(d.static_kv): d.static_kv for d in decoders if d.static and d.static_kv is not None and d.static_kv.capture != "none"}.values():
+            if kv.claim():  # never while another run holds it
                 try:
-                    kv.warm_up(missing)
+                    with torch.inference_mode():
+                        for d in decoders:
+                            if d.static and d.static_kv is kv:
+                                with suppress(Exception):
+                                    ready(d, kv)
                 finally:
                     kv.release()
         key = (dtype_name(decoders[0].model), next((d.drafter for d in decoders if d.drafter), None))
         if key in self._warm:
             return
         for d in decoders:
-            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else d.dynamic, config=replace(d.config, max_new_tokens=2), eagle=d.eagle).run(ids[:16])
+            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else d.dynamic, config=replace(d.config, max_new_tokens=2), eagle=d.eagle,
+                    static_kv=d.static_kv).run(ids[:16])
         self._warm.add(key)
 
     def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None) -> Iterator[Event]:
@@ -428,7 +449,7 @@ class Playground:
             for view, decoder in decoders.items():
                 yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop)
         finally:
-            release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()))
+            release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()), keep_device_cache=self.static_kv is not None)
 
     def stream(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> Iterator[Event]:
         """The three columns (``settings.views``), one after another; an Event after every step."""
