@@ -7,7 +7,7 @@ from conftest import OracleHeads, make_model, random_heads
 from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
 from medusa_lib.core.attention import use_packed_gqa
 from medusa_lib.core.decoding import (
-    compact_cache, greedy_accept, greedy_tokens, new_cache, sample_token, sample_walk, sampling_probs, typical_accept, typical_threshold, typical_threshold_of_entropy,
+    compact_cache, greedy_accept, greedy_tokens, new_cache, race_noise, sample_token, sample_walk, sampling_probs, typical_accept, typical_threshold, typical_threshold_of_entropy,
 )
 from medusa_lib.core.model import model_info
 from medusa_lib.core.tree import tree_attention_bias, with_lookup
@@ -179,7 +179,7 @@ def walk_case():
 def test_the_walk_descends_while_the_draw_is_a_child_and_ends_with_the_first_draw_that_is_not():
     tree, tokens, logits = walk_case()
     assert tree.children == ((1, 2), (3,), (), ())
-    draw = dict(temperature=1.0, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    draw = dict(temperature=1.0, top_p=1.0, seed=0, position=7)
     logits[0, 5] = logits[1, 2] = logits[3, 4] = 30.0  # (near) one-hot: 5 at the root, then 2, then 4 at the leaf
     assert sample_walk(logits, tokens, tree.children, **draw) == ([0, 1, 3], 4)  # at a leaf the draw is the bonus
     logits[1, 2], logits[1, 8] = -30.0, 30.0  # after 5 the model says 8: no child holds it
@@ -198,10 +198,10 @@ def test_the_walks_tokens_are_distributed_as_the_model_says():
     torch.manual_seed(0)
     logits = torch.randn(4, 10) * 1.5
     p_root, p_child = sampling_probs(logits[0], temperature=0.8, top_p=1.0), sampling_probs(logits[1], temperature=0.8, top_p=1.0)
-    gen, n = torch.Generator().manual_seed(1), 20_000
+    n = 20_000
     first, second = torch.zeros(10), torch.zeros(10)
-    for _ in range(n):
-        path, bonus = sample_walk(logits, tokens, tree.children, temperature=0.8, top_p=1.0, generator=gen)
+    for i in range(n):  # a walk at every other position: fresh noise each time
+        path, bonus = sample_walk(logits, tokens, tree.children, temperature=0.8, top_p=1.0, seed=1, position=2 * i)
         y1 = tokens[path[1]] if len(path) > 1 else bonus
         first[y1] += 1
         if y1 == 5:  # descended to node 1: the next token is drawn there
@@ -211,17 +211,18 @@ def test_the_walks_tokens_are_distributed_as_the_model_says():
         assert ((freq - p).abs() <= 5 * sigma + 1e-3).all(), (freq, p)
 
 
-def test_sample_token_draws_from_the_nucleus_and_consumes_the_generator_the_same_way_for_any_p():
+def test_sample_token_draws_from_the_nucleus_with_the_noise_of_its_position_whatever_p_is():
     logits = torch.tensor([3.0, 2.0, 1.0, -5.0])
     probs = sampling_probs(logits, temperature=1.0, top_p=0.8)
     assert probs[3] == 0 and probs[2] == 0 and probs[:2].sum() == pytest.approx(1.0)  # {0, 1} holds >= 0.8 of the mass
-    gen = torch.Generator().manual_seed(0)
-    draws = {int(sample_token(logits, temperature=1.0, top_p=0.8, generator=gen)) for _ in range(200)}
+    draws = {int(sample_token(logits, temperature=1.0, top_p=0.8, seed=0, position=i)) for i in range(200)}
     assert draws == {0, 1}
-    a, b = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
-    sample_token(torch.randn(50), temperature=0.5, top_p=1.0, generator=a)
-    sample_token(torch.randn(50) * 9, temperature=2.0, top_p=0.5, generator=b)
-    assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
+    # the noise of a draw depends on (seed, position) only, not on the distribution or on earlier draws
+    p, q = torch.softmax(torch.randn(50), -1), torch.softmax(9 * torch.randn(50), -1)
+    for pos in range(30):
+        e = race_noise(4, pos, 50)
+        assert int(sample_token(p.log(), temperature=1.0, top_p=1.0, seed=4, position=pos)) == int((p / e).argmax())
+        assert int(sample_token(q.log(), temperature=1.0, top_p=1.0, seed=4, position=pos)) == int((q / e).argmax())
 
 
 @pytest.mark.parametrize("cache", CACHES)
@@ -549,12 +550,13 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
     res = run_method(model, PROMPT, method=method, heads=heads, tree=tree, config=cfg)
     if method == "medusa-greedy":
         assert res.tokens == plain_tokens(model, cache=cache)
-    # one draft of the whole tree per step, rooted at the last token emitted so far, and verified as drafted
-    assert len(drafts) == len(res.steps) - 1
+    # one draft of the whole tree per step, rooted at the last token emitted so far, and verified as
+    # drafted (the static engine's step program drafts the next tree after the last step too)
+    assert len(drafts) == len(res.steps) - (cache == "dynamic")
     emitted = []
     for step, (root, nodes, tokens) in zip(res.steps, drafts):
         emitted += step.tokens
-        assert root == emitted[-1] and nodes == tree.num_nodes
+        assert nodes == tree.num_nodes and (root == emitted[-1] or step.finish_reason)  # after the last (cut) step, a draft nobody verifies
     for step, (_, _, tokens) in zip(res.steps[1:], drafts):
         assert step.tree_token_ids == tokens.tolist()
 

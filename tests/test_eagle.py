@@ -124,8 +124,8 @@ def test_eagle_exact_sampling_equals_plain_sampling_with_the_same_seed(setups, a
         ref = run_method(model, PROMPT, method="plain", config=sampling(seed, N_NEW, temperature, top_p)).tokens
         res = run_method(model, PROMPT, method="medusa-sample", eagle=head, config=sampling(seed, N_NEW, temperature, top_p, lookup))
         assert res.tokens == ref, (seed, temperature, top_p, lookup)
-        if seed == 0:  # a sample the drafter was trained on: the walk descends into the tree
-            assert sum(s.accept_length for s in res.steps) >= 1
+        if temperature == 0.3:  # near the greedy text the drafter was trained on: the walk descends into the tree
+            assert sum(s.accept_length for s in res.steps) >= 3
 
 
 @pytest.mark.parametrize("arch", ARCHS)

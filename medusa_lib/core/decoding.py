@@ -58,7 +58,7 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from .acceptance import greedy_accept, greedy_tokens, sample_token, sample_walk, sampling_probs, tempered_probs, typical_accept, typical_threshold, typical_threshold_of_entropy
+from .acceptance import greedy_accept, greedy_tokens, race_noise, sample_token, sample_walk, sampling_probs, tempered_probs, typical_accept, typical_threshold, typical_threshold_of_entropy
 from .dynamic_tree import DynamicTreeConfig, as_medusa_tree
 from .eagle import EagleHead, EagleRun
 from .heads import MedusaHeads
@@ -458,5 +458,5 @@ def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config:
 # Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers
 # that build or read a run import them from here, beside the Decoder that uses them.
 __all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "StaticKV", "compact_cache", "first_difference", "greedy_accept",
-           "greedy_tokens", "model_info", "new_cache", "run_method", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept",
+           "greedy_tokens", "model_info", "new_cache", "race_noise", "run_method", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept",
            "typical_threshold", "typical_threshold_of_entropy"]
