@@ -181,3 +181,22 @@ def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_c
 def test_bench_refuses_a_capture_without_the_static_cache(saved):
     with pytest.raises(SystemExit, match="only the static cache has; use --cache static or --capture none."):
         bench.main(["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl"), "--methods", "baseline", "--device", "cpu", "--cache", "dynamic", "--capture", "compile"])
+
+
+def test_record_eagle_writes_the_measured_speedup_the_drafter_default_reads(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from medusa_lib.core.dynamic_tree import DynamicTreeConfig
+    from medusa_lib.pipeline.bench import record_eagle
+
+    (tmp_path / "config.json").write_text(json.dumps({"format": "medusa-playground-eagle-1"}))
+    rec = lambda m, tok, steps, sec: {"method": m, "new_tokens": tok, "steps": steps, "prefill_seconds": 0.0, "decode_seconds": sec}  # noqa: E731
+    records = [rec("baseline", 96, 96, 4.0), rec("eagle-greedy", 96, 40, 2.0), rec("baseline", 96, 96, 4.0), rec("eagle-greedy", 96, 48, 3.0)]
+    args = SimpleNamespace(max_new_tokens=96, repeats=3)
+    record_eagle(tmp_path, records, device="cpu", dtype="torch.float32", argv=["--methods", "baseline,eagle-greedy", "--record-eagle"], tree=DynamicTreeConfig(8, 5, 24), args=args)
+    cal = json.loads((tmp_path / "config.json").read_text())["calibration"]
+    assert cal["device_kind"] == "cpu" and cal["speedup"] == 1.6 and cal["tokens_per_step"] == round(192 / 88, 3) and cal["tree"] == [8, 5, 24]
+    assert cal["command"].endswith("--record-eagle")
+    with pytest.raises(SystemExit, match="needs eagle-greedy and baseline"):
+        record_eagle(tmp_path, records[:1], device="cpu", dtype="x", argv=[], tree=None, args=args)

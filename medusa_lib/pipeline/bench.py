@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", default=str(DEFAULT_HEADS))
     ap.add_argument("--eagle", default=str(DEFAULT_EAGLE), help="EAGLE head folder of the eagle-* methods")
     ap.add_argument("--eagle-tree", default=None, help="the eagle-* methods' dynamic tree as top_k,depth,nodes (default: the head's own)")
+    ap.add_argument("--record-eagle", action="store_true", help="write eagle-greedy's measured speed-up over baseline into the EAGLE head's config.json "
+                    "(calibration: the page's Drafter default reads it for this kind of device)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
@@ -325,6 +327,33 @@ def main(argv: list[str] | None = None) -> None:
         out["records"] = records
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
+    if args.record_eagle:
+        record_eagle(Path(args.eagle), records, device=device, dtype=str(dtype), argv=argv, tree=eagle_tree, args=args)
+
+
+def record_eagle(folder: Path, records: list[dict], *, device, dtype: str, argv, tree, args) -> None:
+    """eagle-greedy's e2e speed-up over baseline on this run's prompts, into the head's config.json
+    ``calibration`` (present/drafter.py compares it with the Medusa heads' calibrated speed-up)."""
+    import datetime
+    import sys
+
+    from ..core.defaults import device_kind
+
+    by = defaultdict(list)
+    for r in records:
+        by[r["method"]].append(r)
+    if not by.get("eagle-greedy") or not by.get("baseline"):
+        raise SystemExit("--record-eagle needs eagle-greedy and baseline in --methods.")
+    rate = lambda rs: sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)  # noqa: E731
+    eg = by["eagle-greedy"]
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["calibration"] = {"device_kind": device_kind(device), "speedup": round(rate(eg) / rate(by["baseline"]), 3),
+                          "tokens_per_step": round(sum(r["new_tokens"] for r in eg) / sum(r["steps"] for r in eg), 3), "dtype": dtype,
+                          "tree": [tree.top_k, tree.depth, tree.num_nodes], "prompts": len(eg), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                          "date": datetime.date.today().isoformat(), "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    print(f"recorded in {cfg_path}: eagle-greedy {cfg['calibration']['speedup']:.2f}x baseline on {device_kind(device)}")
 
 
 def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:
