@@ -112,6 +112,7 @@ class Program:
             self.guess = torch.tensor([top1[i] if i < t else 0 for i in range(lookup)], dtype=torch.long, device=dev)
             self.lj = torch.arange(lookup, device=dev)
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
+        self.cuda = torch.cuda  # what replays it (tests: a stand-in)
         self.compiled = None  # or ``step`` compiled (capture "compile")
 
     # ------------------------------------------------------------------ pieces
@@ -275,6 +276,7 @@ class Program:
             else:
                 stand_in()
                 graph, _ = kv.record(self.step, runs=2, reset=stand_in, graphs=graphs)
+                self.cuda = graphs or torch.cuda
                 stand_in()
                 graph.replay()
                 replayed = s.result.clone()
@@ -298,7 +300,8 @@ class Program:
 
     def run(self) -> None:
         if self.graph is not None:
-            self.graph.replay()
+            with self.cuda.device(self.kv.device):  # on cuda:N's current stream, which the read then waits for
+                self.graph.replay()
         elif self.compiled is not None:
             self.compiled()
         else:

@@ -93,8 +93,10 @@ def tree_lab(pg) -> TreeLab:
 
 
 def measure_costs(pg, lab: TreeLab, *, sizes: Sequence[int] = SIZES, repeats: int = 3, progress: Callable[[int, int], None] | None = None) -> TreeLab:
-    """The lab with the cost curve measured on this machine (``core.lab.step_costs`` on the loaded model)."""
-    rows = step_costs(pg.model, sizes, repeats=repeats, progress=progress)
+    """The lab with the cost curve measured on this machine (``core.lab.step_costs`` on the loaded model),
+    through the engine its runs use: with a captured static engine, its replayed fixed-shape steps."""
+    kv = pg.static_kv if pg.static_kv is not None and pg.static_kv.capture != "none" else None
+    rows = step_costs(pg.model, sizes, repeats=repeats, progress=progress, static_kv=kv)
     return replace(lab, cost=CostCurve.from_rows(rows, device=device_label(input_device(pg.model))))
 
 

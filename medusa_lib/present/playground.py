@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
 import time
 from contextlib import closing, suppress
 from dataclasses import replace
@@ -245,7 +246,7 @@ class Playground:
             kwargs["variant_kv"] = {k: prepare_engine(mv, engine_trees(mv, hv), cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len).static_kv
                                     for k, (mv, hv) in kwargs["variants"].items()}
         pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
-        if engine.static_kv is not None and engine.static_kv.capture != "none":  # capture the first view's steps now, not in a user's run
+        if engine.static_kv is not None and engine.static_kv.capture != "none" and not os.environ.get("SPACES_ZERO_GPU"):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
             say("Capturing the decode steps of the page's first view...")
             for numerics in pg.variants:
                 ids, decoders = pg.prepare("Hello", replace(Settings(), numerics=numerics, max_new_tokens=8))
