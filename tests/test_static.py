@@ -305,3 +305,25 @@ def test_with_a_capturing_engine_a_run_first_captures_its_programs(monkeypatch):
     assert seen == []
     pg.warmup(ids, decoders.values())
     assert seen == [(d.method, True) for d in decoders.values()] and len(seen) == 3
+
+
+def test_each_numerics_copy_runs_on_its_own_shared_static_cache():
+    """A 16-bit server's float32 copy gets a captured cache of its own (Playground.load on a GPU), so
+    both numerics time the same engine; here both caches are eager stand-ins."""
+    import copy
+
+    from conftest import PROMPT as TEXT
+    from conftest import tiny_playground
+
+    from medusa_lib.present import Playground, Settings
+
+    base = tiny_playground(oracle=False)
+    m16 = copy.deepcopy(base.model).to(torch.bfloat16)
+    kv32, kv16 = StaticKV(base.model, max_len=256), StaticKV(m16, max_len=256)
+    pg = Playground(m16, base.tokenizer, copy.deepcopy(base.heads).to(torch.bfloat16), heads_note="test heads", cache="static", static_kv=kv16,
+                    variants={"float32": (base.model, base.heads)}, variant_kv={"float32": kv32})
+    for numerics, kv in (("float32", kv32), ("bfloat16", kv16)):
+        _, decoders = pg.prepare(TEXT, Settings(max_new_tokens=8, numerics=numerics))
+        assert {d.static_kv for d in decoders.values()} == {kv}
+        ends = [ev.record.result.engine for ev in pg.stream(TEXT, Settings(max_new_tokens=8, numerics=numerics)) if ev.kind == "end"]
+        assert ends == ["static"] * 3
