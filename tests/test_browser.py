@@ -172,12 +172,12 @@ def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(pa
     page.get_by_role("tab", name="Playground").click()
     if not page.input_value("#prompt textarea").strip():
         page.fill("#prompt textarea", "Why is the sky blue? Answer in two sentences.")
-    assert page.is_checked("#drafter input[value='medusa']")  # the shipped EAGLE head records no speed-up: Medusa is the default
+    assert page.is_checked("#drafter input[value='medusa']")  # the shipped EAGLE head's recorded CPU speed-up is below the Medusa heads': Medusa is the default
     assert "The Medusa heads start selected" in page.inner_text("#drafter-note")
     page.locator("#drafter input[value='eagle']").check()
     page.wait_for_selector("#eagle-tree-note .eagle-tree-note", timeout=30_000)
     assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
-    assert "top-k 8, depth 5, 24 nodes" in page.inner_text("#eagle-tree-note")
+    assert "top-k 8, depth 3, 12 nodes" in page.inner_text("#eagle-tree-note")  # the shipped head's tree (config.json)
     page.click("#run-btn")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Medusa columns drafted by the EAGLE head')", timeout=540_000)
     badge = page.query_selector("#greedy-badge [data-equal]")

@@ -40,7 +40,7 @@ CUDA_EVENTS = {"graph launches": ("cudaGraphLaunch",), "D2H copies": ("Memcpy Dt
                "eager kernels": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")}
 
 
-class _Ops(TorchDispatchMode):
+class OpCounter(TorchDispatchMode):
     """aten ops by whether they ran inside a step program (``fused.Program.step``)."""
 
     def __init__(self):
@@ -58,7 +58,7 @@ class _Ops(TorchDispatchMode):
 def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
     """Per decode step after the first ``skip``: aten ops outside the step program, and the host
     reads inside it (a sorted list of op names; empty is the target)."""
-    ops = _Ops()
+    ops = OpCounter()
     original = fused.Program.step
 
     def watched(self):
