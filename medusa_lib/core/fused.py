@@ -322,6 +322,7 @@ def rule_of(decoder) -> tuple[str, bool, bool]:
 def programs(decoder, kv) -> tuple[Program | None, Program]:
     """(the tree step, the root-only step) of ``decoder`` on ``kv``, built once per StaticKV and
     reused by every run that computes the same thing (same rule, tree, lookup length and heads)."""
+    kv.bind()  # the one K/V store and length tensor the programs use
     if kv.state is None:
         kv.state = FusedState(kv, vocab=decoder.lm_head.weight.shape[0])
     rule, nucleus, sample_root = rule_of(decoder)
@@ -336,6 +337,7 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     if decoder.method == "plain":
         return None, root
     d, c = decoder, decoder.config.lookup
+    d.tree.out.levels  # a cached_property (a lock inside): computed now, never inside a captured or compiled step
     draft = lambda hidden, r: d.heads.draft(hidden, d.lm_head, d.tree.out, r, d.embed)  # noqa: E731
     return get(d.lookup_trees[c] if c else d.tree, draft, c, d.heads), root
 
