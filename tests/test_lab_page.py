@@ -150,10 +150,10 @@ def test_measure_costs_replaces_the_calibrated_curve_with_this_machines(pg, monk
     assert "measured (" in names_of(out["lab_cost"])[0]
 
 
-def _fast_costs(model, sizes, *, repeats, progress):
+def _fast_costs(model, sizes, *, repeats, progress, static_kv=None):
     from medusa_lib.core.lab import step_costs
 
-    return step_costs(model, (1, 2, 4, 8), prefix=16, repeats=1, progress=progress)  # the page asks for every size; a few keep the test fast
+    return step_costs(model, (1, 2, 4, 8), prefix=16, repeats=1, progress=progress, static_kv=static_kv)  # the page asks for every size; a few keep the test fast
 
 
 def test_the_comparisons_last_run_fills_the_acceptance_heatmap(pg):
