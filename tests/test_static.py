@@ -236,19 +236,18 @@ def test_the_engine_setting_is_checked_and_a_capture_needs_its_device(llama):
     from medusa_lib.core.kv import EngineError, prepare_engine
 
     said = []
-    trees = []
-    assert prepare_engine(llama, trees, max_len=64, say=said.append).cache == "dynamic"  # auto on a CPU: today's dynamic cache
-    eager = prepare_engine(llama, trees, cache="static", max_len=64, say=said.append)
+    assert prepare_engine(llama, max_len=64, say=said.append).cache == "dynamic"  # auto on a CPU: today's dynamic cache
+    eager = prepare_engine(llama, cache="static", max_len=64, say=said.append)
     assert (eager.cache, eager.static_kv, eager.description) == ("static", None, "static KV cache (eager)")  # nothing to capture on a CPU by default
     with pytest.raises(EngineError, match="^CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.$"):
-        prepare_engine(llama, trees, cache="static", capture="cuda-graph", max_len=64)
+        prepare_engine(llama, cache="static", capture="cuda-graph", max_len=64)
     with pytest.raises(EngineError, match="only the static cache has; use --cache static or --capture none.$"):
-        prepare_engine(llama, trees, cache="dynamic", capture="compile", max_len=64)
+        prepare_engine(llama, cache="dynamic", capture="compile", max_len=64)
     with pytest.raises(EngineError, match="^The engine must be a cache of dynamic, static and a capture of none, compile, cuda-graph"):
-        prepare_engine(llama, trees, cache="paged", capture="none", max_len=64)
+        prepare_engine(llama, cache="paged", capture="none", max_len=64)
     spread = make_model("qwen2")
     spread.hf_device_map = {"model.layers.0": "cpu", "model.layers.1": 0}
-    out = prepare_engine(spread, trees, cache="static", capture="compile", max_len=64, say=said.append)
+    out = prepare_engine(spread, cache="static", capture="compile", max_len=64, say=said.append)
     assert out.cache == "dynamic" and out.static_kv is None and said[-1].endswith("it runs with the dynamic cache.") and out.description == said[-1]
 
 
@@ -260,7 +259,7 @@ def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_
     if not prepack_linear_weights(model):
         pytest.skip("oneDNN pre-packing is not available on this platform")
     said = []
-    engine = prepare_engine(model, [], cache="static", capture="compile", max_len=64, say=said.append)
+    engine = prepare_engine(model, cache="static", capture="compile", max_len=64, say=said.append)
     assert (engine.cache, engine.static_kv) == ("static", None) and engine.description == said[0]
     assert said == ["torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."]
 

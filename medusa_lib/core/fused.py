@@ -32,9 +32,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from .acceptance import greedy_accept, greedy_tokens, race_noise, tempered_probs, typical_threshold_of_entropy
+from .acceptance import greedy_accept, greedy_tokens, race_noise, sample_token, tempered_probs, typical_threshold_of_entropy
 from .lookup import MAX_NGRAM, MIN_NGRAM
-from .steps import Step
+from .steps import Step, _sync
 from .tree import TreeBuffers
 
 WIDTH = 16  # longest accepted path + bonus a step may report (depth + 1, lookup branch included)
@@ -185,12 +185,13 @@ class Program:
         h = kv.body(input_ids=toks[None], attention_mask=kv.tree_mask(self.bufs.bias, prefix), position_ids=(self.bufs.tree.position_ids + prefix)[None],
                     past_key_values=kv.cache, use_cache=True).last_hidden_state[0]
         logits = kv.lm_head(h)  # [L, V]
-        argmax = greedy_tokens(logits)
-        path_tokens = toks[self.ri]
         if self.rule == "sample":
             n, nodes, bonus = self._walk(logits, toks, seq_len)
             best = ((self.ri == nodes[None]) | (self.j[None] > n)).all(dim=1).long().argmax().view(1)  # the first row that starts with the path
+            last = nodes.gather(0, n)
         else:
+            path_tokens = toks[self.ri]
+            argmax = None  # the greedy rule's argmax after every node, reused for the bonus
             if self.rule == "typical":
                 probs = tempered_probs(logits, s.temperature)
                 threshold = typical_threshold_of_entropy(torch.special.entr(probs).sum(-1), epsilon=s.epsilon, delta=s.delta)
@@ -200,13 +201,16 @@ class Program:
                 accept = prefix_ok.sum(dim=1)
                 score = accept.float() * 1e6 + (torch.log(p_cand.clamp_min(1e-30)) * prefix_ok).sum(dim=1)
             else:
+                argmax = greedy_tokens(logits)
                 accept, score = greedy_accept(logits, path_tokens, self.ri, self.valid, argmax=argmax)
             best = score.argmax().view(1)  # first best path on ties
             n = accept.gather(0, best)
             nodes = self.ri.index_select(0, best)[0]  # [D + 1], padding clamped to 0
             last = nodes.gather(0, n)
-            bonus = self._draw(self._probs(logits.index_select(0, last)), seq_len + n) if self.sample_root else argmax.gather(0, last)
-        last = nodes.gather(0, n)
+            if self.sample_root:
+                bonus = self._draw(self._probs(logits.index_select(0, last)), seq_len + n)
+            else:
+                bonus = argmax.gather(0, last) if argmax is not None else greedy_tokens(logits.index_select(0, last))
         # cut at the budget, the context and EOS (Decoder._finish)
         emitted = torch.where(self.j < n, toks.gather(0, torch.cat([nodes[1:], nodes[:1]])), torch.where(self.j == n, bonus, -1))
         budget, context = s.budget - s.produced, s.context - s.seq_len
@@ -356,9 +360,6 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
     """A run on the static engine: an eager prefill, then per step one program run (one graph
     replay on CUDA) and one read of its result row. Yields the same Step records as the dynamic
     path (the phases of a step are not separated: {"step": seconds})."""
-    from .acceptance import sample_token
-    from .steps import _sync
-
     d, cfg, dev = decoder, decoder.config, decoder.device
     tree, root_prog = programs(d, kv)
     state, limit, detail = kv.state, d.info.context_limit, cfg.record_detail

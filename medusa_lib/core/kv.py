@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache, StaticLayer
 from .messages import InputError
 from .model import body_and_lm_head, input_device
 from .packing import is_prepacked
-from .tree import MedusaTree, TreeBuffers, root_only_tree
+from .tree import TreeBuffers
 
 
 class EngineError(InputError):
@@ -156,7 +156,6 @@ class StaticKV:
         if capture == "cuda-graph" and self.device.type != "cuda":
             raise ValueError("cuda-graph capture needs the model on a CUDA device.")
         self.max_len, self.capture = -(-int(max_len) // ALIGN) * ALIGN, capture  # aligned: no padded mask copies in SDPA
-        self.model = model
         self.cache = new_static_cache(model, self.max_len)
         self.prefix = torch.zeros((), dtype=torch.long, device=self.device)  # copied into every layer's length inside the step
         self.min = torch.finfo(self.dtype).min
@@ -270,9 +269,6 @@ class StaticKV:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous step's outputs have been read
         return self._step(s.ids, s.pos, s.mask)
 
-    def keep(self, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
-        compact_cache(self.cache, prefix_len, nodes, tree_len)
-
     # ------------------------------------------------------------------ warm-up and capture
     def warm_up(self, trees: list[TreeBuffers], *, runs: int = 3) -> float:
         """Compile or capture the one-forward step of every tree size in ``trees`` (the Tree lab's
@@ -287,11 +283,11 @@ class StaticKV:
                     s = self._slots_for(bufs.num_nodes)
                     self.forward(tokens, bufs, 1)  # fills the input buffers
                     s.graph, s.out = self.record(lambda: self._eager_step(s.ids, s.pos, s.mask), runs=runs)
+                    self.captured.add(bufs.num_nodes)  # only once recorded
                 else:
-                    self.captured.add(bufs.num_nodes)  # compile: compiled by the calls below
+                    self.captured.add(bufs.num_nodes)  # compile: the calls below compile it
                     for _ in range(runs):
                         self.forward(tokens, bufs, 1)
-                self.captured.add(bufs.num_nodes)
             self.start()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -387,10 +383,10 @@ def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = 
     return cache, capture
 
 
-def prepare_engine(model: nn.Module, trees: Sequence[MedusaTree], *, cache: str = "auto", capture: str = "auto", max_len: int,
+def prepare_engine(model: nn.Module, *, cache: str = "auto", capture: str = "auto", max_len: int,
                    say: Callable[[str], None] = lambda msg: None) -> Engine:
     """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
-    ``max_len`` slots (``trees``: the steps it must hold). Each decoder's whole-step programs
+    ``max_len`` slots (the longest prompt + new tokens + the widest step). Each decoder's whole-step programs
     (fused.py) are captured before its first run on it (``fused.ready``; servers and the bench
     warm every method up at start, so no timed run captures). A model the static path refuses
     falls back with one sentence said; a capture that fails gives that run the dynamic cache."""

@@ -241,12 +241,12 @@ def main(argv: list[str] | None = None) -> None:
         tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
-    # Our methods' engine: the cache, and with a capture the shared static cache recorded now for
-    # every step shape the methods below use (one token, the tree, the tree + its lookup branch).
+    # Our methods' engine: the cache, and with a capture the shared static cache, long enough for the
+    # widest step the methods below verify (the tree + its lookup branch); the warm-up captures their steps.
     shapes = [tree, with_lookup(tree, lookup)] if tree is not None else []
     widest = max((t.num_nodes for t in shapes), default=1)
     try:
-        engine = prepare_engine(model, shapes, cache=args.cache, capture=args.capture, max_len=static_cache_len + widest, say=lambda m: print(m, flush=True))
+        engine = prepare_engine(model, cache=args.cache, capture=args.capture, max_len=static_cache_len + widest, say=lambda m: print(m, flush=True))
     except InputError as e:
         raise SystemExit(str(e)) from None
     own = {"cache": engine.cache}

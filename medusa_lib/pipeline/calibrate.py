@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     device = input_device(model)
     steps = [with_lookup(t, args.lookup) for t in built.values()]  # the tree steps the timed runs verify
     try:
-        engine = prepare_engine(model, steps, cache=args.cache, capture=args.capture,
+        engine = prepare_engine(model, cache=args.cache, capture=args.capture,
                                 max_len=max(map(len, speed_ids)) + args.max_new_tokens + max(t.num_nodes for t in steps), say=print)
     except InputError as e:
         raise SystemExit(str(e)) from None

@@ -32,7 +32,7 @@ from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
 from ..core.kv import prepare_engine
 from ..core.model import chat_prompt_ids, input_device, load_model
-from ..core.tree import get_tree, with_lookup
+from ..core.tree import get_tree
 from .cli import add_model_arguments
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select"}
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     defaults = heads_defaults(heads, dev)
     tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     ids = chat_prompt_ids(tok, args.prompt)
-    engine = prepare_engine(model, [tree, with_lookup(tree, defaults.lookup_length)], cache=args.cache, capture=args.capture,
+    engine = prepare_engine(model, cache=args.cache, capture=args.capture,
                             max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length, say=print)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, cache=engine.cache)
     decoders = {"plain": Decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),

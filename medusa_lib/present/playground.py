@@ -41,7 +41,6 @@ from ..core.tree import (
     get_tree,
     parse_choices,
     preset_names,
-    with_lookup,
 )
 from .drafter import find_eagle, load_eagle_for, load_medusa, make_drafters, untrained_heads
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
@@ -144,14 +143,6 @@ def _static_length(model, max_prompt_tokens: int | None, max_new_tokens_limit: i
     return min(limit, prompt + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
 
 
-def engine_trees(model, heads: MedusaHeads) -> list[MedusaTree]:
-    """The trees a capture records at load (beside the one-token step): the default tree of this
-    device kind with and without its lookup branch (a run records other trees' shapes first, ``warmup``)."""
-    defaults = heads_defaults(heads, input_device(model))
-    tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=getattr(heads, "tree_presets", None))
-    return [tree, with_lookup(tree, defaults.lookup)]
-
-
 class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
@@ -240,10 +231,10 @@ class Playground:
             max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
         say(f"Prompts: up to {max_prompt_tokens:,} tokens" if max_prompt_tokens else "Prompts: up to the model's context")
         static_len = _static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT))
-        engine = prepare_engine(m, engine_trees(m, h), cache=cache, capture=capture, max_len=static_len, say=say)
+        engine = prepare_engine(m, cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
         if engine.static_kv is not None and "variants" in kwargs:  # the float32 copy gets a captured engine of its own: both numerics time the same engine
-            kwargs["variant_kv"] = {k: prepare_engine(mv, engine_trees(mv, hv), cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len).static_kv
+            kwargs["variant_kv"] = {k: prepare_engine(mv, cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len).static_kv
                                     for k, (mv, hv) in kwargs["variants"].items()}
         pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
         if engine.static_kv is not None and engine.static_kv.capture != "none" and not os.environ.get("SPACES_ZERO_GPU"):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
