@@ -174,8 +174,8 @@ def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_c
     if capture == "none":
         assert "| static KV cache (eager) |" in printed and "capture s" not in printed and data["engine"]["capture_seconds"] == 0
     else:  # three step shapes (1 token, chain-3, chain-3 + lookup-4) compiled before the warm-up
-        assert "static KV cache, torch.compile of 3 step shapes captured at load in" in printed
-        assert data["engine"]["capture_seconds"] > 0 and re.search(r"^capture s \(at start, before the warm-up; not in the tables\): \d+\.\d\d$", printed, re.M)
+        assert re.search(r"^Engine: static KV cache, each whole decode step torch.compile; 3 captured in \d+\.\d s\.$", printed, re.M)
+        assert data["engine"]["capture_seconds"] > 0 and re.search(r"^capture s \(before the warm-up; not in the tables\): \d+\.\d\d$", printed, re.M)
 
 
 def test_bench_refuses_a_capture_without_the_static_cache(saved):

@@ -346,6 +346,7 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     return get(d.lookup_trees[c] if c else d.tree, draft, c, d.heads), root
 
 
+@torch.inference_mode()  # as the runs replay it: a capture outside inference mode would record other tensors
 def ready(decoder, kv, *, graphs=None) -> None:
     """Capture (or compile) the decoder's programs on a capturing ``kv`` before its run starts;
     raises when a capture fails (the run then takes the dynamic cache, ``Decoder.steps``)."""

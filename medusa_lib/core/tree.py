@@ -84,7 +84,7 @@ class MedusaTree:
     @property
     def depth(self) -> int:
         """Deepest node = number of Medusa heads the tree needs."""
-        return max((len(c) for c in self.choices), default=0)
+        return max([0] + [len(c) for c in self.choices])  # a list, not a generator with default=: torch.compile traces it
 
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:

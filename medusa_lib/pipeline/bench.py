@@ -60,7 +60,8 @@ from ..core.defaults import heads_defaults
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
 from ..core.heads import load_heads
-from ..core.kv import prepare_engine
+from ..core.fused import ready
+from ..core.kv import describe_engine, prepare_engine
 from ..core.lab import step_costs
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
@@ -284,7 +285,15 @@ def main(argv: list[str] | None = None) -> None:
     sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
     static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
     eagle_desc = f" | eagle tree top-k {eagle_tree.top_k} depth {eagle_tree.depth} nodes {eagle_tree.num_nodes}" if eagle_tree else ""
-    print(f"{setup} | {engine.description} | tree {tree_name}{eagle_desc} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
+    description = engine.description
+    if engine.static_kv is not None and engine.static_kv.capture != "none":  # every step shape captured now, timed apart, never in a run
+        kv = engine.static_kv
+        for m in methods:
+            if m in decoders and decoders[m].static:
+                ready(decoders[m], kv)
+        description = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
+        print(f"Engine: {description}.", flush=True)
+    print(f"{setup} | {description} | tree {tree_name}{eagle_desc} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)
     warmup_seconds = {}
     for m in methods:  # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
         t0 = _sync(device)
@@ -313,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     print(report(records, methods, sampled=sampled))
     print("\nwarm-up s (before the timed runs, not in the tables): " + ", ".join(f"{m} {w:.2f}" for m, w in warmup_seconds.items()))
     if engine.static_kv is not None:
-        print(f"capture s (at start, before the warm-up; not in the tables): {engine.static_kv.capture_seconds:.2f}")
+        print(f"capture s (before the warm-up; not in the tables): {engine.static_kv.capture_seconds:.2f}")
     if args.json:
         out = {"model": args.model, "dtype": str(dtype), "device": str(device), "tree": tree_name, "eagle_tree": eagle_tree and [eagle_tree.top_k, eagle_tree.depth, eagle_tree.num_nodes], "lookup": lookup, "heads": str(args.heads) if tree_name else None, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "prepacked": prepacked, "attention": attention}
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
@@ -322,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         out["warmup_seconds"] = warmup_seconds
         out["static_cache_len"] = static_cache_len if "hf-generate-static" in methods else None
         out["calibration_note"] = note
-        out["engine"] = {"cache": engine.cache, "capture": engine.static_kv.capture if engine.static_kv else "none", "description": engine.description,
+        out["engine"] = {"cache": engine.cache, "capture": engine.static_kv.capture if engine.static_kv else "none", "description": description,
                          "capture_seconds": engine.static_kv.capture_seconds if engine.static_kv else 0.0}
         out["records"] = records
         Path(args.json).write_text(json.dumps(out, indent=1))
