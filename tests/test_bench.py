@@ -197,6 +197,10 @@ def test_record_eagle_writes_the_measured_speedup_the_drafter_default_reads(tmp_
     record_eagle(tmp_path, records, device="cpu", dtype="torch.float32", argv=["--methods", "baseline,eagle-greedy", "--record-eagle"], tree=DynamicTreeConfig(8, 5, 24), args=args)
     cal = json.loads((tmp_path / "config.json").read_text())["calibration"]
     assert cal["device_kind"] == "cpu" and cal["speedup"] == 1.6 and cal["tokens_per_step"] == round(192 / 88, 3) and cal["tree"] == [8, 5, 24]
-    assert cal["command"].endswith("--record-eagle")
+    assert cal["command"].endswith("--record-eagle") and "medusa_speedup" not in cal
+    record_eagle(tmp_path, records + [rec("medusa-greedy", 96, 45, 2.5), rec("medusa-greedy", 96, 45, 2.5)], device="cpu", dtype="torch.float32", argv=[],
+                 tree=DynamicTreeConfig(8, 5, 24), args=args, medusa_tree="calibrated-3 + lookup-4")
+    cal = json.loads((tmp_path / "config.json").read_text())["calibration"]  # the Medusa heads' speed-up of the same run, beside EAGLE's
+    assert cal["speedup"] == 1.6 and cal["medusa_speedup"] == 1.6 and cal["medusa_tree"] == "calibrated-3 + lookup-4"
     with pytest.raises(SystemExit, match="needs eagle-greedy and baseline"):
         record_eagle(tmp_path, records[:1], device="cpu", dtype="x", argv=[], tree=None, args=args)

@@ -76,6 +76,22 @@ def test_recorded_figures_count_only_on_their_own_kind_of_device(pg):
     assert medusa_speedup(pg.defaults, torch.device("cpu")) is None  # the tiny heads are not calibrated
 
 
+def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkeypatch):
+    """bench --record-eagle with medusa-greedy keeps both drafters' speed-ups of one run; those are
+    compared (not the heads' own calibration, perhaps of another machine or numerics)."""
+    import medusa_lib.present.drafter as drafter
+
+    monkeypatch.setattr(drafter, "medusa_speedup", lambda defaults, device: 9.0)  # a figure of another machine
+    head = new_eagle_head(pg.model, tree=TREE)
+    head.calibration = {"device_kind": "cpu", "speedup": 1.3, "medusa_speedup": 1.1, "dtype": "torch.float32", "date": "2026-11-26"}
+    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    assert drafters.default == "eagle"
+    assert drafters.note == "The EAGLE head starts selected: it is the faster drafter here (measured in one bench run (float32, 2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
+    head.calibration = {"device_kind": "cpu", "speedup": 1.3}
+    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    assert drafters.default == "medusa" and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) on CPU: Medusa heads 9.00x" in drafters.note
+
+
 def test_the_shipped_heads_make_medusa_the_default_here(pg):
     assert pg.drafters.available == ("medusa", "eagle") and pg.drafters.default == "medusa"
     assert pg.drafters.note.startswith("The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU")
@@ -86,6 +102,7 @@ def test_the_shipped_heads_make_medusa_the_default_here(pg):
     cal = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())["calibration"]
     medusa = medusa_speedup(heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu"), torch.device("cpu"))
     assert cal["device_kind"] == "cpu" and medusa is not None and default_drafter(medusa, cal["speedup"]) == "medusa"
+    assert default_drafter(cal["medusa_speedup"], cal["speedup"]) == "medusa"  # and in the one run that measured both on this machine
 
 
 # ------------------------------------------------------------------ runs

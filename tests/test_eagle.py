@@ -192,3 +192,30 @@ def test_plain_ignores_the_drafter_and_medusa_still_needs_heads(setups):
     assert Decoder(model, method="plain", eagle=trained).drafter is None
     with pytest.raises(DecodeError, match="needs Medusa heads and a tree"):
         Decoder(model, method="medusa-greedy")
+
+
+def test_the_draft_loop_reads_nothing_back_to_the_host(setups):
+    """EAGLE's depth loop and EAGLE-2's selection stay on the device (fixed shapes, device-side
+    top-k), so a captured step can take them later: no host read inside ``EagleRun.draft``."""
+    from medusa_lib.core.eagle import EagleRun
+    from medusa_lib.pipeline.profile_step import OpCounter
+
+    from test_fused import HOST_READS
+
+    model, head, _ = setups["llama"]
+    cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False)
+    run_method(model, PROMPT, method="medusa-greedy", eagle=head, tree=TREE, config=cfg)  # one-off set-up (the CPU projection's packing check) before watching
+    log, draft = OpCounter(), EagleRun.draft
+
+    def watched(self, root):
+        log.inside = True
+        try:
+            return draft(self, root)
+        finally:
+            log.inside = False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EagleRun, "draft", watched)
+        with log:
+            run_method(model, PROMPT, method="medusa-greedy", eagle=head, tree=TREE, config=cfg)
+    inside = {name for (where, name) in log.counts if where == "inside"}
+    assert "topk" in inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(inside & (HOST_READS | {"boolean-index"}))

@@ -9,6 +9,7 @@ bookkeeping, device placement and failure path with a stand-in for torch.cuda.""
 
 import contextlib
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -83,6 +84,30 @@ def test_dynamo_traces_a_whole_step_as_one_graph(llama, heads, method, lookup, t
     torch._dynamo.reset()
     with torch.inference_mode():  # as a run calls it (Decoder.steps)
         explanation = torch._dynamo.explain(prog.step)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_heads_with_a_proposal_vocabulary_trace_as_one_graph_too(llama):
+    """The shipped heads project onto 8,192 proposal tokens through a projection built once: it is
+    built before the step is traced, which then only reads it (no data-pointer check, no new
+    Parameter inside the graph), and a program keeps the projection it was traced with."""
+    import torch._dynamo
+
+    from medusa_lib.core.heads import HeadsConfig, MedusaHeads
+
+    torch.manual_seed(3)
+    heads = MedusaHeads(HeadsConfig(hidden_size=llama.config.hidden_size, vocab_size=llama.get_output_embeddings().weight.shape[0], num_heads=3,
+                                    shared_lm_head=True, num_proposal_tokens=64)).eval()
+    dec = decoder(llama, heads, lookup=0, n=8)
+    kv = StaticKV(llama, max_len=64)
+    dec.static_kv = kv
+    dec.run(PROMPT)
+    tree, _ = fused.programs(dec, kv)
+    assert heads.proposal_projection(llama.lm_head) in next(k for k, p in kv.programs.items() if p is tree)[5]
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        explanation = torch._dynamo.explain(tree.step)()
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 
@@ -187,7 +212,7 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     fake = FakeCuda(fail="operation not permitted when stream is capturing")
     with pytest.raises(RuntimeError, match="not permitted"):
         fused.ready(dec, kv, graphs=fake)
-    assert not tree.captured and not root.captured and fake.modes == ["thread_local"]
+    assert not tree.captured and not root.captured and fake.modes == ["thread_local"] and fake.streams == [kv.device]  # the cache's one side stream, on its device
     stale = FakeCuda(replay=lambda: None)  # a graph that does nothing: its result differs from the eager step's
     with pytest.raises(RuntimeError, match="differs"):
         root.capture(graphs=stale)
@@ -195,7 +220,7 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     good = {p: FakeCuda(replay=p.step) for p in (tree, root)}
     for p, fake in good.items():
         p.capture(graphs=fake)
-        assert p.captured and set(fake.devices) == set(fake.streams) == {kv.device} and fake.modes == ["thread_local"]
+        assert p.captured and set(fake.devices) == {kv.device} and fake.streams == [] and fake.modes == ["thread_local"]  # every capture reuses that stream (one pool)
     res = dec.run(PROMPT)  # the "graphs" replay: same tokens, labelled captured
     assert res.tokens == ref and res.engine == "static, cuda-graph"
 
@@ -234,3 +259,20 @@ def test_the_profile_tool_counts_what_a_step_costs_the_host(llama, heads):
     row = dispatch_profile(dec, PROMPT, skip=2)
     assert row["steps"] >= 3 and row["host reads inside the step"] == []
     assert 0 < row["aten ops outside the step, per step"] <= READ_BOUND
+
+
+def test_the_shared_cache_keeps_a_bounded_number_of_programs_least_recently_used_out(llama, heads, monkeypatch):
+    """Many custom trees on one server: the oldest programs (and the heads and trees they hold, on a
+    GPU their graphs) are let go beyond MAX_PROGRAMS, never the run's own; a run that needs an evicted
+    program builds it again and still gives generate's tokens."""
+    monkeypatch.setattr(fused, "MAX_PROGRAMS", 3)
+    kv = StaticKV(llama, max_len=128)
+    trees = [build_tree(cartesian_choices(shape)) for shape in ([2], [3], [2, 2], [3, 2])]
+    cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False, cache="static")
+    reference = run_method(llama, PROMPT, method="plain", config=replace(cfg, cache="dynamic")).tokens
+    for tree in trees + trees[:1]:
+        dec = Decoder(llama, method="medusa-greedy", heads=heads, tree=tree, config=cfg, static_kv=kv)
+        assert dec.run(PROMPT).tokens == reference
+        own = {k[3] for k in kv.programs}
+        assert len(kv.programs) <= 3 and tree.choices in own and () in own  # this run's tree and root-only programs stay
+    assert [k[3] for k in kv.programs] == [trees[3].choices, (), trees[0].choices]  # least recently used first

@@ -33,9 +33,12 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
     The max is subtracted before dividing: every scaled logit is then <= 0, so a tiny T sends the
     others to -inf (probability 0) instead of overflowing to inf - inf = NaN, and the distribution
-    tends to the argmax's one-hot (ties share it), the T -> 0 limit the rules are defined by."""
+    tends to the argmax's one-hot (ties share it), the T -> 0 limit the rules are defined by. T is
+    divided as a float32 tensor on the logits' device: CUDA divides by a Python number as a multiply
+    by its reciprocal (one bit off), and the static engine's step divides by its device scalar."""
     z = logits.float()
-    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / temperature, dim=-1)
+    t = temperature if isinstance(temperature, torch.Tensor) else torch.full((), float(temperature), dtype=torch.float32, device=z.device)
+    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / t, dim=-1)
 
 
 def sampling_probs(logits: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:

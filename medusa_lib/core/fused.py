@@ -132,13 +132,13 @@ class Program:
 
     def _walk(self, logits: torch.Tensor, toks: torch.Tensor, pos0: torch.Tensor):
         """Exact sampling's tree walk (acceptance.sample_walk), unrolled to the tree's depth: the draw
-        at depth d is the token at ``pos0 + d``; draws after the walk ended change nothing."""
-        probs = self._probs(logits)
+        at depth d is the token at ``pos0 + d``; draws after the walk ended change nothing. Only the
+        walked rows are tempered (and sorted, with top-p): depth + 1 of the L."""
         node = torch.zeros(1, dtype=torch.long, device=logits.device)
         alive = torch.ones(1, dtype=torch.bool, device=logits.device)
         nodes, n, bonus = [node], torch.zeros(1, dtype=torch.long, device=logits.device), node
         for d in range(self.depth + 1):
-            y = self._draw(probs.index_select(0, node), pos0 + d)
+            y = self._draw(self._probs(logits.index_select(0, node)), pos0 + d)
             kids = self.children.index_select(0, node)[0]
             match = (toks.gather(0, kids.clamp(min=0)) == y) & (kids >= 0)
             has = match.any().view(1)
@@ -253,9 +253,10 @@ class Program:
     # ------------------------------------------------------------------ capture
     def capture(self, *, graphs=None) -> float:
         """Record ``step`` as one CUDA graph (kv.StaticKV.record) or compile it (capture "compile"),
-        over a valid stand-in state; the run's state is saved first and restored after, so a
-        capture never changes a run. A recorded graph is replayed once and must give the eager
-        step's result row. Returns the seconds it took; raises when anything fails, and then the
+        over a valid stand-in state; the state's buffers and lengths are saved first and restored
+        after (the stand-in also writes K/V slots past the prefix, which is harmless only because a
+        capture happens before a run's prefill, ``Decoder.steps``). A recorded graph is replayed once
+        and must leave the state exactly as the eager step does. Returns the seconds it took; raises when anything fails, and then the
         program stays eager (``graph`` None)."""
         t0 = time.perf_counter()
         s, kv = self.s, self.kv
@@ -271,6 +272,9 @@ class Program:
             s.tokens.zero_()
         try:
             if kv.capture == "compile":
+                for t in [*(v for v in (*vars(s).values(), *vars(self).values()) if isinstance(v, torch.Tensor)), kv.lens, kv.store]:
+                    if t is not None:  # fixed addresses: CUDA graphs under reduce-overhead mutate them in place, with no copies
+                        torch._dynamo.mark_static_address(t)
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # one compiled step per program
                 fn = torch.compile(self.step, mode="reduce-overhead" if kv.device.type == "cuda" else "default", fullgraph=True, dynamic=False)
                 for _ in range(2):
@@ -283,15 +287,20 @@ class Program:
                 self.cuda = graphs or torch.cuda
                 stand_in()
                 graph.replay()
-                replayed = s.result.clone()
+                replayed = self._snapshot()
                 stand_in()
                 self.step()
-                if not torch.equal(replayed, s.result):
-                    raise RuntimeError("the replayed graph's result differs from the eager step's")
+                eager = self._snapshot()
+                if any(not torch.equal(replayed[k], eager[k]) for k in eager):
+                    raise RuntimeError(f"the replayed graph's {next(k for k in eager if not torch.equal(replayed[k], eager[k]))} differs from the eager step's")
                 self.graph = graph
         finally:
             self._restore(saved, lens)
         return time.perf_counter() - t0
+
+    def _snapshot(self) -> dict:
+        """What a step leaves: the state's buffers (result, next tokens, history, counters) and the lengths."""
+        return {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"} | {"lengths": self.kv.lens.clone()}
 
     def _restore(self, saved: dict, lens: torch.Tensor) -> None:
         for k, v in saved.items():
@@ -331,19 +340,39 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
         kv.state = FusedState(kv, vocab=decoder.lm_head.weight.shape[0])
     rule, nucleus, sample_root = rule_of(decoder)
 
-    def get(bufs: TreeBuffers, draft, lookup: int, heads) -> Program:
+    def get(bufs: TreeBuffers, draft, lookup: int, heads: tuple) -> tuple[tuple, Program]:
         key = (rule, nucleus, sample_root, bufs.cpu.choices, lookup, heads)
         if key not in kv.programs:
             kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, nucleus=nucleus, sample_root=sample_root, draft=draft, lookup=lookup, top1=tuple(decoder.top1_nodes))
-        return kv.programs[key]
+        kv.programs.move_to_end(key)  # most recently used last
+        return key, kv.programs[key]
 
-    root = get(decoder.root_tree, None, 0, None)
-    if decoder.method == "plain":
-        return None, root
-    d, c = decoder, decoder.config.lookup
-    d.tree.out.levels  # a cached_property (a lock inside): computed now, never inside a captured or compiled step
-    draft = lambda hidden, r: d.heads.draft(hidden, d.lm_head, d.tree.out, r, d.embed)  # noqa: E731
-    return get(d.lookup_trees[c] if c else d.tree, draft, c, d.heads), root
+    root_key, root = get(decoder.root_tree, None, 0, ())
+    tree_key, tree = None, None
+    if decoder.method != "plain":
+        d, c = decoder, decoder.config.lookup
+        d.tree.out.levels  # a cached_property (a lock inside): computed now, never inside a captured or compiled step
+        shared = d.heads.proposal_ids is not None and d.heads.config.shared_lm_head
+        proj = d.heads.proposal_projection(d.lm_head) if shared else None  # built now; a graph reads its weight, so the key keeps it alive
+        draft = lambda hidden, r: d.heads.draft(hidden, d.lm_head, d.tree.out, r, d.embed)  # noqa: E731
+        tree_key, tree = get(d.lookup_trees[c] if c else d.tree, draft, c, (d.heads, proj))
+    evict(kv, keep=(root_key, tree_key))
+    return tree, root
+
+
+MAX_PROGRAMS = 48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules fit; each custom tree adds one)
+
+
+def evict(kv, *, keep: tuple) -> None:
+    """Forget the least recently used programs beyond MAX_PROGRAMS, never those of the run at hand:
+    a program holds its decoder's heads, tree and buffers (and a graph executable; the graphs'
+    scratch memory is one pool they share, kept while any of them lives), so a server whose users
+    try many custom trees (or load new heads) does not grow without bound. An evicted program is
+    built and captured again if a later run needs it."""
+    for key in [k for k in kv.programs if k not in keep][: max(0, len(kv.programs) - MAX_PROGRAMS)]:
+        del kv.programs[key]
+    if not any(p.graph is not None for p in kv.programs.values()):
+        kv.forget_pool()  # no graph left to share it with: the next capture starts a new pool
 
 
 @torch.inference_mode()  # as the runs replay it: a capture outside inference mode would record other tensors

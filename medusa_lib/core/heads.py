@@ -52,8 +52,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .lookup import MAX_LOOKUP
-from .lookup import is_length as is_lookup_length
+from .lookup import MAX_LOOKUP, is_length as is_lookup_length
 from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 from .vllm_format import read_vllm_medusa
@@ -201,12 +200,14 @@ class MedusaHeads(nn.Module):
         if lm_head is None:
             raise HeadsError("These heads share the base model's lm_head; pass it as lm_head=model.lm_head.")
         if self.proposal_ids is not None:
-            return self._proposal_projection(lm_head)(z)
+            return self.proposal_projection(lm_head)(z)
         return lm_head(z.to(lm_head.weight.dtype))
 
-    def _proposal_projection(self, lm_head: nn.Module) -> nn.Module:
-        """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (not on
-        every step); on CPU pre-packed for oneDNN like the model (``packing.PackedLinear``)."""
+    def proposal_projection(self, lm_head: nn.Module) -> nn.Module:
+        """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (on CPU
+        pre-packed, ``packing.PackedLinear``); built before a traced step (fused.programs) reads it."""
+        if torch.compiler.is_compiling():
+            return self._proposal_proj
         w = lm_head.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
         if getattr(self, "_proposal_key", None) != key:

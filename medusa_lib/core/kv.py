@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -165,11 +166,12 @@ class StaticKV:
         self.capture_seconds = 0.0  # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
         self.store: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
         self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
-        self.programs: dict = {}  # whole-step programs (fused.py), by what they compute; they replay one run at a time
+        self.programs: OrderedDict = OrderedDict()  # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time replays them
         self.state = None  # the device buffers those programs read and write (fused.FusedState)
         self._lock = threading.Lock()
         self._step = torch.compile(self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False) if capture == "compile" else self._eager_step
         self._pool = None  # CUDA graphs share one memory pool (they replay one at a time)
+        self._stream = None  # ... captured on one side stream
 
     # ------------------------------------------------------------------ one run at a time
     def claim(self, wait: float = 0.0) -> bool:
@@ -295,6 +297,10 @@ class StaticKV:
         self.capture_seconds += seconds
         return seconds
 
+    def forget_pool(self) -> None:
+        """Called when no captured graph is left (fused.evict): the next capture makes a new pool."""
+        self._pool = None
+
     @property
     def programs_captured(self) -> int:
         """Whole-step programs (fused.py) captured or compiled on this cache so far."""
@@ -313,7 +319,9 @@ class StaticKV:
         it. ``graphs`` replaces ``torch.cuda`` (tests pass a fake)."""
         cuda = graphs or torch.cuda
         with cuda.device(self.device):
-            stream = cuda.Stream(self.device)
+            if self._stream is None:  # one side stream for every warm-up and capture: a pool reuses freed blocks on its own stream only
+                self._stream = cuda.Stream(self.device)
+            stream = self._stream
             stream.wait_stream(cuda.current_stream(self.device))
             with cuda.stream(stream):
                 for _ in range(runs):
@@ -322,7 +330,7 @@ class StaticKV:
             cuda.current_stream(self.device).wait_stream(stream)
             reset()
             graph = cuda.CUDAGraph()
-            with cuda.graph(graph, pool=self._pool, stream=cuda.Stream(self.device), capture_error_mode="thread_local"):
+            with cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
                 out = fn()
         self._pool = graph.pool()
         return graph, out

@@ -337,12 +337,13 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json}")
     if args.record_eagle:
-        record_eagle(Path(args.eagle), records, device=device, dtype=str(dtype), argv=argv, tree=eagle_tree, args=args)
+        record_eagle(Path(args.eagle), records, device=device, dtype=str(dtype), argv=argv, tree=eagle_tree, args=args, medusa_tree=tree_name)
 
 
-def record_eagle(folder: Path, records: list[dict], *, device, dtype: str, argv, tree, args) -> None:
+def record_eagle(folder: Path, records: list[dict], *, device, dtype: str, argv, tree, args, medusa_tree: str | None = None) -> None:
     """eagle-greedy's e2e speed-up over baseline on this run's prompts, into the head's config.json
-    ``calibration`` (present/drafter.py compares it with the Medusa heads' calibrated speed-up)."""
+    ``calibration``, with medusa-greedy's from the same run when it ran (present/drafter.py compares
+    the two to pick the page's default drafter)."""
     import datetime
     import sys
 
@@ -361,8 +362,12 @@ def record_eagle(folder: Path, records: list[dict], *, device, dtype: str, argv,
                           "tokens_per_step": round(sum(r["new_tokens"] for r in eg) / sum(r["steps"] for r in eg), 3), "dtype": dtype,
                           "tree": [tree.top_k, tree.depth, tree.num_nodes], "prompts": len(eg), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                           "date": datetime.date.today().isoformat(), "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if by.get("medusa-greedy"):  # the other drafter, in the same run: the page compares these two (ratios of one run)
+        cfg["calibration"]["medusa_speedup"] = round(rate(by["medusa-greedy"]) / rate(by["baseline"]), 3)
+        cfg["calibration"]["medusa_tree"] = medusa_tree
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    print(f"recorded in {cfg_path}: eagle-greedy {cfg['calibration']['speedup']:.2f}x baseline on {device_kind(device)}")
+    medusa = f", medusa-greedy {cfg['calibration']['medusa_speedup']:.2f}x" if "medusa_speedup" in cfg["calibration"] else ""
+    print(f"recorded in {cfg_path}: eagle-greedy {cfg['calibration']['speedup']:.2f}x{medusa} baseline on {device_kind(device)}")
 
 
 def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:

@@ -9,10 +9,11 @@ feature level (``core/eagle.py``), growing a new dynamic tree each step (``core/
 Where the EAGLE head comes from (``find_eagle``): ``--eagle`` / ``MEDUSA_EAGLE`` names a folder, or
 ``auto`` looks next to the Medusa heads (``<heads>-eagle``, e.g. ``assets/heads/smollm2-135m-instruct-eagle``),
 or ``none``. Which drafter a run uses when it names none (``default_drafter``): the one with the
-higher *recorded* speed-up over plain decoding on this kind of device, from the heads' own
-config.json (the Medusa heads' calibration of their default tree, the EAGLE head's ``calibration``
-record); without a recorded figure for the EAGLE head, the Medusa heads. No figure is quoted from
-another kind of device, and nothing is guessed.
+higher *recorded* speed-up over plain decoding on this kind of device: both from one bench run where
+the EAGLE head's ``calibration`` record holds Medusa's figure beside its own (``bench --record-eagle``
+with medusa-greedy), else the Medusa heads' calibration of their default tree against the EAGLE
+head's record, said to be separate records; without a recorded figure for the EAGLE head, the
+Medusa heads. No figure is quoted from another kind of device, and nothing is guessed.
 
 The Tree lab's EAGLE sweep (``eagle_budgets``) measures EAGLE's tokens per step and speed-up over
 plain decoding for a few node budgets on this device, on the comparison's prompt.
@@ -136,12 +137,18 @@ def medusa_speedup(defaults, device) -> float | None:
     return float(tree["speedup"]) if tree.get("speedup") else None
 
 
-def eagle_speedup(head: EagleHead | None, device) -> float | None:
-    """The EAGLE head's recorded speed-up (config.json ``calibration.speedup``) on this kind of device, or None."""
+def eagle_record(head: EagleHead | None, device) -> dict | None:
+    """The EAGLE head's ``calibration`` record (bench --record-eagle) if it was made on this kind of device."""
     record = getattr(head, "calibration", None) if head is not None else None
     if not isinstance(record, dict) or not record.get("speedup") or record_kind(record) != device_kind(device):
         return None
-    return float(record["speedup"])
+    return record
+
+
+def eagle_speedup(head: EagleHead | None, device) -> float | None:
+    """The EAGLE head's recorded speed-up (config.json ``calibration.speedup``) on this kind of device, or None."""
+    record = eagle_record(head, device)
+    return float(record["speedup"]) if record else None
 
 
 def default_drafter(medusa: float | None, eagle: float | None) -> str:
@@ -150,9 +157,10 @@ def default_drafter(medusa: float | None, eagle: float | None) -> str:
     return "eagle" if eagle is not None and eagle > (medusa or 0.0) else "medusa"
 
 
-def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, device: str) -> str:
-    """Why the default is what it is, in one sentence (shown under the choice)."""
-    figures = lambda: f"recorded speed-ups on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"  # noqa: E731
+def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, device: str, source: str = "") -> str:
+    """Why the default is what it is, in one sentence (shown under the choice). ``source``: where the
+    two figures come from (one bench run, or two separate records)."""
+    figures = lambda: f"{source or 'recorded speed-ups'} on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"  # noqa: E731
     if chosen == "eagle":
         return f"The EAGLE head starts selected: it is the faster drafter here ({figures() if medusa else f'its recorded speed-up on {device}: {eagle:.2f}x plain'})."
     if eagle is None:
@@ -204,10 +212,16 @@ def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Draft
     """The Drafters of a Playground: the default by ``default_drafter`` from the recorded figures."""
     if not eagles:
         return Drafters({}, "medusa")
-    head = next(iter(eagles.values()))
-    medusa, eagle = medusa_speedup(defaults, device), eagle_speedup(head, device)
+    record = eagle_record(next(iter(eagles.values())), device)
+    eagle = float(record["speedup"]) if record else None
+    if record and record.get("medusa_speedup"):  # both drafters measured in one bench run: the ratio the rules ask for
+        medusa = float(record["medusa_speedup"])
+        source = f"measured in one bench run ({str(record.get('dtype', '')).removeprefix('torch.')}, {record.get('date', 'undated')})"
+    else:  # two records, perhaps of two machines or numerics: said so
+        medusa = medusa_speedup(defaults, device)
+        source = "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines)"
     chosen = default_drafter(medusa, eagle)
-    return Drafters(dict(eagles), chosen, default_reason(chosen, medusa, eagle, device=device_label))
+    return Drafters(dict(eagles), chosen, default_reason(chosen, medusa, eagle, device=device_label, source=source))
 
 
 def drafter_label(drafter: str | None) -> str:
@@ -258,4 +272,4 @@ def eagle_budgets(pg, prompt: str, *, max_new_tokens: int, chat_template: bool =
 
 
 __all__ = ["BudgetPoint", "DRAFTERS", "DRAFTER_NAMES", "Drafters", "EAGLE_BUDGETS", "check_eagle_folder", "default_drafter", "default_reason", "drafter_label",
-           "eagle_beside", "eagle_budgets", "eagle_speedup", "find_eagle", "load_eagle_for", "load_medusa", "make_drafters", "medusa_speedup", "tree_note", "untrained_heads"]
+           "eagle_beside", "eagle_budgets", "eagle_record", "eagle_speedup", "find_eagle", "load_eagle_for", "load_medusa", "make_drafters", "medusa_speedup", "tree_note", "untrained_heads"]
