@@ -225,6 +225,23 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     assert res.tokens == ref and res.engine == "static, cuda-graph"
 
 
+def test_a_failed_compile_is_not_tried_again(llama, heads, monkeypatch):
+    """A compile that fails (minutes, on a real model) fails once: later runs of that program take
+    the dynamic cache at once, with the same sentence."""
+    calls = []
+
+    def broken(fn, **kw):
+        calls.append(kw)
+        raise RuntimeError("inductor cannot lower this op")
+    monkeypatch.setattr(torch, "compile", broken)
+    kv = StaticKV(llama, max_len=128)
+    kv.capture = "compile"
+    dec = decoder(llama, heads, kv=kv)
+    first, second = dec.run(PROMPT), dec.run(PROMPT)
+    assert first.engine == second.engine == "dynamic" and len(calls) == 1
+    assert dec.note == "Capturing this run's step failed (RuntimeError: inductor cannot lower this op), so it runs with the dynamic cache."
+
+
 def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, heads, monkeypatch):
     ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=24, stop_on_eos=False)).tokens
     kv = StaticKV(llama, max_len=128)

@@ -114,6 +114,7 @@ class Program:
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
         self.cuda = torch.cuda  # what replays it (tests: a stand-in)
         self.compiled = None  # or ``step`` compiled (capture "compile")
+        self.failed: Exception | None = None  # why a compile failed: not tried again (it can take minutes; a graph capture is retried)
 
     # ------------------------------------------------------------------ pieces
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -258,6 +259,8 @@ class Program:
         capture happens before a run's prefill, ``Decoder.steps``). A recorded graph is replayed once
         and must leave the state exactly as the eager step does. Returns the seconds it took; raises when anything fails, and then the
         program stays eager (``graph`` None)."""
+        if self.failed is not None:
+            raise self.failed
         t0 = time.perf_counter()
         s, kv = self.s, self.kv
         saved = {k: v.clone() for k, v in vars(s).items() if isinstance(v, torch.Tensor) and k != "host"}
@@ -294,6 +297,10 @@ class Program:
                 if any(not torch.equal(replayed[k], eager[k]) for k in eager):
                     raise RuntimeError(f"the replayed graph's {next(k for k in eager if not torch.equal(replayed[k], eager[k]))} differs from the eager step's")
                 self.graph = graph
+        except Exception as e:
+            if kv.capture == "compile":
+                self.failed = e
+            raise
         finally:
             self._restore(saved, lens)
         return time.perf_counter() - t0

@@ -204,8 +204,7 @@ class MedusaHeads(nn.Module):
         return lm_head(z.to(lm_head.weight.dtype))
 
     def proposal_projection(self, lm_head: nn.Module) -> nn.Module:
-        """A frozen linear map onto the lm_head rows of the proposal tokens, gathered once (on CPU
-        pre-packed, ``packing.PackedLinear``); built before a traced step (fused.programs) reads it."""
+        """A frozen map onto the lm_head rows of the proposal tokens, gathered once (pre-packed when the model is); built before a traced step reads it."""
         if torch.compiler.is_compiling():
             return self._proposal_proj
         w = lm_head.weight
@@ -214,7 +213,8 @@ class MedusaHeads(nn.Module):
             rows = w[self.proposal_ids.to(w.device)].detach()
             proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
             proj.weight = nn.Parameter(rows, requires_grad=False)
-            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if can_prepack(rows) else proj)  # not a submodule: no state_dict entry
+            packed = isinstance(lm_head, PackedLinear) and can_prepack(rows)  # packed like the model (torch.compile cannot lower packed weights)
+            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if packed else proj)  # not a submodule: no state_dict entry
             self._proposal_key = key
         return self._proposal_proj
 
