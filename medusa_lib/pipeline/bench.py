@@ -430,7 +430,8 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
     phase_rows = [m for m in methods if any("phase_seconds" in r for r in by[m])]
     if phase_rows:
         names = [p for p in ("propose", "verify", "accept", "commit", "step") if any(p in r.get("phase_seconds", {}) for m in phase_rows for r in by[m])]
-        lines += ["", "mean ms per decode step, by phase (static engine: one whole-step program, \"step\")", f"{'method':<24}" + "".join(f"{p:>10}" for p in names)]
+        whole = " (static engine: one whole-step program, \"step\")" if "step" in names else ""
+        lines += ["", f"mean ms per decode step, by phase{whole}", f"{'method':<24}" + "".join(f"{p:>10}" for p in names)]
         for m in phase_rows:
             steps = max(sum(r["steps"] for r in by[m]), 1)
             tot = defaultdict(float)
