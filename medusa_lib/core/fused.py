@@ -263,11 +263,10 @@ class Program:
             raise self.failed
         t0 = time.perf_counter()
         s, kv = self.s, self.kv
-        saved = {k: v.clone() for k, v in vars(s).items() if isinstance(v, torch.Tensor) and k != "host"}
-        lens = kv.lens.clone()
+        saved = self._snapshot()
 
         def stand_in():  # two committed tokens, room for a whole step
-            self._restore(saved, lens)
+            self._restore(saved)
             s.seq_len.fill_(2)
             s.produced.fill_(1)
             s.budget.fill_(kv.max_len)
@@ -294,25 +293,26 @@ class Program:
                 stand_in()
                 self.step()
                 eager = self._snapshot()
-                if any(not torch.equal(replayed[k], eager[k]) for k in eager):
-                    raise RuntimeError(f"the replayed graph's {next(k for k in eager if not torch.equal(replayed[k], eager[k]))} differs from the eager step's")
+                differ = [k for k in eager if not torch.equal(replayed[k], eager[k])]
+                if differ:
+                    raise RuntimeError(f"the replayed graph's {differ[0]} differs from the eager step's")
                 self.graph = graph
         except Exception as e:
             if kv.capture == "compile":
                 self.failed = e
             raise
         finally:
-            self._restore(saved, lens)
+            self._restore(saved)
         return time.perf_counter() - t0
 
     def _snapshot(self) -> dict:
         """What a step leaves: the state's buffers (result, next tokens, history, counters) and the lengths."""
         return {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"} | {"lengths": self.kv.lens.clone()}
 
-    def _restore(self, saved: dict, lens: torch.Tensor) -> None:
+    def _restore(self, saved: dict) -> None:
+        """Put a ``_snapshot`` back."""
         for k, v in saved.items():
-            getattr(self.s, k).copy_(v)
-        self.kv.lens.copy_(lens)
+            (self.kv.lens if k == "lengths" else getattr(self.s, k)).copy_(v)
 
     @property
     def captured(self) -> bool:

@@ -100,7 +100,7 @@ def cuda_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
     out = {"steps": steps}
     for label, keys in CUDA_EVENTS.items():
         out[f"{label} per step"] = sum(n for name, n in names.items() if name.startswith(keys)) / max(steps, 1)  # "Memcpy DtoH (Device -> Pinned)"
-    out["sync warnings per step"]  # the one intended sync (the result row's read) warns too: 1 is the target = sum("synchroniz" in str(w.message) for w in caught) / max(steps, 1)
+    out["sync warnings per step"] = sum("synchroniz" in str(w.message) for w in caught) / max(steps, 1)  # the result row's one intended sync warns too: 1 is the target
     return out
 
 
