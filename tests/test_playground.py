@@ -259,7 +259,8 @@ def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling
     rows = {r["method"]: r for r in out["summary"]}
     plain = methods["plain-sample"]["tokens_per_second"]
     assert rows["Plain (sampling)"]["speedup"] == 1.0  # the speed-ups are against plain sampling
-    assert rows["Medusa exact sampling"]["speedup"] == round(methods["medusa-sample"]["tokens_per_second"] / plain, 2)
+    # the row rounds the quotient of the unrounded rates (the JSON holds them to 0.01 tok/s): so it is within 0.005 of this quotient
+    assert rows["Medusa exact sampling"]["speedup"] == pytest.approx(methods["medusa-sample"]["tokens_per_second"] / plain, abs=0.006)
     assert out["sampling"]["temperature"] == 0.8 and out["sampling"]["seed"] == 11
     panel = {r["method"]: r for r in out["sampling"]["rows"]}
     assert list(panel) == [LABELS[v] for v in SAMPLED_VIEWS]
