@@ -174,3 +174,11 @@ def test_a_bad_value_is_quoted_as_the_json_it_came_in():
              (list(range(9)), "[0, 1, 2, 3, 4, 5, ...]"), ([[[[[0]]]]], "[[[[...]]]]"), (10**40000, "about 1e+40000")]
     assert [shown(v) for v, _ in cases] == [want for _, want in cases]
     assert shown("t" * 5000) == "'ttttttttttttttttt...tttttttttttttttttt'" and len(shown([["x" * 99] * 9])) <= 50
+
+
+def test_an_exception_inside_a_sentence_is_its_type_and_first_line():
+    from medusa_lib.core.messages import cause
+
+    assert cause(RuntimeError("out of memory.\nTried to allocate 2 GiB")) == "RuntimeError: out of memory"
+    assert cause(OSError("  ")) == "OSError"  # no text: the type alone, not "OSError: OSError"
+    assert cause(ValueError("x" * 300), 120) == "ValueError: " + "x" * 120

@@ -66,7 +66,7 @@ from .fused import fused_steps, ready
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
-from .messages import InputError
+from .messages import InputError, cause
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
 from .steps import RunResult, Step, _sync, first_difference
 from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
@@ -254,8 +254,7 @@ class Decoder:
                 ready(self, kv)
             except Exception as e:  # noqa: BLE001  the run still runs, on the dynamic cache, and says so
                 kv.release()
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
-                self.note = f"Capturing this run's step failed ({type(e).__name__}: {first}), so it runs with the dynamic cache."
+                self.note = f"Capturing this run's step failed ({cause(e, 120)}), so it runs with the dynamic cache."
                 kv = DynamicKV(self.model)
         try:
             if kv.kind == "static":

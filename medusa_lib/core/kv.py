@@ -38,7 +38,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from .messages import InputError
+from .messages import InputError, cause
 from .model import body_and_lm_head, input_device
 from .packing import is_prepacked
 from .tree import TreeBuffers
@@ -414,9 +414,8 @@ def prepare_engine(model: nn.Module, *, cache: str = "auto", capture: str = "aut
         kv = StaticKV(model, max_len=max_len, capture=capture)
         kv.bind()
     except Exception as e:  # a model or platform the static cache cannot handle: said once
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120].rstrip(".")
         cache = "dynamic" if dev.type == "cuda" else "static"  # on a GPU eager static steps cost more than dynamic ones
-        note = f"The {capture} engine failed ({type(e).__name__}: {first}), so runs use the {cache} cache eagerly."
+        note = f"The {capture} engine failed ({cause(e, 120)}), so runs use the {cache} cache eagerly."
         say(note)
         return Engine(cache, None, note)
     description = describe_engine("static", capture)

@@ -28,6 +28,13 @@ class HeadsError(InputError):
     (``heads.py``'s error; here so that ``vllm_format.py``, which ``heads.py`` imports, raises it too.)"""
 
 
+def cause(e: BaseException, limit: int = 160) -> str:
+    """An exception inside a one-sentence message: its type and the first line of its text (at most
+    ``limit`` characters, no closing full stop), or its type alone when it has no text."""
+    first = (str(e).strip().splitlines() or [""])[0][:limit].rstrip(".")
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def shown(value) -> str:
     """A bad value as a message quotes it: short, and spelled as the JSON it came in spells it
     (true, null, 1.0000001, [true], {"a": 1}; text on its own in single quotes, 'text')."""

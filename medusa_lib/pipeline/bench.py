@@ -63,7 +63,7 @@ from ..core.heads import load_heads
 from ..core.fused import ready
 from ..core.kv import describe_engine, prepare_engine
 from ..core.lab import step_costs
-from ..core.messages import InputError
+from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree, with_lookup
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     ready(decoders[m], kv)
                 except Exception as e:  # noqa: BLE001  that method's runs take the dynamic cache (Decoder.steps), said here once
-                    print(f"Capturing {m}'s steps failed ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}); its runs use the dynamic cache.", flush=True)
+                    print(f"Capturing {m}'s steps failed ({cause(e)}); its runs use the dynamic cache.", flush=True)
         description = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
         print(f"Engine: {description}.", flush=True)
     print(f"{setup} | {description} | tree {tree_name}{eagle_desc} | {len(prompts)} prompts x {args.repeats} repeats | max_new_tokens {args.max_new_tokens}{sampling}{static}", flush=True)

@@ -30,7 +30,7 @@ from ..core.defaults import device_kind, record_kind
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleError, EagleHead, is_eagle_folder, load_eagle
-from ..core.messages import kind, shown
+from ..core.messages import cause, kind, shown
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
 
@@ -89,9 +89,8 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
             raise
         return None, f"The EAGLE head beside the Medusa heads does not fit this model ({e}), so the Medusa heads draft."
     except (ValueError, OSError, RuntimeError) as e:  # a damaged file: one sentence
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         if named:
-            raise EagleError(f"Could not read the EAGLE head at {folder} ({type(e).__name__}: {first}); check the files or train a new head.") from None
+            raise EagleError(f"Could not read the EAGLE head at {folder} ({cause(e, 200)}); check the files or train a new head.") from None
         return None, f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), so the Medusa heads draft."
     return head, ""
 
@@ -116,8 +115,7 @@ def load_medusa(path: Path | None, model, *, default_heads: str | Path | None = 
         except HeadsError:
             raise
         except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise HeadsError(f"Could not read the Medusa heads at {shown} ({type(e).__name__}: {first}); check the files or train new heads.") from None
+            raise HeadsError(f"Could not read the Medusa heads at {shown} ({cause(e, 200)}); check the files or train new heads.") from None
         note = f"trained heads from {shown}" + (
             " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)" if h.path_conditioned
             else " (root-conditioned: they also read the tree's root token)" if h.root_conditioned
