@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-dev run test test-slow test-all clean
+.PHONY: setup setup-dev run test test-slow test-all lint format clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ run: setup
 
 test: setup-dev
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup-dev
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: setup-dev
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 test-slow: setup-dev
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

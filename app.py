@@ -21,7 +21,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 
 
-def env_number(name: str, default: str, *, low: float, high: float | None = None, whole: bool = True, also: tuple[str, ...] = ("auto",)):
+def env_number(
+    name: str,
+    default: str,
+    *,
+    low: float,
+    high: float | None = None,
+    whole: bool = True,
+    also: tuple[str, ...] = ("auto",),
+):
     """An environment override read as a number (or one of ``also``), or exit with one sentence naming the variable."""
     raw = os.environ.get(name, default).strip()
     if raw in also:
@@ -31,9 +39,14 @@ def env_number(name: str, default: str, *, low: float, high: float | None = None
         if not (low <= value and (high is None or value <= high)):
             raise ValueError
     except ValueError:
-        rule = (f"a whole number from {low:g}" + (f" to {high:g}" if high is not None else " up") if whole
-                else f"a number of at least {low:g}" + (f" and at most {high:g}" if high is not None else ""))
-        sys.exit(f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; fix it or unset it.")
+        rule = (
+            f"a whole number from {low:g}" + (f" to {high:g}" if high is not None else " up")
+            if whole
+            else f"a number of at least {low:g}" + (f" and at most {high:g}" if high is not None else "")
+        )
+        sys.exit(
+            f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; fix it or unset it."
+        )
     return value
 
 
@@ -45,47 +58,99 @@ def env_switch(name: str) -> bool:
     return raw == "1"
 
 
-HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
+HOST = os.environ.get(
+    "MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
+)  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
 PORT_ENV = "MEDUSA_PORT" if "MEDUSA_PORT" in os.environ else "GRADIO_SERVER_PORT"  # named in the sentence of a bad port
 PORT = env_number(PORT_ENV, "7860", low=1, high=65535, also=())
 MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
 DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
 HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
-EAGLE = os.environ.get("MEDUSA_EAGLE", "auto")  # auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
+EAGLE = os.environ.get(
+    "MEDUSA_EAGLE", "auto"
+)  # auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
 DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
-DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
-CACHE = os.environ.get("MEDUSA_CACHE", "auto")  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
+DTYPE = os.environ.get(
+    "MEDUSA_DTYPE", "auto"
+)  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
+CACHE = os.environ.get(
+    "MEDUSA_CACHE", "auto"
+)  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
 CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
 SHARE = env_switch("MEDUSA_SHARE")
-TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")  # run a Hub model's own Python code: the operator's call, never the page's
+TRUST_REMOTE_CODE = env_switch(
+    "MEDUSA_TRUST_REMOTE_CODE"
+)  # run a Hub model's own Python code: the operator's call, never the page's
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
-MAX_PROMPT_CHARS = env_number("MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=())  # longer prompts are refused before tokenising
-MAX_PROMPT_TOKENS = env_number("MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1)  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
-MAX_NEW_TOKENS = env_number("MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=())  # the slider's starting value and /compare's default
-MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=())  # the slider's and the API's maximum
-MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())  # wall time one API call may take: ends a run whose client left unseen
+MAX_PROMPT_CHARS = env_number(
+    "MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=()
+)  # longer prompts are refused before tokenising
+MAX_PROMPT_TOKENS = env_number(
+    "MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1
+)  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
+MAX_NEW_TOKENS = env_number(
+    "MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=()
+)  # the slider's starting value and /compare's default
+MAX_NEW_TOKENS_LIMIT = env_number(
+    "MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=()
+)  # the slider's and the API's maximum
+MAX_RUN_SECONDS = env_number(
+    "MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=()
+)  # wall time one API call may take: ends a run whose client left unseen
 EXAMPLES = ROOT / "assets" / "examples.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Medusa Playground: plain vs Medusa decoding, side by side, in the browser.")
-    ap.add_argument("--host", default=HOST, help=f"interface to listen on (default {HOST}; 0.0.0.0 to serve the network)")
+    ap = argparse.ArgumentParser(
+        description="Medusa Playground: plain vs Medusa decoding, side by side, in the browser."
+    )
+    ap.add_argument(
+        "--host", default=HOST, help=f"interface to listen on (default {HOST}; 0.0.0.0 to serve the network)"
+    )
     ap.add_argument("--port", type=int, default=PORT, help=f"port (default {PORT})")
-    ap.add_argument("--model", default=MODEL, help="'default' (SmolLM2-135M-Instruct, offline), a local folder or a Hub id")
-    ap.add_argument("--heads", default=HEADS, help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)")
-    ap.add_argument("--eagle", default=EAGLE, help="EAGLE head folder for the page's Drafter choice, 'auto' (the one beside the Medusa heads, "
-                    "<heads>-eagle, if any; default) or 'none' (Medusa heads only)")
+    ap.add_argument(
+        "--model", default=MODEL, help="'default' (SmolLM2-135M-Instruct, offline), a local folder or a Hub id"
+    )
+    ap.add_argument(
+        "--heads",
+        default=HEADS,
+        help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)",
+    )
+    ap.add_argument(
+        "--eagle",
+        default=EAGLE,
+        help="EAGLE head folder for the page's Drafter choice, 'auto' (the one beside the Medusa heads, "
+        "<heads>-eagle, if any; default) or 'none' (Medusa heads only)",
+    )
     ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
-    ap.add_argument("--no-float32-copy", dest="float32_copy", action="store_false",
-                    help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when memory allows)")
-    ap.add_argument("--cache", default=CACHE, choices=["auto", "dynamic", "static"],
-                    help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, dynamic on a CPU)")
-    ap.add_argument("--capture", default=CAPTURE, choices=["auto", "none", "compile", "cuda-graph"],
-                    help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, none on a CPU)")
-    ap.add_argument("--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)")
-    ap.add_argument("--trust-remote-code", action="store_true", default=TRUST_REMOTE_CODE,
-                    help="let a Hub model run its own Python code (off by default; only for models you trust)")
+    ap.add_argument(
+        "--no-float32-copy",
+        dest="float32_copy",
+        action="store_false",
+        help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when memory allows)",
+    )
+    ap.add_argument(
+        "--cache",
+        default=CACHE,
+        choices=["auto", "dynamic", "static"],
+        help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, dynamic on a CPU)",
+    )
+    ap.add_argument(
+        "--capture",
+        default=CAPTURE,
+        choices=["auto", "none", "compile", "cuda-graph"],
+        help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, none on a CPU)",
+    )
+    ap.add_argument(
+        "--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)"
+    )
+    ap.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=TRUST_REMOTE_CODE,
+        help="let a Hub model run its own Python code (off by default; only for models you trust)",
+    )
     return ap.parse_args(argv)
 
 
@@ -101,25 +166,38 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
     import errno
     import socket
 
-    port, host = flag("--port", PORT_ENV, argv), flag("--host", "MEDUSA_HOST" if "MEDUSA_HOST" in os.environ else "GRADIO_SERVER_NAME", argv)
+    port, host = (
+        flag("--port", PORT_ENV, argv),
+        flag("--host", "MEDUSA_HOST" if "MEDUSA_HOST" in os.environ else "GRADIO_SERVER_NAME", argv),
+    )
     if not 1 <= args.port <= 65535:
         sys.exit(f"error: {port} must be a port from 1 to 65535 (got {args.port}).")
     try:
         family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError):
-        sys.exit(f"error: {host} {args.host!r} is not a name or address this machine can resolve; use 127.0.0.1, or 0.0.0.0 to serve the network.")
+        sys.exit(
+            f"error: {host} {args.host!r} is not a name or address this machine can resolve; use 127.0.0.1, or 0.0.0.0 to serve the network."
+        )
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a port in TIME_WAIT is free
         try:
             sock.bind((args.host, args.port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                sys.exit(f"error: {port} {args.port} is in use on {args.host}; stop what serves there or pick another {port}.")
+                sys.exit(
+                    f"error: {port} {args.port} is in use on {args.host}; stop what serves there or pick another {port}."
+                )
             if e.errno == errno.EADDRNOTAVAIL:
-                sys.exit(f"error: {host} {args.host!r} is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network.")
+                sys.exit(
+                    f"error: {host} {args.host!r} is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+                )
             if e.errno == errno.EACCES:
-                sys.exit(f"error: {port} {args.port} needs administrator rights on this machine; pick a port above 1023.")
-            sys.exit(f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); pick another {port} or {host}.")
+                sys.exit(
+                    f"error: {port} {args.port} needs administrator rights on this machine; pick a port above 1023."
+                )
+            sys.exit(
+                f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); pick another {port} or {host}."
+            )
     from medusa_lib.core.kv import resolve_engine
     from medusa_lib.core.model import resolve_device, resolve_dtype
 
@@ -144,19 +222,38 @@ def main(argv: list[str] | None = None) -> None:
     from ui import build_demo, launch_options  # imported here: --help needs nothing heavy
 
     try:
-        pg = Playground.load(model=args.model, heads=args.heads, default_heads=DEFAULT_HEADS, device=args.device, dtype=args.dtype, eagle=args.eagle,
-                             trust_remote_code=args.trust_remote_code, progress=print, numerics_copy=args.float32_copy, cache=args.cache, capture=args.capture, max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
-                             max_prompt_chars=MAX_PROMPT_CHARS, max_prompt_tokens=MAX_PROMPT_TOKENS)
+        pg = Playground.load(
+            model=args.model,
+            heads=args.heads,
+            default_heads=DEFAULT_HEADS,
+            device=args.device,
+            dtype=args.dtype,
+            eagle=args.eagle,
+            trust_remote_code=args.trust_remote_code,
+            progress=print,
+            numerics_copy=args.float32_copy,
+            cache=args.cache,
+            capture=args.capture,
+            max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
+            max_prompt_chars=MAX_PROMPT_CHARS,
+            max_prompt_tokens=MAX_PROMPT_TOKENS,
+        )
     except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
         sys.exit(f"error: {e}")
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
-    demo = build_demo(pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS, max_run_seconds=MAX_RUN_SECONDS)
+    demo = build_demo(
+        pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS, max_run_seconds=MAX_RUN_SECONDS
+    )
     try:
-        demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
+        demo.queue(default_concurrency_limit=1).launch(
+            server_name=args.host, server_port=args.port, share=args.share, **launch_options()
+        )
     except OSError as e:  # the port was taken while the model loaded ...
-        sys.exit(f"error: cannot serve on {args.host}:{args.port} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host.")
+        sys.exit(
+            f"error: cannot serve on {args.host}:{args.port} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,17 @@ Three wings, imports pointing inward only:
   pipeline/  offline CLIs (prompts, distill, train, calibrate, bench, export): python -m medusa_lib.pipeline.<name>; uses core
 """
 
-from .core.decoding import METHODS, DecodeConfig, DecodeError, Decoder, RunResult, Step, compact_cache, run_method, typical_threshold
+from .core.decoding import (
+    METHODS,
+    DecodeConfig,
+    DecodeError,
+    Decoder,
+    RunResult,
+    Step,
+    compact_cache,
+    run_method,
+    typical_threshold,
+)
 from .core.defaults import HeadsDefaults, heads_defaults
 from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
 from .core.kv import Engine, EngineError, StaticKV, prepare_engine

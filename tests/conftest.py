@@ -26,21 +26,57 @@ HIDDEN = 64
 
 def make_model(arch: str, *, attn: str = "sdpa", seed: int = 0, **overrides):
     """A 2-layer random model of family ``arch`` (llama with GQA, qwen2, gpt2, mistral)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, attn_implementation=attn, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":
-        cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1, **common)
+        cfg = LlamaConfig(
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            initializer_range=0.1,
+            **common,
+        )
         cls = LlamaForCausalLM
     elif arch == "qwen2":
-        cfg = Qwen2Config(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512, initializer_range=0.1, **common)
+        cfg = Qwen2Config(
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            initializer_range=0.1,
+            **common,
+        )
         cls = Qwen2ForCausalLM
     elif arch == "gpt2":
         cfg = GPT2Config(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=512, initializer_range=0.1, **common)
         cls = GPT2LMHeadModel
     elif arch == "mistral":
-        cfg = MistralConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1, **common)
+        cfg = MistralConfig(
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            initializer_range=0.1,
+            **common,
+        )
         cls = MistralForCausalLM
     else:
         raise ValueError(arch)
@@ -49,10 +85,28 @@ def make_model(arch: str, *, attn: str = "sdpa", seed: int = 0, **overrides):
     return cls(cfg).eval()
 
 
-def random_heads(num_heads: int = 4, *, shared: bool = False, seed: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB, root: bool = False, path: bool = False) -> MedusaHeads:
+def random_heads(
+    num_heads: int = 4,
+    *,
+    shared: bool = False,
+    seed: int = 1,
+    hidden: int = HIDDEN,
+    vocab: int = VOCAB,
+    root: bool = False,
+    path: bool = False,
+) -> MedusaHeads:
     """Heads with random weights everywhere: their proposals are mostly wrong. ``path`` implies ``root``."""
     torch.manual_seed(seed)
-    heads = MedusaHeads(HeadsConfig(hidden_size=hidden, vocab_size=vocab, num_heads=num_heads, shared_lm_head=shared, root_conditioned=root or path, path_conditioned=path))
+    heads = MedusaHeads(
+        HeadsConfig(
+            hidden_size=hidden,
+            vocab_size=vocab,
+            num_heads=num_heads,
+            shared_lm_head=shared,
+            root_conditioned=root or path,
+            path_conditioned=path,
+        )
+    )
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return heads.eval()
@@ -67,7 +121,13 @@ class OracleHeads(MedusaHeads):
     """
 
     def __init__(self, model, sequence: list[int], num_heads: int = 4):
-        super().__init__(HeadsConfig(hidden_size=model.config.hidden_size, vocab_size=model.get_output_embeddings().weight.shape[0], num_heads=num_heads))
+        super().__init__(
+            HeadsConfig(
+                hidden_size=model.config.hidden_size,
+                vocab_size=model.get_output_embeddings().weight.shape[0],
+                num_heads=num_heads,
+            )
+        )
         with torch.no_grad():
             self.recorded = model.base_model(input_ids=torch.tensor([sequence])).last_hidden_state[0]
         self.sequence = sequence
@@ -102,8 +162,12 @@ def tiny_tokenizer():
     words += [f"w{i}" for i in range(VOCAB - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1 {% endif %}"
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1 {% endif %}"
+    )
     return fast
 
 
@@ -129,7 +193,9 @@ def call_api(url: str, api_name: str, args: list, *, timeout: float = 120) -> tu
     import urllib.request
 
     body = json.dumps({"data": args}).encode()
-    req = urllib.request.Request(f"{url}gradio_api/call/{api_name}", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}gradio_api/call/{api_name}", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         event_id = json.load(resp)["event_id"]
     with urllib.request.urlopen(f"{url}gradio_api/call/{api_name}/{event_id}", timeout=timeout) as resp:
@@ -180,7 +246,9 @@ def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96, static: bo
     if static:
         from medusa_lib.core.kv import StaticKV
 
-        return Playground(model, tok, heads, heads_note="test heads", cache="static", static_kv=StaticKV(model, max_len=256))
+        return Playground(
+            model, tok, heads, heads_note="test heads", cache="static", static_kv=StaticKV(model, max_len=256)
+        )
     return Playground(model, tok, heads, heads_note="test heads")
 
 
@@ -190,28 +258,70 @@ def two_numerics_playground() -> Playground:
 
     base = tiny_playground(oracle=False)
     m16 = copy.deepcopy(base.model).to(torch.bfloat16)
-    return Playground(base.model, base.tokenizer, base.heads, heads_note="test heads", variants={"bfloat16": (m16, copy.deepcopy(base.heads).to(torch.bfloat16))})
+    return Playground(
+        base.model,
+        base.tokenizer,
+        base.heads,
+        heads_note="test heads",
+        variants={"bfloat16": (m16, copy.deepcopy(base.heads).to(torch.bfloat16))},
+    )
 
 
-CUDA_CALIBRATION = {"device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda", "dtype": "torch.bfloat16", "lookup": 0,
-                    "trees": {"calibrated-3": {"nodes": 4, "measured_tokens_per_step": 2.5, "speedup": 2.25}}}
+CUDA_CALIBRATION = {
+    "device": "NVIDIA H100 80GB HBM3",
+    "device_kind": "cuda",
+    "dtype": "torch.bfloat16",
+    "lookup": 0,
+    "trees": {"calibrated-3": {"nodes": 4, "measured_tokens_per_step": 2.5, "speedup": 2.25}},
+}
 
 
 def cuda_calibrated_playground() -> Playground:
     """The tiny CPU playground with heads calibrated on a GPU only (what load_heads sets from config.json)."""
     pg = tiny_playground(oracle=False)
     heads = untrained_heads(pg.model, num_heads=3)
-    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = {"calibrated-3": [[0], [0, 0], [1]]}, "calibrated-3", 0, CUDA_CALIBRATION
+    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = (
+        {"calibrated-3": [[0], [0, 0], [1]]},
+        "calibrated-3",
+        0,
+        CUDA_CALIBRATION,
+    )
     return Playground(pg.model, pg.tokenizer, heads)
 
 
 LIMIT = 512  # the app's max-new-tokens limit (app.py MAX_NEW_TOKENS_LIMIT)
 
 
-API_ORDER = ["max_new_tokens", "temperature", "epsilon", "delta", "tree", "custom_tree", "chat_template", "lookup_branch", "sample", "seed", "numerics", "drafter"]
+API_ORDER = [
+    "max_new_tokens",
+    "temperature",
+    "epsilon",
+    "delta",
+    "tree",
+    "custom_tree",
+    "chat_template",
+    "lookup_branch",
+    "sample",
+    "seed",
+    "numerics",
+    "drafter",
+]
 
 
-API_DEFAULTS = {"max_new_tokens": 8, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "", "chat_template": True, "lookup_branch": True, "sample": False, "seed": 0, "numerics": "float32", "drafter": ""}
+API_DEFAULTS = {
+    "max_new_tokens": 8,
+    "temperature": 0.7,
+    "epsilon": 0.09,
+    "delta": 0.3,
+    "tree": "chain-2",
+    "custom_tree": "",
+    "chat_template": True,
+    "lookup_branch": True,
+    "sample": False,
+    "seed": 0,
+    "numerics": "float32",
+    "drafter": "",
+}
 
 
 def api_args(prompt: str, overrides: dict) -> list:
@@ -228,7 +338,9 @@ def launch(pg: Playground):
 
     demo = build_demo(pg, max_new_tokens=16)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
+    )
     return demo, f"http://127.0.0.1:{port}/"
 
 
@@ -260,7 +372,11 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
         client.predict(prompt, 4, api_name="/compare")
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+        outs = list(
+            Handlers(pg).run(
+                prompt, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+            )
+        )
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
 
 

@@ -21,7 +21,9 @@ def server():
 
     demo = build_demo(tiny_playground(), examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=16)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
+    )
     try:
         yield Client(f"http://127.0.0.1:{port}/", verbose=False)
     finally:
@@ -29,14 +31,22 @@ def server():
 
 
 def test_compare_returns_three_texts_and_statistics(server):
-    out = server.predict(PROMPT, api_name="/compare")  # prompt only: every other parameter has a default (max new tokens: the slider's start, 16 here)
+    out = server.predict(
+        PROMPT, api_name="/compare"
+    )  # prompt only: every other parameter has a default (max new tokens: the slider's start, 16 here)
     methods = out["methods"]
     assert list(methods) == ["plain", "medusa-greedy", "medusa-typical"]
     for m in methods.values():
         assert m["text"].strip() and m["tokens"] == 16 and m["steps"] >= 1
         assert m["tokens_per_second"] > 0 and m["wall_seconds"] >= m["prefill_seconds"] > 0
     assert methods["medusa-greedy"]["text"] == methods["plain"]["text"]
-    assert out["greedy_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False, "message": "Medusa greedy = plain greedy (float32): all 16 tokens identical."}
+    assert out["greedy_match"] == {
+        "equal": True,
+        "first_diff": None,
+        "logit_gap": None,
+        "tie": False,
+        "message": "Medusa greedy = plain greedy (float32): all 16 tokens identical.",
+    }
     assert [r["speedup"] for r in out["summary"]][0] == 1.0
     assert out["numerics"] == "float32"  # the loaded dtype: /compare's default
     assert methods["medusa-greedy"]["tokens_per_step"] > 1.5  # the rigged heads get guesses accepted
@@ -51,9 +61,16 @@ def test_compare_with_settings(server):
 
 @pytest.mark.parametrize(
     "args, words",
-    [(("",), "The prompt is empty"), ((PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 1"), "not valid JSON"),
-     ((PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
-     ((PROMPT, 5000), "Max new tokens must be"), ((PROMPT, 8, 0.7, 2.0), "Epsilon must be between 0 and 1")],
+    [
+        (("",), "The prompt is empty"),
+        ((PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 1"), "not valid JSON"),
+        (
+            (PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"),
+            "5 levels deep",
+        ),
+        ((PROMPT, 5000), "Max new tokens must be"),
+        ((PROMPT, 8, 0.7, 2.0), "Epsilon must be between 0 and 1"),
+    ],
 )
 def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, args, words):
     from gradio_client.exceptions import AppError
@@ -66,7 +83,23 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(PROMPT, 12, 0.7, 0.09, 0.3, "topk-3x2x1", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
+    job = server.submit(
+        PROMPT,
+        12,
+        0.7,
+        0.09,
+        0.3,
+        "topk-3x2x1",
+        "",
+        True,
+        True,
+        0,
+        "float32",
+        "Medusa greedy / exact sampling",
+        "greedy",
+        "medusa",
+        api_name="/run",
+    )
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3
@@ -75,8 +108,14 @@ def test_ui_run_streams_into_the_three_columns(server):
     badge = final[5]
     assert 'data-equal="true"' in badge
     summary = final[6]
-    assert [row[0] for row in summary["data"]] == ["Plain (greedy)", "Medusa greedy", "Medusa typical"]  # the greedy mode, typical at T = 0.7
-    assert 'data-sampled="false"' in badge and "Medusa greedy = plain greedy (float32): all 12 tokens identical." in badge
+    assert [row[0] for row in summary["data"]] == [
+        "Plain (greedy)",
+        "Medusa greedy",
+        "Medusa typical",
+    ]  # the greedy mode, typical at T = 0.7
+    assert (
+        'data-sampled="false"' in badge and "Medusa greedy = plain greedy (float32): all 12 tokens identical." in badge
+    )
     streamed = " ".join(str(u) for u in updates)
     for name in ("Plain (greedy)", "Medusa greedy", "Medusa typical"):
         assert name in streamed
@@ -87,7 +126,22 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 
     h = Handlers(tiny_playground(oracle=False))
     with pytest.warns(UserWarning, match="has no parent"):  # gr.Warning outside a request: a Python warning
-        outs = list(h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "[[1], [0, 0]]", True, True, 0, None, "Medusa greedy / exact sampling"))
+        outs = list(
+            h.run(
+                PROMPT,
+                8,
+                0.7,
+                0.09,
+                0.3,
+                "chain-2",
+                "[[1], [0, 0]]",
+                True,
+                True,
+                0,
+                None,
+                "Medusa greedy / exact sampling",
+            )
+        )
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
     with pytest.warns(UserWarning, match="Run the three methods first"):
@@ -96,7 +150,9 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
 
 
 def test_cli_help_lists_the_flags_and_defaults():
-    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     for flag in ("--host", "--port", "--model", "--heads", "--device", "--dtype", "--no-float32-copy", "--share"):
         assert flag in out.stdout
@@ -119,9 +175,17 @@ def test_the_numerics_choice_is_on_the_page_when_two_copies_are_loaded():
     assert radio(tiny_playground(oracle=False))["visible"] is False  # one copy: nothing to choose
     from ui.render import info_html
 
-    assert "(float32, and a bfloat16 copy (the Numerics choice))" in info_html(model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=list(pg2.variants))
-    assert "(float32)" in info_html(model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=["float32"])
-    outs = list(Handlers(pg2).run(PROMPT, 6, 0.0, 0.09, 0.3, "chain-2", "", True, True, 0, "bfloat16", "Medusa greedy / exact sampling"))
+    assert "(float32, and a bfloat16 copy (the Numerics choice))" in info_html(
+        model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=list(pg2.variants)
+    )
+    assert "(float32)" in info_html(
+        model="m", device="cpu", dtype="float32", heads=4, heads_note="", numerics=["float32"]
+    )
+    outs = list(
+        Handlers(pg2).run(
+            PROMPT, 6, 0.0, 0.09, 0.3, "chain-2", "", True, True, 0, "bfloat16", "Medusa greedy / exact sampling"
+        )
+    )
     assert "(bfloat16)" in outs[-1][RUN_OUTPUTS.index("badge")]
 
 
@@ -134,14 +198,24 @@ def test_heads_calibrated_on_another_device_kind_say_so_beside_the_tree_and_the_
 
     def props(pg) -> dict:
         demo = build_demo(pg, max_new_tokens=16)
-        return {c["props"]["elem_id"]: c["props"] for c in demo.config["components"] if c.get("props", {}).get("elem_id")}
+        return {
+            c["props"]["elem_id"]: c["props"] for c in demo.config["components"] if c.get("props", {}).get("elem_id")
+        }
 
     pg = cuda_calibrated_playground()
     page = props(pg)
     assert html.unescape(page["calibration-note"]["value"]) == f'<div class="calibration-note">{pg.defaults.note}</div>'
     assert page["tree-preset"]["value"] == "calibrated-3" and page["lookup-branch"]["value"] is False
     tree = CUDA_CALIBRATION["trees"]["calibrated-3"]
-    explain = page["explain"]["value"]  # the figures of the calibration the tree came from, the device it was made on named
-    assert f"calibrated (bfloat16, on {CUDA_CALIBRATION['device']})" in explain and f"({tree['nodes']} nodes" not in explain
-    assert f"(calibrated-3, {tree['nodes']} nodes)" in explain and f"{tree['speedup']:.2f}x plain decoding's speed" in explain
+    explain = page["explain"][
+        "value"
+    ]  # the figures of the calibration the tree came from, the device it was made on named
+    assert (
+        f"calibrated (bfloat16, on {CUDA_CALIBRATION['device']})" in explain
+        and f"({tree['nodes']} nodes" not in explain
+    )
+    assert (
+        f"(calibrated-3, {tree['nodes']} nodes)" in explain
+        and f"{tree['speedup']:.2f}x plain decoding's speed" in explain
+    )
     assert "calibration-note" not in props(tiny_playground(oracle=False))  # never calibrated: no note

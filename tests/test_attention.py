@@ -27,7 +27,9 @@ def spy(monkeypatch):
     real = F.scaled_dot_product_attention
 
     def sdpa(q, k, v, **kw):
-        calls.append((tuple(q.shape), tuple(k.shape), None if kw.get("attn_mask") is None else tuple(kw["attn_mask"].shape)))
+        calls.append(
+            (tuple(q.shape), tuple(k.shape), None if kw.get("attn_mask") is None else tuple(kw["attn_mask"].shape))
+        )
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(attention, "F", type("F", (), {"scaled_dot_product_attention": staticmethod(sdpa)}))
@@ -42,7 +44,12 @@ def test_same_logits_as_sdpa_for_prefill_tree_and_single_steps(arch, spy):
     check_supported(packed)  # takes tree masks like sdpa
     ids = torch.randint(3, 300, (1, 23))
     cs, cp = new_cache(), new_cache()
-    torch.testing.assert_close(packed(input_ids=ids, past_key_values=cp).logits, stock(input_ids=ids, past_key_values=cs).logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        packed(input_ids=ids, past_key_values=cp).logits,
+        stock(input_ids=ids, past_key_values=cs).logits,
+        rtol=0,
+        atol=1e-6,
+    )
     assert spy == []  # the causal prefill stays on the stock path
     L = 7
     mask, pos, tree_ids = tree_mask(23, L, torch.float32), torch.arange(23, 23 + L)[None], torch.randint(3, 300, (1, L))
@@ -53,7 +60,9 @@ def test_same_logits_as_sdpa_for_prefill_tree_and_single_steps(arch, spy):
     n_rep = heads // kv
     assert spy[0] == ((1, kv, n_rep * L, 16), (1, kv, 23 + L, 16), (1, 1, n_rep * L, 23 + L))  # folded: no repeat_kv
     one = torch.randint(3, 300, (1, 1))
-    got = packed(input_ids=one, position_ids=torch.tensor([[30]]), past_key_values=cp).logits  # no mask: a plain decode step
+    got = packed(
+        input_ids=one, position_ids=torch.tensor([[30]]), past_key_values=cp
+    ).logits  # no mask: a plain decode step
     want = stock(input_ids=one, position_ids=torch.tensor([[30]]), past_key_values=cs).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert spy[-1] == ((1, kv, n_rep, 16), (1, kv, 31, 16), None)
@@ -68,7 +77,9 @@ def test_batched_generate_with_padding_is_unchanged(spy):
     att[1, :4] = 0  # left padding
     kw = dict(attention_mask=att, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(packed.generate(ids, **kw), stock.generate(ids, **kw))
-    assert all(m is not None and m[:3] == (2, 1, q[2]) for q, _, m in spy)  # padded prefill and decode steps folded, with the mask tiled
+    assert all(
+        m is not None and m[:3] == (2, 1, q[2]) for q, _, m in spy
+    )  # padded prefill and decode steps folded, with the mask tiled
     assert sum(q[2] == 2 for q, _, _ in spy) == 11 * 2  # 11 one-token decode steps x 2 layers
 
 
@@ -79,14 +90,20 @@ def test_folded_attention_equals_repeated_kv_attention(mask_heads, mask_dtype):
 
     g = torch.Generator().manual_seed(0)
     B, H, H_kv, L, K, D = 2, 4, 2, 3, 11, 8
-    q, k, v = torch.randn(B, H, L, D, generator=g), torch.randn(B, H_kv, K, D, generator=g), torch.randn(B, H_kv, K, D, generator=g)
+    q, k, v = (
+        torch.randn(B, H, L, D, generator=g),
+        torch.randn(B, H_kv, K, D, generator=g),
+        torch.randn(B, H_kv, K, D, generator=g),
+    )
     see = torch.rand(B, mask_heads, L, K, generator=g) < 0.7
     see[..., 0] = True  # every row sees something
     mask = see if mask_dtype == torch.bool else torch.zeros(see.shape).masked_fill(~see, torch.finfo(torch.float32).min)
     module = torch.nn.Module()
     module.num_key_value_groups = H // H_kv
     got, _ = attention.packed_gqa_attention(module, q, k, v, mask, scaling=0.3)
-    want = F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask, scale=0.3).transpose(1, 2)
+    want = F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask, scale=0.3).transpose(
+        1, 2
+    )
     assert got.shape == (B, L, H, D)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 

@@ -20,8 +20,16 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOT = ROOT / "assets" / "screenshot.png"
 MAX_NEW_TOKENS = int(os.environ.get("BROWSER_TEST_MAX_NEW_TOKENS", "40"))
 
@@ -30,8 +38,8 @@ MAX_NEW_TOKENS = int(os.environ.get("BROWSER_TEST_MAX_NEW_TOKENS", "40"))
 def url():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip(f"chromium is not installed ({CHROMIUM} missing; `apt-get install -y chromium`)")
-    from ui import build_demo, launch_options
     from medusa_lib.present import Playground, load_examples
+    from ui import build_demo, launch_options
 
     heads = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
     # bfloat16 (the CPU default where it is native) plus the float32 copy the page's Numerics choice runs:
@@ -40,7 +48,9 @@ def url():
     assert list(pg.variants) == ["bfloat16", "float32"]
     demo = build_demo(pg, examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=MAX_NEW_TOKENS)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
+    )
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -52,8 +62,12 @@ def page(url):
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-                                                       args=FLAGS, viewport={"width": 1400, "height": 1000})
+        browser = p.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+            args=FLAGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         pg = browser.new_page()
         pg.goto(url)
         pg.wait_for_selector("#run-btn", timeout=60_000)
@@ -68,26 +82,45 @@ def test_the_first_view_is_the_greedy_trio_exact_with_speedups(page):
     assert page.is_checked("#lookup-branch input")  # the shipped heads were calibrated with the lookup branch on
     assert page.is_checked("#mode input[value='greedy']")  # the first view: the greedy comparison
     assert page.is_checked("#numerics input[value='float32']")  # exact by default; bfloat16 is one click away
-    assert "float32 is exact" in page.inner_text("#numerics-note") and "(plain decoding, measured at start-up)" in page.inner_text("#numerics-note")
-    settings = page.eval_on_selector_all("#settings *", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible' && getComputedStyle(e).overflowX !== 'hidden').map(e => e.id || e.className)")
+    assert "float32 is exact" in page.inner_text(
+        "#numerics-note"
+    ) and "(plain decoding, measured at start-up)" in page.inner_text("#numerics-note")
+    settings = page.eval_on_selector_all(
+        "#settings *",
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible' && getComputedStyle(e).overflowX !== 'hidden').map(e => e.id || e.className)",
+    )
     assert settings == [], settings  # no horizontal scroll bar in the settings panel
     page.get_by_role("button", name="Explanation").first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('sky is blue')", timeout=30_000)
     page.click("#run-btn")
-    badge = page.wait_for_selector("#greedy-badge [data-equal='true'], #greedy-badge [data-equal='false']", timeout=540_000)
-    assert badge.get_attribute("data-sampled") == "false" and badge.get_attribute("data-equal") == "true", badge.inner_text()
+    badge = page.wait_for_selector(
+        "#greedy-badge [data-equal='true'], #greedy-badge [data-equal='false']", timeout=540_000
+    )
+    assert badge.get_attribute("data-sampled") == "false" and badge.get_attribute("data-equal") == "true", (
+        badge.inner_text()
+    )
     assert "Medusa greedy = plain greedy (float32)" in badge.inner_text()
-    for col, name in (("#out-plain", "Plain (greedy)"), ("#out-greedy", "Medusa greedy"), ("#out-typical", "Medusa typical")):
+    for col, name in (
+        ("#out-plain", "Plain (greedy)"),
+        ("#out-greedy", "Medusa greedy"),
+        ("#out-typical", "Medusa typical"),
+    ):
         assert page.get_attribute(f"{col} .method-col", "data-state") == "done"
         assert name in page.inner_text(f"{col} .method-name")
         assert len(page.inner_text(f"{col} .method-text").strip()) > 20
         assert "tokens/s" in page.inner_text(f"{col} .method-stats")
     for col in ("#out-greedy", "#out-typical"):  # each Medusa column leads with its speed-up over plain greedy
-        assert float(page.get_attribute(f"{col} .speedup", "data-speedup")) > 0 and "plain" in page.inner_text(f"{col} .speedup")
-    assert "samples at T = 0.7" in page.inner_text("#out-typical .method-note")  # typical says that it samples: not the same output
+        assert float(page.get_attribute(f"{col} .speedup", "data-speedup")) > 0 and "plain" in page.inner_text(
+            f"{col} .speedup"
+        )
+    assert "samples at T = 0.7" in page.inner_text(
+        "#out-typical .method-note"
+    )  # typical says that it samples: not the same output
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .trace", timeout=30_000)
     page.wait_for_selector("#mask-plot .js-plotly-plot .heatmaplayer, #mask-plot .js-plotly-plot image", timeout=30_000)
-    assert page.text_content("#tree-plot .gtitle").startswith("Medusa greedy, step")  # the inspector is on Medusa greedy's run
+    assert page.text_content("#tree-plot .gtitle").startswith(
+        "Medusa greedy, step"
+    )  # the inspector is on Medusa greedy's run
     assert "Medusa typical" in page.inner_text("#summary")
     assert page.locator("#tree-plot .textpoint").count() >= 3  # node labels: decoded tokens
     page.wait_for_timeout(1000)  # let plotly finish its transitions
@@ -104,7 +137,9 @@ def test_the_sampling_mode_is_exact_too(page):
     assert badge.get_attribute("data-equal") == "true", badge.inner_text()
     assert "Medusa exact sampling = plain sampling, same seed (float32)" in badge.inner_text()
     assert page.get_attribute("#sampling-panel .sampling-panel", "data-rows") == "3"
-    assert "Plain (sampling)" in page.inner_text("#out-plain .method-name") and "Medusa exact sampling" in page.inner_text("#out-greedy .method-name")
+    assert "Plain (sampling)" in page.inner_text(
+        "#out-plain .method-name"
+    ) and "Medusa exact sampling" in page.inner_text("#out-greedy .method-name")
     page.locator("#mode input[value='greedy']").check()  # back to the first view for the tests after this one
 
 
@@ -112,12 +147,18 @@ def test_race_replay_then_stop(page):
     # the slowest replay (about 4x the runs' ~4 s), so Stop lands before it ends on a slow machine too
     page.get_by_label("0.25x").check()
     page.click("#replay-btn")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Race replay at 0.25x')", timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('#status').innerText.includes('Race replay at 0.25x')", timeout=30_000
+    )
     page.click("#stop-btn")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')", timeout=30_000)
     page.wait_for_timeout(500)
-    states = [page.get_attribute(f"{c} .method-col", "data-state") for c in ("#out-plain", "#out-greedy", "#out-typical")]
-    assert set(states) <= {"stopped", "done"} and "stopped" in states, states  # a stopped replay no longer says it is replaying
+    states = [
+        page.get_attribute(f"{c} .method-col", "data-state") for c in ("#out-plain", "#out-greedy", "#out-typical")
+    ]
+    assert set(states) <= {"stopped", "done"} and "stopped" in states, (
+        states
+    )  # a stopped replay no longer says it is replaying
 
 
 def test_stop_cancels_a_live_run(page):
@@ -143,7 +184,9 @@ def test_tree_lab_edit_measure_and_use(page):
     page.get_by_role("tab", name="Tree lab").click()
     for plot in ("#lab-cost", "#lab-gain", "#lab-speedup", "#lab-tree", "#lab-mask"):
         page.wait_for_selector(f"{plot} .js-plotly-plot .main-svg", timeout=30_000)
-    assert page.locator("#lab-speedup .legendtext", has_text="optimum").count() >= 1  # the shipped heads' calibration is a CPU one
+    assert (
+        page.locator("#lab-speedup .legendtext", has_text="optimum").count() >= 1
+    )  # the shipped heads' calibration is a CPU one
     before = page.input_value("#lab-paths textarea")
     nodes = page.locator("#lab-tree .textpoint").count()
     page.click("#lab-add")
@@ -151,10 +194,14 @@ def test_tree_lab_edit_measure_and_use(page):
     page.wait_for_function(f"document.querySelectorAll('#lab-tree .textpoint').length === {nodes + 1}", timeout=30_000)
     assert "This tree:" in page.inner_text("#lab-status")
     page.click("#lab-measure")
-    page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Measured on this prompt')", timeout=300_000)
+    page.wait_for_function(
+        "document.querySelector('#lab-status').innerText.includes('Measured on this prompt')", timeout=300_000
+    )
     for plot in ("#lab-gain", "#lab-speedup"):
         assert page.locator(f"{plot} .legendtext", has_text="measured run").count() == 1
-    page.wait_for_selector("#lab-acceptance .js-plotly-plot .heatmaplayer, #lab-acceptance .js-plotly-plot image", timeout=30_000)
+    page.wait_for_selector(
+        "#lab-acceptance .js-plotly-plot .heatmaplayer, #lab-acceptance .js-plotly-plot image", timeout=30_000
+    )
     assert "the Measure run" in page.inner_text("#lab-acceptance")
     page.wait_for_timeout(1000)  # let plotly finish its transitions
     page.screenshot(path=str(LAB_SCREENSHOT), full_page=True)
@@ -172,21 +219,28 @@ def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(pa
     page.get_by_role("tab", name="Playground").click()
     if not page.input_value("#prompt textarea").strip():
         page.fill("#prompt textarea", "Why is the sky blue? Answer in two sentences.")
-    assert page.is_checked("#drafter input[value='medusa']")  # the shipped EAGLE head's recorded CPU speed-up is below the Medusa heads': Medusa is the default
+    assert page.is_checked(
+        "#drafter input[value='medusa']"
+    )  # the shipped EAGLE head's recorded CPU speed-up is below the Medusa heads': Medusa is the default
     assert "The Medusa heads start selected" in page.inner_text("#drafter-note")
     page.locator("#drafter input[value='eagle']").check()
     page.wait_for_selector("#eagle-tree-note .eagle-tree-note", timeout=30_000)
     assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
     assert "top-k 8, depth 3, 12 nodes" in page.inner_text("#eagle-tree-note")  # the shipped head's tree (config.json)
     page.click("#run-btn")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Medusa columns drafted by the EAGLE head')", timeout=540_000)
+    page.wait_for_function(
+        "document.querySelector('#status').innerText.includes('Medusa columns drafted by the EAGLE head')",
+        timeout=540_000,
+    )
     badge = page.query_selector("#greedy-badge [data-equal]")
     assert badge.get_attribute("data-equal") == "true", badge.inner_text()
     for col in ("#out-greedy", "#out-typical"):
         assert page.get_attribute(f"{col} .method-drafter", "data-drafter") == "eagle"
     assert page.locator("#out-plain .method-drafter").count() == 0
-    page.wait_for_function("document.querySelector('#tree-plot .gtitle') && document.querySelector('#tree-plot .gtitle').textContent.includes('drafted by the EAGLE head')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('#tree-plot .gtitle') && document.querySelector('#tree-plot .gtitle').textContent.includes('drafted by the EAGLE head')",
+        timeout=30_000,
+    )
     assert "EAGLE head" in page.inner_text("#summary") and "EAGLE head" in page.inner_text("#path-table")
     page.locator("#drafter input[value='medusa']").check()  # back to the default for the tests after this one
     page.wait_for_function("!document.querySelector('#tree-preset input').disabled", timeout=30_000)
@@ -206,7 +260,9 @@ def test_a_warning_quoting_a_bad_value_shows_it_as_text(page):
         tab.fill("#custom-tree textarea", '[[0], [0, "<b id=injected>x</b>"]]')
         tab.click("#run-btn")
         toast = tab.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
-        tab.wait_for_function("document.querySelector(\"[data-testid='toast-body']\").innerText.includes('must contain')", timeout=30_000)
+        tab.wait_for_function(
+            "document.querySelector(\"[data-testid='toast-body']\").innerText.includes('must contain')", timeout=30_000
+        )
         text = toast.inner_text()
         assert '[0, "<b id=injected>x</b>"]' in text, text  # the value as typed, tags and all
         assert tab.query_selector("#injected") is None  # nothing of it became markup

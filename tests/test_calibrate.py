@@ -16,24 +16,60 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     model.save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     random_heads(3, shared=True).save(tmp_path / "heads")
-    prompts = [{"id": f"p-{i}", "category": "c", "prompt": f"w{10 + i} w{11 + i} w{12 + i} w{10 + i} w{11 + i}"} for i in range(8)]
+    prompts = [
+        {"id": f"p-{i}", "category": "c", "prompt": f"w{10 + i} w{11 + i} w{12 + i} w{10 + i} w{11 + i}"}
+        for i in range(8)
+    ]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    calibrate.main(["--heads", str(tmp_path / "heads"), "--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "prompts.jsonl"),
-                    "--dtype", "float32", "--device", "cpu", "--acc-prompts", "5", "--speed-prompts", "2", "--max-new-tokens", "24",
-                    "--sizes", "2,4", "--lookup", "3", "--write"])
+    calibrate.main(
+        [
+            "--heads",
+            str(tmp_path / "heads"),
+            "--model",
+            str(tmp_path / "model"),
+            "--prompts",
+            str(tmp_path / "prompts.jsonl"),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--acc-prompts",
+            "5",
+            "--speed-prompts",
+            "2",
+            "--max-new-tokens",
+            "24",
+            "--sizes",
+            "2,4",
+            "--lookup",
+            "3",
+            "--write",
+        ]
+    )
     printed = capsys.readouterr().out
     trees = json.loads((tmp_path / "heads" / "trees.json").read_text())
     cfg = json.loads((tmp_path / "heads" / "config.json").read_text())
-    assert set(trees) == {"calibrated-2", "calibrated-4"} and [len(trees[n]) for n in ("calibrated-2", "calibrated-4")] == [2, 4]
+    assert set(trees) == {"calibrated-2", "calibrated-4"} and [
+        len(trees[n]) for n in ("calibrated-2", "calibrated-4")
+    ] == [2, 4]
     assert cfg["default_tree"] in trees and cfg["lookup"] == 3 == cfg["calibration"]["lookup"]
-    assert cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads" and cfg["calibration"]["device_kind"] == "cpu"
-    assert cfg["calibration"]["engine"] == "dynamic KV cache (eager)"  # timed on the engine the playground runs on a CPU
-    assert cfg["calibration"]["default_tree"] == cfg["default_tree"] and "calibrations" not in cfg  # the first calibration: the top level
+    assert (
+        cfg["calibration"]["device"] == f"CPU, {torch.get_num_threads()} threads"
+        and cfg["calibration"]["device_kind"] == "cpu"
+    )
+    assert (
+        cfg["calibration"]["engine"] == "dynamic KV cache (eager)"
+    )  # timed on the engine the playground runs on a CPU
+    assert (
+        cfg["calibration"]["default_tree"] == cfg["default_tree"] and "calibrations" not in cfg
+    )  # the first calibration: the top level
     assert not list((tmp_path / "heads").glob("*.tmp"))
     rows = cfg["calibration"]["trees"]
     for name in trees:
         r = rows[name]
-        assert r["simulated_tokens_per_step"] > r["heads_only_simulated_tokens_per_step"] >= 1.0  # the branch is one more path, and these answers repeat
+        assert (
+            r["simulated_tokens_per_step"] > r["heads_only_simulated_tokens_per_step"] >= 1.0
+        )  # the branch is one more path, and these answers repeat
         assert r["measured_tokens_per_step"] >= 1.0 and r["speedup"] > 0
     assert "trees + lookup-3" in printed and f"default_tree={cfg['default_tree']} and lookup=3" in printed
     heads = load_heads(tmp_path / "heads", model=model)
@@ -60,7 +96,9 @@ def test_head_accuracy_of_identity_heads_is_the_lm_head_hit_rate():
 
 def test_head_accuracy_gives_path_conditioned_heads_the_true_branch():
     model = make_model("llama")
-    heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True))
+    heads = MedusaHeads(
+        HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True)
+    )
     seen = []
     real = heads.propose
     heads.propose = lambda h, lm_head, **kw: seen.append((kw["root_emb"], kw["path_emb"])) or real(h, lm_head, **kw)
@@ -73,7 +111,9 @@ def test_head_accuracy_gives_path_conditioned_heads_the_true_branch():
         after = s[start + 1 :] + [0, 0, 0]
         n = len(s) - start
         assert torch.equal(root, W[torch.tensor(after[:n])])  # x_{t+1}
-        assert path.shape == (n, 2, 64) and torch.equal(path, W[torch.tensor([[after[i + 1], after[i + 2]] for i in range(n)])])  # x_{t+2}, x_{t+3}
+        assert path.shape == (n, 2, 64) and torch.equal(
+            path, W[torch.tensor([[after[i + 1], after[i + 2]] for i in range(n)])]
+        )  # x_{t+2}, x_{t+3}
 
 
 def test_head_accuracy_gives_root_conditioned_heads_the_next_token_as_root():
@@ -95,7 +135,16 @@ def test_calibration_splits_a_category_sorted_prompt_set_into_disjoint_represent
     from collections import Counter
 
     # like assets/data/heldout_prompts.jsonl: sorted by category, categories of unequal size
-    sizes = {"writing": 70, "roleplay": 70, "math": 60, "coding": 70, "stem": 70, "qa": 60, "translation": 70, "extraction": 60}
+    sizes = {
+        "writing": 70,
+        "roleplay": 70,
+        "math": 60,
+        "coding": 70,
+        "stem": 70,
+        "qa": 60,
+        "translation": 70,
+        "extraction": 60,
+    }
     prompts = [{"id": f"{c}-{i}", "category": c} for c, n in sizes.items() for i in range(n)]
     acc, speed = split_prompts(prompts, 300, 8)
     assert len(acc) == 300 and len(speed) == 8
@@ -110,7 +159,12 @@ def test_calibration_splits_a_category_sorted_prompt_set_into_disjoint_represent
 
 def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
     nodes = {"calibrated-4": 5, "calibrated-5": 6, "calibrated-6": 7, "calibrated-8": 9}
-    speeds = {"calibrated-4": 51.9, "calibrated-5": 52.4, "calibrated-6": 53.1, "calibrated-8": 48.5}  # the root-only heads' calibration (session 4)
+    speeds = {
+        "calibrated-4": 51.9,
+        "calibrated-5": 52.4,
+        "calibrated-6": 53.1,
+        "calibrated-8": 48.5,
+    }  # the root-only heads' calibration (session 4)
     assert pick_default(speeds, nodes, 0.02) == "calibrated-5"
     assert pick_default(speeds, nodes, 0.0) == "calibrated-6"  # no tolerance: the fastest
     assert pick_default(speeds, nodes, 0.5) == "calibrated-4"
@@ -130,7 +184,14 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     record = {"id": "r", "prompt_ids": prompt, "answer_ids": answer}
     sim = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
     assert sim.shape == (len(answer),) and sim.max() == 3 and sim.min() == 0  # long runs, and the end of the answer
-    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=60, stop_on_eos=False))
+    res = run_method(
+        model,
+        prompt,
+        method="medusa-greedy",
+        heads=heads,
+        tree=tree,
+        config=DecodeConfig(max_new_tokens=60, stop_on_eos=False),
+    )
     assert res.tokens == answer
     emitted, checked = len(res.steps[0].tokens), 0
     for step in res.steps[1:-1]:  # (the last step is cut at max_new_tokens)
@@ -144,8 +205,12 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
 
     from medusa_lib.pipeline.calibrate import answer_states
 
-    assert torch.equal(simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim)  # states computed once, as calibrate does
-    walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])["t"]  # the walk decoding takes through the answer
+    assert torch.equal(
+        simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim
+    )  # states computed once, as calibrate does
+    walked = simulated_tokens_per_step(model, heads, {"t": tree}, [record])[
+        "t"
+    ]  # the walk decoding takes through the answer
     assert walked == pytest.approx(res.tokens_per_step) and walked != pytest.approx(1 + sim.float().mean().item())
 
 
@@ -164,7 +229,14 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
     alone = simulated_accepts(model, heads, {"t": tree}, [record])["t"][0]
     sim = simulated_accepts(model, heads, {"t": tree}, [record], lookup=4)["t"][0]
     assert (sim >= alone).all() and sim.max() == 4 and sim.sum() > alone.sum()
-    res = run_method(model, prompt, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=80, stop_on_eos=False, lookup=4))
+    res = run_method(
+        model,
+        prompt,
+        method="medusa-greedy",
+        heads=heads,
+        tree=tree,
+        config=DecodeConfig(max_new_tokens=80, stop_on_eos=False, lookup=4),
+    )
     assert res.tokens == answer and res.lookup_tokens > 0
     emitted, checked = len(res.steps[0].tokens), 0
     for step in res.steps[1:-1]:
@@ -174,7 +246,9 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
             checked += 1
         emitted += len(step.tokens)
     assert checked >= 10
-    assert simulated_tokens_per_step(model, heads, {"t": tree}, [record], lookup=4)["t"] == pytest.approx(res.tokens_per_step)
+    assert simulated_tokens_per_step(model, heads, {"t": tree}, [record], lookup=4)["t"] == pytest.approx(
+        res.tokens_per_step
+    )
 
 
 def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
@@ -190,7 +264,10 @@ def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypat
             self.name = "plain" if method == "plain" else "tree"
 
         def run(self, ids):
-            return SimpleNamespace(tokens_per_second=rates.get((self.name, len(ids)), 1.0), tokens_per_step=1.0 if self.name == "plain" else 2.5)
+            return SimpleNamespace(
+                tokens_per_second=rates.get((self.name, len(ids)), 1.0),
+                tokens_per_step=1.0 if self.name == "plain" else 2.5,
+            )
 
     monkeypatch.setattr(cal, "Decoder", FakeDecoder)
     out = cal.measure(None, None, {"tree": None}, [[7], [7, 8]], max_new_tokens=4, repeats=2)
@@ -213,33 +290,79 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
     shutil.copytree(Path(__file__).resolve().parents[1] / "assets/heads/smollm2-135m-instruct", folder)
     before, stored = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
     assert "device_kind" not in before["calibration"]  # a legacy record: made on a CPU
-    wide = [[0], [1], [2], [3], [4], [5], [6], [7], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 2], [2, 0], [1, 1]]
-    cuda = {"default_tree": "calibrated-17", "lookup": 0, "device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda", "dtype": "torch.bfloat16",
-            "trees": {"calibrated-12": {"nodes": 13, "speedup": 2.1}, "calibrated-17": {"nodes": 18, "speedup": 2.4}}}
+    wide = [
+        [0],
+        [1],
+        [2],
+        [3],
+        [4],
+        [5],
+        [6],
+        [7],
+        [0, 0],
+        [0, 1],
+        [1, 0],
+        [0, 0, 0],
+        [0, 0, 1],
+        [0, 0, 0, 0],
+        [0, 2],
+        [2, 0],
+        [1, 1],
+    ]
+    cuda = {
+        "default_tree": "calibrated-17",
+        "lookup": 0,
+        "device": "NVIDIA H100 80GB HBM3",
+        "device_kind": "cuda",
+        "dtype": "torch.bfloat16",
+        "trees": {"calibrated-12": {"nodes": 13, "speedup": 2.1}, "calibrated-17": {"nodes": 18, "speedup": 2.4}},
+    }
     said: list[str] = []
-    where = write_calibration(folder, cuda, {"calibrated-12": stored["calibrated-12"], "calibrated-17": wide}, say=said.append)
+    where = write_calibration(
+        folder, cuda, {"calibrated-12": stored["calibrated-12"], "calibrated-17": wide}, say=said.append
+    )
     cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
     assert where == "calibrations.cuda of config.json; the top-level cpu calibration is kept"
-    assert said == [f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA calibration: {where})"]
-    assert {k: v for k, v in cfg.items() if k != "calibrations"} == before and cfg["calibrations"] == {"cuda": cuda}  # the CPU record untouched
-    assert trees == {**stored, "calibrated-17": wide} and list(trees) == sorted(trees, key=lambda n: len(trees[n]))  # the union, smallest first
+    assert said == [
+        f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA calibration: {where})"
+    ]
+    assert {k: v for k, v in cfg.items() if k != "calibrations"} == before and cfg["calibrations"] == {
+        "cuda": cuda
+    }  # the CPU record untouched
+    assert trees == {**stored, "calibrated-17": wide} and list(trees) == sorted(
+        trees, key=lambda n: len(trees[n])
+    )  # the union, smallest first
     heads = load_heads(folder)
     assert heads.calibrations == {"cuda": cuda} and heads.tree_presets == trees
     on_gpu, on_cpu = heads_defaults(heads, "cuda:0"), heads_defaults(heads, "cpu")
     assert (on_gpu.tree, on_gpu.lookup_length, on_gpu.calibration, on_gpu.note) == ("calibrated-17", 0, cuda, None)
-    assert (on_cpu.tree, on_cpu.lookup_length, on_cpu.calibration, on_cpu.note) == (before["default_tree"], before["lookup"], before["calibration"], None)
+    assert (on_cpu.tree, on_cpu.lookup_length, on_cpu.calibration, on_cpu.note) == (
+        before["default_tree"],
+        before["lookup"],
+        before["calibration"],
+        None,
+    )
 
     # CUDA again, with other choices under a name already stored: the newer ones win, and it is said
     said.clear()
     write_calibration(folder, {**cuda, "default_tree": "calibrated-12"}, {"calibrated-12": wide[:12]}, say=said.append)
     cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
-    assert cfg["calibrations"]["cuda"]["default_tree"] == "calibrated-12" and cfg["calibration"] == before["calibration"]
+    assert (
+        cfg["calibrations"]["cuda"]["default_tree"] == "calibrated-12" and cfg["calibration"] == before["calibration"]
+    )
     assert trees["calibrated-12"] == wide[:12] and trees["calibrated-5"] == stored["calibrated-5"]
-    assert said[0].startswith("note: calibrated-12 in trees.json had other choices from an earlier calibration; kept this one's")
+    assert said[0].startswith(
+        "note: calibrated-12 in trees.json had other choices from an earlier calibration; kept this one's"
+    )
 
     # CPU again: the top level is replaced (with its kind now named), the CUDA record stays
     cpu = {**before["calibration"], "default_tree": "calibrated-4", "lookup": 3, "device_kind": "cpu"}
-    assert write_calibration(folder, cpu, {"calibrated-4": stored["calibrated-4"]}, say=said.append) == "the top level of config.json"
+    assert (
+        write_calibration(folder, cpu, {"calibrated-4": stored["calibrated-4"]}, say=said.append)
+        == "the top level of config.json"
+    )
     cfg = json.loads((folder / "config.json").read_text())
-    assert (cfg["default_tree"], cfg["lookup"], cfg["calibration"]) == ("calibrated-4", 3, cpu) and set(cfg["calibrations"]) == {"cuda"}
+    assert (cfg["default_tree"], cfg["lookup"], cfg["calibration"]) == ("calibrated-4", 3, cpu) and set(
+        cfg["calibrations"]
+    ) == {"cuda"}
     assert not list(folder.glob("*.tmp"))

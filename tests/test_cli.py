@@ -12,9 +12,7 @@ import pytest
 import torch
 from conftest import (
     free_port,
-    make_model,
     random_heads,
-    tiny_tokenizer,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,26 +43,54 @@ def start(monkeypatch, *argv: str, **env: str) -> str:
 def test_cli_mismatched_heads_exit_with_one_sentence(model_folder, tmp_path):
     heads = random_heads(hidden=32)
     heads.save(tmp_path / "heads")
-    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", str(model_folder), "--heads", str(tmp_path / "heads"), "--device", "cpu", "--dtype", "float32",
-                          "--port", str(free_port())], capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "app.py"),
+            "--model",
+            str(model_folder),
+            "--heads",
+            str(tmp_path / "heads"),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1] == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
+    assert (
+        out.stderr.strip().splitlines()[-1]
+        == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
+    )
 
 
 def test_cli_unknown_model_or_heads_exit_with_one_sentence(monkeypatch, model_folder, tmp_path):
     assert start(monkeypatch, "--model", "nobody/no-such-model", "--device", "cpu") == (
         "error: Model 'nobody/no-such-model' is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
-        "give a local folder, or check the id and the connection.")
+        "give a local folder, or check the id and the connection."
+    )
     missing = str(tmp_path / "no-such-folder")
     assert start(monkeypatch, "--model", missing, "--device", "cpu") == (
-        f"error: No model folder at {missing!r}; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct.")
-    assert start(monkeypatch, "--model", str(model_folder), "--heads", missing, "--device", "cpu").startswith(f"error: No Medusa heads found at {missing!r}")
+        f"error: No model folder at {missing!r}; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
+    )
+    assert start(monkeypatch, "--model", str(model_folder), "--heads", missing, "--device", "cpu").startswith(
+        f"error: No Medusa heads found at {missing!r}"
+    )
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "config.json").write_text("{not json")
     (damaged / "medusa_lm_head.safetensors").write_bytes(b"garbage")
-    assert start(monkeypatch, "--model", str(model_folder), "--heads", str(damaged), "--device", "cpu").startswith(f"error: Could not read the Medusa heads at {damaged}")
+    assert start(monkeypatch, "--model", str(model_folder), "--heads", str(damaged), "--device", "cpu").startswith(
+        f"error: Could not read the Medusa heads at {damaged}"
+    )
 
 
 class Evil:
@@ -81,8 +107,10 @@ def test_malicious_pickle_heads_are_refused_at_startup(monkeypatch, model_folder
     (folder / "medusa_lm_head.safetensors").unlink()
     torch.save({"medusa_head.0.0.linear.weight": Evil(marker)}, folder / "medusa_lm_head.pt")
     message = start(monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu")
-    assert message == ("error: medusa_lm_head.pt is not a plain tensor checkpoint and is not loaded, for safety (UnpicklingError); "
-                       "save the heads as a state dict of tensors.")
+    assert message == (
+        "error: medusa_lm_head.pt is not a plain tensor checkpoint and is not loaded, for safety (UnpicklingError); "
+        "save the heads as a state dict of tensors."
+    )
     assert not marker.exists()
 
 
@@ -114,28 +142,77 @@ def test_the_app_s_defaults_are_the_library_s(monkeypatch):
     from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, Settings
 
     app_cli = load_app_module(monkeypatch)
-    for k in ("MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS", "MEDUSA_MAX_RUN_SECONDS"):
+    for k in (
+        "MEDUSA_MAX_NEW_TOKENS",
+        "MEDUSA_MAX_NEW_TOKENS_LIMIT",
+        "MEDUSA_MAX_PROMPT_CHARS",
+        "MEDUSA_MAX_PROMPT_TOKENS",
+        "MEDUSA_MAX_RUN_SECONDS",
+    ):
         assert k not in os.environ
-    assert (app_cli.MAX_NEW_TOKENS, app_cli.MAX_NEW_TOKENS_LIMIT, app_cli.MAX_PROMPT_CHARS, app_cli.MAX_RUN_SECONDS) == (
-        Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS)
+    assert (
+        app_cli.MAX_NEW_TOKENS,
+        app_cli.MAX_NEW_TOKENS_LIMIT,
+        app_cli.MAX_PROMPT_CHARS,
+        app_cli.MAX_RUN_SECONDS,
+    ) == (Settings().max_new_tokens, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS)
     assert app_cli.MAX_PROMPT_TOKENS == "auto"
 
 
 # ------------------------------------------------------------------ start-up: one sentence per bad flag or override (issue #26)
-SERVING_ENV = ("MEDUSA_PORT", "GRADIO_SERVER_PORT", "MEDUSA_MAX_NEW_TOKENS", "MEDUSA_MAX_NEW_TOKENS_LIMIT", "MEDUSA_MAX_PROMPT_CHARS", "MEDUSA_MAX_PROMPT_TOKENS", "MEDUSA_MAX_RUN_SECONDS")
+SERVING_ENV = (
+    "MEDUSA_PORT",
+    "GRADIO_SERVER_PORT",
+    "MEDUSA_MAX_NEW_TOKENS",
+    "MEDUSA_MAX_NEW_TOKENS_LIMIT",
+    "MEDUSA_MAX_PROMPT_CHARS",
+    "MEDUSA_MAX_PROMPT_TOKENS",
+    "MEDUSA_MAX_RUN_SECONDS",
+)
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("MEDUSA_PORT", "abc", "error: MEDUSA_PORT='abc' is not a whole number from 1 to 65535; fix it or unset it."),
-    ("MEDUSA_PORT", "99999", "error: MEDUSA_PORT='99999' is not a whole number from 1 to 65535; fix it or unset it."),
-    ("GRADIO_SERVER_PORT", "-5", "error: GRADIO_SERVER_PORT='-5' is not a whole number from 1 to 65535; fix it or unset it."),
-    ("MEDUSA_MAX_NEW_TOKENS_LIMIT", "0", "error: MEDUSA_MAX_NEW_TOKENS_LIMIT='0' is not a whole number from 1 up; fix it or unset it."),
-    ("MEDUSA_MAX_NEW_TOKENS", "ten", "error: MEDUSA_MAX_NEW_TOKENS='ten' is not a whole number from 1 up; fix it or unset it."),
-    ("MEDUSA_MAX_PROMPT_CHARS", "1e5", "error: MEDUSA_MAX_PROMPT_CHARS='1e5' is not a whole number from 1 up; fix it or unset it."),
-    ("MEDUSA_MAX_PROMPT_TOKENS", "abc", "error: MEDUSA_MAX_PROMPT_TOKENS='abc' is not a whole number from 1 up (or auto); fix it or unset it."),
-    ("MEDUSA_MAX_RUN_SECONDS", "0", "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1; fix it or unset it."),
-    ("MEDUSA_SHARE", "true", "error: MEDUSA_SHARE='true' must be 1 (on) or 0 (off); fix it or unset it."),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("MEDUSA_PORT", "abc", "error: MEDUSA_PORT='abc' is not a whole number from 1 to 65535; fix it or unset it."),
+        (
+            "MEDUSA_PORT",
+            "99999",
+            "error: MEDUSA_PORT='99999' is not a whole number from 1 to 65535; fix it or unset it.",
+        ),
+        (
+            "GRADIO_SERVER_PORT",
+            "-5",
+            "error: GRADIO_SERVER_PORT='-5' is not a whole number from 1 to 65535; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_NEW_TOKENS_LIMIT",
+            "0",
+            "error: MEDUSA_MAX_NEW_TOKENS_LIMIT='0' is not a whole number from 1 up; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_NEW_TOKENS",
+            "ten",
+            "error: MEDUSA_MAX_NEW_TOKENS='ten' is not a whole number from 1 up; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_PROMPT_CHARS",
+            "1e5",
+            "error: MEDUSA_MAX_PROMPT_CHARS='1e5' is not a whole number from 1 up; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_PROMPT_TOKENS",
+            "abc",
+            "error: MEDUSA_MAX_PROMPT_TOKENS='abc' is not a whole number from 1 up (or auto); fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_RUN_SECONDS",
+            "0",
+            "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1; fix it or unset it.",
+        ),
+        ("MEDUSA_SHARE", "true", "error: MEDUSA_SHARE='true' must be 1 (on) or 0 (off); fix it or unset it."),
+    ],
+)
 def test_a_bad_environment_override_is_one_sentence_naming_it(monkeypatch, name, value, message):
     for k in SERVING_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -162,30 +239,48 @@ def test_bad_serving_flags_are_refused_before_the_model_loads(monkeypatch, no_mo
 
     assert start(monkeypatch, "--port", "99999") == "error: --port must be a port from 1 to 65535 (got 99999)."
     assert start(monkeypatch, "--port", "-5") == "error: --port must be a port from 1 to 65535 (got -5)."
-    assert start(monkeypatch, "--host", "8.8.8.8") == "error: --host '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    assert (
+        start(monkeypatch, "--host", "8.8.8.8")
+        == "error: --host '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    )
     # GRADIO_SERVER_NAME (what a Space sets) is read like MEDUSA_HOST
-    assert start(monkeypatch, GRADIO_SERVER_NAME="8.8.8.8") == "error: GRADIO_SERVER_NAME '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    assert (
+        start(monkeypatch, GRADIO_SERVER_NAME="8.8.8.8")
+        == "error: GRADIO_SERVER_NAME '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+    )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        assert start(monkeypatch, "--port", str(port)) == f"error: --port {port} is in use on 127.0.0.1; stop what serves there or pick another --port."
-    assert start(monkeypatch, "--capture", "cuda-graph", "--device", "cpu") == "error: CUDA-graph capture needs a GPU; use --capture none or compile on a CPU."
+        assert (
+            start(monkeypatch, "--port", str(port))
+            == f"error: --port {port} is in use on 127.0.0.1; stop what serves there or pick another --port."
+        )
+    assert (
+        start(monkeypatch, "--capture", "cuda-graph", "--device", "cpu")
+        == "error: CUDA-graph capture needs a GPU; use --capture none or compile on a CPU."
+    )
     assert start(monkeypatch, "--device", "tpu9") == "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."
-    assert start(monkeypatch, "--dtype", "float8") == "error: Unknown dtype 'float8'; use one of float32, bfloat16, float16 or auto."
+    assert (
+        start(monkeypatch, "--dtype", "float8")
+        == "error: Unknown dtype 'float8'; use one of float32, bfloat16, float16 or auto."
+    )
 
 
 def test_a_folder_without_a_model_and_damaged_weights_are_one_sentence(monkeypatch, model_folder, tmp_path):
     import shutil
 
     assert start(monkeypatch, "--model", "/etc", "--device", "cpu") == (
-        "error: The folder '/etc' has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct.")
+        "error: The folder '/etc' has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
+    )
     damaged = tmp_path / "damaged-model"
     shutil.copytree(model_folder, damaged)
     weights = damaged / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
     message = start(monkeypatch, "--model", str(damaged), "--device", "cpu")
-    assert message.startswith(f"error: Could not load model {str(damaged)!r} (") and message.endswith("); check its files, or give another folder or Hub id."), message
+    assert message.startswith(f"error: Could not load model {str(damaged)!r} (") and message.endswith(
+        "); check its files, or give another folder or Hub id."
+    ), message
     assert "\n" not in message
 
 
@@ -195,6 +290,10 @@ def test_a_damaged_heads_file_is_one_sentence(monkeypatch, model_folder, tmp_pat
     random_heads().save(folder)
     weights = folder / "medusa_lm_head.safetensors"
     weights.write_bytes(weights.read_bytes()[:200] if damage == "truncated" else os.urandom(4096))
-    message = start(monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu", "--dtype", "float32")
-    assert message.startswith(f"error: The heads file {weights} is not a readable safetensors file (") and message.endswith("); copy the heads again or train new ones."), message
+    message = start(
+        monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu", "--dtype", "float32"
+    )
+    assert message.startswith(
+        f"error: The heads file {weights} is not a readable safetensors file ("
+    ) and message.endswith("); copy the heads again or train new ones."), message
     assert "\n" not in message

@@ -82,8 +82,30 @@ def test_four_page_sessions_at_once_see_only_their_own_text(served):
 
     _, url, client = served
     prompts = [f"w{100 + i} w{130 + i}" for i in range(4)]
-    alone = [client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, False, 0, api_name="/compare")["methods"] for p in prompts]  # the greedy mode, as the page's default
-    jobs = [Client(url, verbose=False).submit(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run") for p in prompts]
+    alone = [
+        client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, False, 0, api_name="/compare")["methods"]
+        for p in prompts
+    ]  # the greedy mode, as the page's default
+    jobs = [
+        Client(url, verbose=False).submit(
+            p,
+            12,
+            0.7,
+            0.09,
+            0.3,
+            "chain-2",
+            "",
+            True,
+            True,
+            0,
+            "float32",
+            "Medusa greedy / exact sampling",
+            "greedy",
+            "medusa",
+            api_name="/run",
+        )
+        for p in prompts
+    ]
     for job, ref in zip(jobs, alone):
         updates = list(job)
         assert job.result()[0].startswith("Done")
@@ -98,7 +120,23 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     stop = [d for d in client.config["dependencies"] if d.get("cancels")]
     assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
     stats = count_runs(monkeypatch, pg, step_seconds=0.005)
-    job = client.submit(PROMPT, LIMIT, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
+    job = client.submit(
+        PROMPT,
+        LIMIT,
+        0.7,
+        0.09,
+        0.3,
+        "chain-2",
+        "",
+        True,
+        True,
+        0,
+        "float32",
+        "Medusa greedy / exact sampling",
+        "greedy",
+        "medusa",
+        api_name="/run",
+    )
     for out in job:
         if "Running" in str(out[0]):
             break
@@ -110,7 +148,9 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     steps = stats["steps"]
     time.sleep(0.5)
     assert stats["steps"] == steps  # nothing decodes after Stop
-    assert steps < 500  # stopped inside the first method: plain alone runs ~505 steps (2.5 s here) to the 512-token context
+    assert (
+        steps < 500
+    )  # stopped inside the first method: plain alone runs ~505 steps (2.5 s here) to the 512-token context
     assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
 
 
@@ -147,14 +187,18 @@ def start_long_compare(url: str, *, open_stream: bool):
     from conftest import api_args
 
     body = json.dumps({"data": api_args(PROMPT, {"max_new_tokens": LIMIT})}).encode()
-    req = urllib.request.Request(f"{url}gradio_api/call/compare", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}gradio_api/call/compare", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         event_id = json.load(resp)["event_id"]
     if not open_stream:
         return None
     host, port = url.split("//")[1].rstrip("/").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode())
+    sock.sendall(
+        f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
     return sock
 
 
@@ -202,8 +246,10 @@ def test_the_bound_ends_an_api_run_with_one_sentence():
     pg = tiny_playground(oracle=False)
     with pytest.raises(Error) as err:
         Handlers(pg, max_run_seconds=0).compare(PROMPT, 64, 0.7, 0.09, 0.3, "chain-2", "", True, True)
-    assert str(err.value.message) == ("The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
-                                      "ask for fewer new tokens or send a shorter prompt.")
+    assert str(err.value.message) == (
+        "The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+        "ask for fewer new tokens or send a shorter prompt."
+    )
 
 
 def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
@@ -211,14 +257,20 @@ def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
 
     pg = tiny_playground(oracle=False)
     stats = count_runs(monkeypatch, pg)
-    gen = Handlers(pg).run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling")
+    gen = Handlers(pg).run(
+        PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+    )
     for out in gen:
         if stats["steps"] >= 3:
             break
     steps = stats["steps"]
     gen.close()  # what gradio does on Stop
     assert stats["closed"] == 1 and stats["active"] == 0 and stats["steps"] == steps
-    outs = list(Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    outs = list(
+        Handlers(pg).run(
+            PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+        )
+    )
     assert outs[-1][0].startswith("Done")
 
 
@@ -249,7 +301,9 @@ def _fifty_runs():
         pg.compare(f"w{10 + i} w{20 + i}", settings)
     gc.collect()
     after = rss_mb()
-    print(f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)"
+    )
     assert after - before < 30
 
 

@@ -4,10 +4,30 @@ import pytest
 import torch
 from conftest import OracleHeads, make_model, random_heads
 
-from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, build_tree, cartesian_choices, chain_choices, get_tree, run_method
+from medusa_lib import (
+    DecodeConfig,
+    DecodeError,
+    Decoder,
+    ModelError,
+    build_tree,
+    cartesian_choices,
+    chain_choices,
+    get_tree,
+    run_method,
+)
 from medusa_lib.core.attention import use_packed_gqa
 from medusa_lib.core.decoding import (
-    compact_cache, greedy_accept, greedy_tokens, new_cache, race_noise, sample_token, sample_walk, sampling_probs, typical_accept, typical_threshold, typical_threshold_of_entropy,
+    compact_cache,
+    greedy_accept,
+    greedy_tokens,
+    new_cache,
+    race_noise,
+    sample_token,
+    sample_walk,
+    sampling_probs,
+    typical_accept,
+    typical_threshold,
+    typical_threshold_of_entropy,
 )
 from medusa_lib.core.model import model_info
 from medusa_lib.core.tree import tree_attention_bias, with_lookup
@@ -20,7 +40,12 @@ TREES = {
     "mc_sim_7b_63": get_tree("mc_sim_7b_63"),
 }
 CACHES = ["dynamic", "static"]  # every exactness test runs with both kinds of KV cache (core/kv.py)
-ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.core.attention (as load_model sets up on CPU)
+ARCHS = [
+    "llama",
+    "qwen2",
+    "gpt2",
+    "llama-packed",
+]  # llama-packed: GQA through medusa_lib.core.attention (as load_model sets up on CPU)
 
 
 def model_for(arch: str, attn: str = "sdpa"):
@@ -37,7 +62,9 @@ def models():
 
 
 def plain_tokens(model, n=N_NEW, prompt=PROMPT, *, cache="dynamic"):
-    return run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache)).tokens
+    return run_method(
+        model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache)
+    ).tokens
 
 
 # ------------------------------------------------------------------ tree forward maths
@@ -56,7 +83,15 @@ def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn, lookup
         body(input_ids=prompt, past_key_values=cache, use_cache=True)
         P = prompt.shape[1]
         mask = torch.cat([torch.zeros(tree.num_nodes, P), tree_attention_bias(tree, torch.float32)], dim=1)[None, None]
-        tree_logits = lm_head(body(input_ids=tree_tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True).last_hidden_state[0])
+        tree_logits = lm_head(
+            body(
+                input_ids=tree_tokens[None],
+                attention_mask=mask,
+                position_ids=(tree.position_ids + P)[None],
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state[0]
+        )
         for row in tree.retrieve_indices.tolist():
             nodes = [j for j in row if j >= 0]
             seq = torch.cat([prompt[0], tree_tokens[nodes]])[None]
@@ -69,7 +104,9 @@ def test_tree_forward_logits_equal_per_path_sequential_logits(arch, attn, lookup
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plain_greedy_equals_model_generate(cache, models, arch):
     model = models[arch]
-    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    ref = model.generate(
+        torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(PROMPT) :].tolist()
     assert plain_tokens(model, cache=cache) == ref
     assert len(ref) == N_NEW
 
@@ -80,7 +117,14 @@ def test_plain_greedy_equals_model_generate(cache, models, arch):
 def test_medusa_greedy_equals_plain_greedy_with_random_heads(cache, models, arch, tree_name):
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2")
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=heads,
+        tree=TREES[tree_name],
+        config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False),
+    )
     assert res.tokens == plain_tokens(model, cache=cache)
     assert res.finish_reason == "length"
 
@@ -92,7 +136,14 @@ def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(cache, models, arch
     model = models[arch]
     ref = plain_tokens(model, N_NEW + 8, cache=cache)
     heads = OracleHeads(model, PROMPT + ref)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES[tree_name], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=heads,
+        tree=TREES[tree_name],
+        config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False),
+    )
     assert res.tokens == ref[:N_NEW]
     # The rigged heads put the true token at rank 0 or 1: the chain follows rank 0 only,
     # the wider trees also reach rank-1 tokens, so they accept longer paths.
@@ -113,14 +164,25 @@ def test_medusa_greedy_equals_plain_greedy_with_rigged_heads(cache, models, arch
 def test_greedy_equals_generate_for_qwen2_and_gqa_llama_in_one_chain(cache, models):
     # The three ways agree: model.generate == plain == Medusa greedy (63-node tree)
     model = models["llama"]
-    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
-    med = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False)).tokens
+    gen = model.generate(
+        torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(PROMPT) :].tolist()
+    med = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=random_heads(4),
+        tree=TREES["mc_sim_7b_63"],
+        config=DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False),
+    ).tokens
     assert gen == med
 
 
 # ------------------------------------------------------------------ exact sampling
 def sampled(model, n, *, temperature, seed, top_p=1.0, cache="dynamic"):
-    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, cache=cache)
+    cfg = DecodeConfig(
+        max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, cache=cache
+    )
     return cfg, run_method(model, PROMPT, method="plain", config=cfg).tokens
 
 
@@ -151,8 +213,17 @@ def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(cac
     model = models[arch]
     for seed in (0, 5):
         cfg, ref = sampled(model, cache=cache, n=N_NEW + 8, temperature=0.9, seed=seed)
-        cfg = DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, seed=seed, lookup=lookup)
-        res = run_method(model, PROMPT, method="medusa-sample", heads=OracleHeads(model, PROMPT + ref), tree=TREES[tree_name], config=cfg)
+        cfg = DecodeConfig(
+            cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, seed=seed, lookup=lookup
+        )
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-sample",
+            heads=OracleHeads(model, PROMPT + ref),
+            tree=TREES[tree_name],
+            config=cfg,
+        )
         assert res.tokens == ref[:N_NEW]
         assert res.tokens_per_step > {"chain-4": 1.2, "cartesian-3x2x2": 2.5, "mc_sim_7b_63": 3.0}[tree_name]
         for s in res.steps[1:]:  # the record's path is the walk's: its tokens are the accepted ones
@@ -164,7 +235,14 @@ def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(cac
 def test_exact_sampling_at_temperature_zero_is_greedy(cache, models):
     model = models["qwen2"]
     cfg = DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False)
-    res = run_method(model, PROMPT, method="medusa-sample", heads=random_heads(4, shared=True), tree=TREES["mc_sim_7b_63"], config=cfg)
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-sample",
+        heads=random_heads(4, shared=True),
+        tree=TREES["mc_sim_7b_63"],
+        config=cfg,
+    )
     assert res.tokens == plain_tokens(model, 30, cache=cache)
 
 
@@ -197,7 +275,10 @@ def test_the_walks_tokens_are_distributed_as_the_model_says():
     tree, tokens, _ = walk_case()
     torch.manual_seed(0)
     logits = torch.randn(4, 10) * 1.5
-    p_root, p_child = sampling_probs(logits[0], temperature=0.8, top_p=1.0), sampling_probs(logits[1], temperature=0.8, top_p=1.0)
+    p_root, p_child = (
+        sampling_probs(logits[0], temperature=0.8, top_p=1.0),
+        sampling_probs(logits[1], temperature=0.8, top_p=1.0),
+    )
     n = 20_000
     first, second = torch.zeros(10), torch.zeros(10)
     for i in range(n):  # a walk at every other position: fresh noise each time
@@ -245,7 +326,16 @@ def test_typical_acceptance_runs_and_sampled_root_is_seeded(cache, models):
     cfg = DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=7)
     a = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
     b = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=cfg).tokens
-    c = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=tree, config=DecodeConfig(cache=cache, max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=8)).tokens
+    c = run_method(
+        model,
+        PROMPT,
+        method="medusa-typical",
+        heads=heads,
+        tree=tree,
+        config=DecodeConfig(
+            cache=cache, max_new_tokens=30, stop_on_eos=False, temperature=0.8, sample_root=True, seed=8
+        ),
+    ).tokens
     assert a == b and len(a) == 30
     assert a != c
 
@@ -256,7 +346,12 @@ def test_plain_sampling_is_seeded_and_respects_top_p(models):
     a = run_method(model, PROMPT, method="plain", config=cfg).tokens
     assert a == run_method(model, PROMPT, method="plain", config=cfg).tokens
     # top_p -> 0 keeps only the most likely token: sampling becomes greedy
-    tiny = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, temperature=1.0, top_p=1e-6)).tokens
+    tiny = run_method(
+        model,
+        PROMPT,
+        method="plain",
+        config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, temperature=1.0, top_p=1e-6),
+    ).tokens
     assert tiny == plain_tokens(model, 20)
 
 
@@ -272,20 +367,34 @@ def test_cache_after_compaction_equals_a_fresh_cache_of_the_accepted_path(models
     P = prompt.shape[1]
     row = tree.retrieve_indices[7]
     # root + 2 accepted that must move; or nodes already in place (only the crop runs)
-    first_child_path = next(r for r in tree.retrieve_indices if r[1] == 1 and r[2] > 2)  # [0, 1, x]: only the last slot moves
-    nodes = {"moved": row[row >= 0][:3], "last-moved": first_child_path[:3],
-             "in-place-root": torch.tensor([0]), "in-place-first-child": torch.tensor([0, 1])}[accepted]
+    first_child_path = next(
+        r for r in tree.retrieve_indices if r[1] == 1 and r[2] > 2
+    )  # [0, 1, x]: only the last slot moves
+    nodes = {
+        "moved": row[row >= 0][:3],
+        "last-moved": first_child_path[:3],
+        "in-place-root": torch.tensor([0]),
+        "in-place-first-child": torch.tensor([0, 1]),
+    }[accepted]
     n = len(nodes)
     with torch.no_grad():
         cache = new_cache()
         model.base_model(input_ids=prompt, past_key_values=cache, use_cache=True)
         mask = torch.cat([torch.zeros(tree.num_nodes, P), tree_attention_bias(tree, torch.float32)], dim=1)[None, None]
-        model.base_model(input_ids=tree_tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True)
+        model.base_model(
+            input_ids=tree_tokens[None],
+            attention_mask=mask,
+            position_ids=(tree.position_ids + P)[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         assert cache.get_seq_length() == P + tree.num_nodes
         compact_cache(cache, P, nodes, tree.num_nodes)
         assert cache.get_seq_length() == P + n
         fresh = new_cache()
-        model.base_model(input_ids=torch.cat([prompt[0], tree_tokens[nodes]])[None], past_key_values=fresh, use_cache=True)
+        model.base_model(
+            input_ids=torch.cat([prompt[0], tree_tokens[nodes]])[None], past_key_values=fresh, use_cache=True
+        )
         for a, b in zip(cache.layers, fresh.layers):
             # Keys carry their (rotary or learned) positions: equal keys mean equal positions.
             assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
@@ -365,8 +474,18 @@ def test_one_threshold_formula_for_acceptance_and_the_page():
 
     probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
     entropy = -(probs * probs.log()).sum(-1)  # the paper's threshold, written out here: min(epsilon, delta * exp(-H))
-    assert torch.allclose(typical_threshold(probs, epsilon=0.09, delta=0.3), torch.clamp(0.3 * torch.exp(-entropy), max=0.09), rtol=1e-6, atol=0)
-    assert torch.allclose(typical_threshold_of_entropy(entropy, epsilon=0.09, delta=0.3), torch.clamp(0.3 * torch.exp(-entropy), max=0.09), rtol=1e-6, atol=0)
+    assert torch.allclose(
+        typical_threshold(probs, epsilon=0.09, delta=0.3),
+        torch.clamp(0.3 * torch.exp(-entropy), max=0.09),
+        rtol=1e-6,
+        atol=0,
+    )
+    assert torch.allclose(
+        typical_threshold_of_entropy(entropy, epsilon=0.09, delta=0.3),
+        torch.clamp(0.3 * torch.exp(-entropy), max=0.09),
+        rtol=1e-6,
+        atol=0,
+    )
     h, thr = threshold_curve(epsilon=0.09, delta=0.3, vocab_size=50)
     assert isinstance(thr, np.ndarray) and thr == pytest.approx(np.minimum(0.09, 0.3 * np.exp(-h)), rel=1e-12)
 
@@ -381,7 +500,14 @@ def test_stops_on_eos_and_reports_it(cache, models):
     model.generation_config.eos_token_id = eos  # decoders read the EOS ids from the config each time
     try:
         for method, heads in [("plain", None), ("medusa-greedy", OracleHeads(model, PROMPT + ref + [0] * 8))]:
-            res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=30))
+            res = run_method(
+                model,
+                PROMPT,
+                method=method,
+                heads=heads,
+                tree=TREES["mc_sim_7b_63"],
+                config=DecodeConfig(cache=cache, max_new_tokens=30),
+            )
             assert res.tokens == ref[: first + 1] and res.finish_reason == "eos"
     finally:
         model.generation_config.eos_token_id = None
@@ -390,11 +516,20 @@ def test_stops_on_eos_and_reports_it(cache, models):
 @pytest.mark.parametrize("cache", CACHES)
 def test_stops_at_the_context_limit_with_the_same_tokens(cache):
     model = make_model("llama", max_position_embeddings=48)
-    res_plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False))
+    res_plain = run_method(
+        model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False)
+    )
     assert len(PROMPT) + len(res_plain.tokens) == 48 and res_plain.finish_reason == "context"
     ref = res_plain.tokens
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=heads,
+        tree=TREES["mc_sim_7b_63"],
+        config=DecodeConfig(cache=cache, max_new_tokens=200, stop_on_eos=False),
+    )
     assert res.tokens == ref and res.finish_reason == "context"
 
 
@@ -404,7 +539,14 @@ def test_max_new_tokens_is_exact_even_when_a_step_accepts_more(cache):
     ref = plain_tokens(model, 40, cache=cache)
     heads = OracleHeads(model, PROMPT + ref + [0] * 8)
     for n in (1, 2, 5, 13):
-        res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREES["mc_sim_7b_63"], config=DecodeConfig(cache=cache, max_new_tokens=n, stop_on_eos=False))
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            heads=heads,
+            tree=TREES["mc_sim_7b_63"],
+            config=DecodeConfig(cache=cache, max_new_tokens=n, stop_on_eos=False),
+        )
         assert res.tokens == ref[:n] and res.finish_reason == "length"
 
 
@@ -414,9 +556,21 @@ def test_sliding_window_caps_the_context_with_a_clear_message(cache):
     long_prompt = list(range(3, 40))
     with pytest.raises(DecodeError, match="sliding-window attention of 32 tokens"):
         run_method(model, long_prompt, method="plain")
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=random_heads(4),
+        tree=TREES["chain-4"],
+        config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False),
+    )
     assert len(PROMPT) + len(res.tokens) == 32 and res.finish_reason == "context"
-    assert res.tokens == run_method(model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False)).tokens
+    assert (
+        res.tokens
+        == run_method(
+            model, PROMPT, method="plain", config=DecodeConfig(cache=cache, max_new_tokens=100, stop_on_eos=False)
+        ).tokens
+    )
 
 
 def test_unsupported_attention_is_refused():
@@ -443,7 +597,11 @@ def test_model_info_follows_the_config_without_writing_on_the_model(monkeypatch)
     assert model_info(model).eos_token_ids == (2,) and model_info(model).context_limit == 512
     model.generation_config.eos_token_id = [5, 6]
     model.config.max_position_embeddings = 64
-    assert Decoder(model).info == model_info(model) == M.ModelInfo(context_limit=64, sliding_window=None, eos_token_ids=(5, 6))
+    assert (
+        Decoder(model).info
+        == model_info(model)
+        == M.ModelInfo(context_limit=64, sliding_window=None, eos_token_ids=(5, 6))
+    )
     assert len(forwards) == 1  # the tiny forward of the check runs once per model
     assert "_medusa_model_info" not in vars(model)  # nothing is cached on the model object
     assert model_info(model).context_limit == 64 and len(forwards) == 1
@@ -457,7 +615,11 @@ def test_decoder_holds_one_tree_buffers_value_per_tree(models):
     model = models["llama"]
     tree = TREES["cartesian-3x2x2"]
     dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree, config=DecodeConfig(lookup=3))
-    assert dec.tree.num_nodes == tree.num_nodes and dec.tree.cpu.tree_indices.device.type == "cpu" and dec.tree.bias.dtype == next(model.parameters()).dtype
+    assert (
+        dec.tree.num_nodes == tree.num_nodes
+        and dec.tree.cpu.tree_indices.device.type == "cpu"
+        and dec.tree.bias.dtype == next(model.parameters()).dtype
+    )
     assert dec.root_tree.num_nodes == 1 and sorted(dec.lookup_trees) == [1, 2, 3]
     assert all(b.cpu.lookup == c and b.num_nodes == tree.num_nodes + c for c, b in dec.lookup_trees.items())
     plain = Decoder(model)
@@ -484,7 +646,14 @@ def test_bad_settings_are_refused(models):
 
 def test_step_records_and_statistics(models):
     model = models["llama"]
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=16, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=random_heads(4),
+        tree=TREES["cartesian-3x2x2"],
+        config=DecodeConfig(max_new_tokens=16, stop_on_eos=False),
+    )
     assert res.steps[0].kind == "prefill" and len(res.steps[0].tokens) == 1
     assert [s.index for s in res.steps] == list(range(len(res.steps)))
     for s in res.steps[1:]:
@@ -495,14 +664,27 @@ def test_step_records_and_statistics(models):
         with pytest.raises(Exception):
             s.tokens = ()  # frozen
     assert res.decode_tokens == 15 and res.tokens_per_step == pytest.approx(15 / res.decode_steps)
-    lean = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=TREES["cartesian-3x2x2"], config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, record_detail=False))
+    lean = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=random_heads(4),
+        tree=TREES["cartesian-3x2x2"],
+        config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, record_detail=False),
+    )
     assert lean.tokens == res.tokens and all(s.tree is None for s in lean.steps)
 
 
 @pytest.mark.parametrize("cache", CACHES)
 def test_two_runs_never_share_state(cache, models):
     model = models["qwen2"]
-    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=TREES["chain-4"], config=DecodeConfig(cache=cache, max_new_tokens=20, stop_on_eos=False))
+    dec = Decoder(
+        model,
+        method="medusa-greedy",
+        heads=random_heads(4),
+        tree=TREES["chain-4"],
+        config=DecodeConfig(cache=cache, max_new_tokens=20, stop_on_eos=False),
+    )
     a, b = dec.steps(PROMPT), dec.steps(PROMPT[:4])
     interleaved_a, interleaved_b = [], []
     for sa, sb in zip(a, b):
@@ -522,7 +704,11 @@ def test_root_conditioned_heads_read_each_tree_root_and_greedy_stays_exact(model
     seen = []
     real = heads.propose
     heads.propose = lambda h, lm_head, **kw: seen.append(kw["root_emb"].clone()) or real(h, lm_head, **kw)
-    cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    cfg = (
+        DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5)
+        if method == "medusa-typical"
+        else DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    )
     res = run_method(model, PROMPT, method=method, heads=heads, tree=TREES["cartesian-3x2x2"], config=cfg)
     if method == "medusa-greedy":
         assert res.tokens == plain_tokens(model)
@@ -544,8 +730,14 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
     heads = random_heads(4, shared=arch != "gpt2", path=True)
     drafts = []
     real = heads.draft
-    heads.draft = lambda h, lm_head, tree, root, embed: drafts.append((int(root), tree.num_nodes, real(h, lm_head, tree, root, embed))) or drafts[-1][2]
-    cfg = DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5) if method == "medusa-typical" else DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False)
+    heads.draft = lambda h, lm_head, tree, root, embed: (
+        drafts.append((int(root), tree.num_nodes, real(h, lm_head, tree, root, embed))) or drafts[-1][2]
+    )
+    cfg = (
+        DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.9, sample_root=True, seed=5)
+        if method == "medusa-typical"
+        else DecodeConfig(cache=cache, max_new_tokens=N_NEW, stop_on_eos=False)
+    )
     tree = TREES["cartesian-3x2x2"]
     res = run_method(model, PROMPT, method=method, heads=heads, tree=tree, config=cfg)
     if method == "medusa-greedy":
@@ -556,7 +748,9 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
     emitted = []
     for step, (root, nodes, tokens) in zip(res.steps, drafts):
         emitted += step.tokens
-        assert nodes == tree.num_nodes and (root == emitted[-1] or step.finish_reason)  # after the last (cut) step, a draft nobody verifies
+        assert nodes == tree.num_nodes and (
+            root == emitted[-1] or step.finish_reason
+        )  # after the last (cut) step, a draft nobody verifies
     for step, (_, _, tokens) in zip(res.steps[1:], drafts):
         assert step.tree_token_ids == tokens.tolist()
 

@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
-from medusa_lib.pipeline.jsonl import load_jsonl
 from medusa_lib.core.model import PACKED_GQA, chat_prompt_ids, default_gguf_path, resolve_dtype
 from medusa_lib.core.packing import PackedLinear
+from medusa_lib.pipeline.jsonl import load_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
-PLAIN_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"  # Medusa-1 heads that read neither the root nor their branch
+PLAIN_HEADS = (
+    ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"
+)  # Medusa-1 heads that read neither the root nor their branch
 pytestmark = pytest.mark.slow
 
 
@@ -28,8 +30,12 @@ def test_default_model_loads_offline_and_answers(default_fp32):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.hidden_size == 576 and model.config.num_hidden_layers == 30
     assert model.get_output_embeddings().weight.shape[0] == 49152 and tok.chat_template
-    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 30 * 7 + 1  # q k v o gate up down per layer, lm_head
-    assert model.config._attn_implementation == PACKED_GQA  # 9 query heads on 3 KV heads, folded (medusa_lib.core.attention)
+    assert (
+        sum(isinstance(m, PackedLinear) for m in model.modules()) == 30 * 7 + 1
+    )  # q k v o gate up down per layer, lm_head
+    assert (
+        model.config._attn_implementation == PACKED_GQA
+    )  # 9 query heads on 3 KV heads, folded (medusa_lib.core.attention)
     ids = chat_prompt_ids(tok, "What is the capital of France?")
     res = run_method(model, ids, method="plain", config=DecodeConfig(max_new_tokens=24))
     assert "Paris" in tok.decode(res.tokens)
@@ -38,7 +44,9 @@ def test_default_model_loads_offline_and_answers(default_fp32):
 def test_unknown_model_offline_gets_a_clear_message(tmp_path):
     with pytest.raises(ModelError, match="not one this server was started with"):
         load_model("someone/not-a-model", allow_remote=False)
-    with pytest.raises(ModelError, match="has no config.json, so it holds no model; give a folder with config.json and the weights"):
+    with pytest.raises(
+        ModelError, match="has no config.json, so it holds no model; give a folder with config.json and the weights"
+    ):
         load_model(str(tmp_path), allow_remote=False)  # an empty folder
 
 
@@ -55,7 +63,9 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
     model, tok = default_fp32
     heads = load_heads(folder, model=model)
     config = json.loads((folder / "config.json").read_text())
-    assert heads.root_conditioned == heads.path_conditioned == (folder == HEADS)  # the default heads read the root and their branch
+    assert (
+        heads.root_conditioned == heads.path_conditioned == (folder == HEADS)
+    )  # the default heads read the root and their branch
     tree = get_tree(heads.default_tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     assert heads.default_tree == config["default_tree"] and heads.default_tree in heads.tree_presets
     prompts = load_jsonl(ROOT / "assets" / "data" / "bench_prompts.jsonl")[:3]
@@ -67,10 +77,29 @@ def test_shipped_heads_are_exact_in_float32_and_accelerate(default_fp32, folder)
         plain = run_method(model, ids, method="plain", config=cfg)
         medusa = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=cfg)
         # as shipped: with the lookup branch the heads were calibrated with (the default heads: 4 tokens)
-        shipped = run_method(model, ids, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0))
+        shipped = run_method(
+            model,
+            ids,
+            method="medusa-greedy",
+            heads=heads,
+            tree=tree,
+            config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0),
+        )
         # the static path (fixed-shape steps over a StaticCache, the GPU default): the same tokens
-        static = [run_method(model, ids, method=m, heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0, cache="static")) for m in ("plain", "medusa-greedy")]
-        gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+        static = [
+            run_method(
+                model,
+                ids,
+                method=m,
+                heads=heads,
+                tree=tree,
+                config=DecodeConfig(max_new_tokens=48, lookup=heads.lookup or 0, cache="static"),
+            )
+            for m in ("plain", "medusa-greedy")
+        ]
+        gen = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, pad_token_id=tok.eos_token_id)[
+            0, len(ids) :
+        ].tolist()
         assert medusa.tokens == shipped.tokens == plain.tokens == gen, p["id"]
         assert static[0].tokens == static[1].tokens == gen and static[1].engine == "static", p["id"]
         steps += shipped.decode_steps
@@ -85,7 +114,7 @@ def test_the_readme_engine_snippet_runs_as_printed(capsys, monkeypatch):
     import re
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The engine in"):]
+    section = readme[readme.index("## The engine in") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(ROOT)
     exec(compile(code, "README.md", "exec"), {})

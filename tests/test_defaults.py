@@ -7,10 +7,24 @@ from conftest import random_heads
 
 from medusa_lib import heads_defaults
 
-CPU = {"device": "CPU, 2 threads", "dtype": "torch.bfloat16", "lookup": 4, "trees": {"calibrated-5": {"nodes": 6, "measured_tokens_per_step": 2.3, "speedup": 1.6}}}  # as shipped: no device_kind
-CUDA = {"default_tree": "calibrated-12", "lookup": 0, "device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda", "dtype": "torch.bfloat16",
-        "trees": {"calibrated-12": {"nodes": 13, "measured_tokens_per_step": 2.9, "speedup": 2.4}}}
-TREES = {"calibrated-5": [[0], [0, 0], [1], [0, 0, 0], [2]], "calibrated-12": [[0], [0, 0], [1], [0, 0, 0], [2], [0, 1], [1, 0], [3], [0, 2], [4], [2, 0], [0, 0, 0, 0]]}
+CPU = {
+    "device": "CPU, 2 threads",
+    "dtype": "torch.bfloat16",
+    "lookup": 4,
+    "trees": {"calibrated-5": {"nodes": 6, "measured_tokens_per_step": 2.3, "speedup": 1.6}},
+}  # as shipped: no device_kind
+CUDA = {
+    "default_tree": "calibrated-12",
+    "lookup": 0,
+    "device": "NVIDIA H100 80GB HBM3",
+    "device_kind": "cuda",
+    "dtype": "torch.bfloat16",
+    "trees": {"calibrated-12": {"nodes": 13, "measured_tokens_per_step": 2.9, "speedup": 2.4}},
+}
+TREES = {
+    "calibrated-5": [[0], [0, 0], [1], [0, 0, 0], [2]],
+    "calibrated-12": [[0], [0, 0], [1], [0, 0, 0], [2], [0, 1], [1, 0], [3], [0, 2], [4], [2, 0], [0, 0, 0, 0]],
+}
 
 
 def calibrated(top: dict | None, *, default_tree=None, lookup=None, others: dict | None = None):
@@ -28,17 +42,27 @@ def test_each_device_kind_gets_its_own_calibration():
         assert (d.tree, d.lookup_length, d.calibration, d.note) == ("calibrated-5", 4, CPU, None)
     for device in ("cuda", "cuda:0", torch.device("cuda", 1)):
         d = heads_defaults(heads, device)
-        assert (d.tree, d.lookup_on, d.lookup, d.calibration, d.note) == ("calibrated-12", False, 4, CUDA, None)  # calibrated without the branch: off, 4 when ticked
+        assert (d.tree, d.lookup_on, d.lookup, d.calibration, d.note) == (
+            "calibrated-12",
+            False,
+            4,
+            CUDA,
+            None,
+        )  # calibrated without the branch: off, 4 when ticked
 
 
 def test_a_device_kind_without_a_calibration_borrows_the_other_and_says_so():
     d = heads_defaults(calibrated(CPU, default_tree="calibrated-5", lookup=4), "cuda:0")
     assert (d.tree, d.lookup_length, d.calibration) == ("calibrated-5", 4, CPU)
-    assert d.note == ("These heads have no tree calibrated on CUDA; using the tree calibrated on CPU, 2 threads "
-                      "(run python -m medusa_lib.pipeline.calibrate --write on this device for one).")
+    assert d.note == (
+        "These heads have no tree calibrated on CUDA; using the tree calibrated on CPU, 2 threads "
+        "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
+    )
     d = heads_defaults(calibrated(CUDA, default_tree="calibrated-12", lookup=0), "cpu")  # calibrated on a GPU first
     assert (d.tree, d.lookup_length, d.calibration) == ("calibrated-12", 0, CUDA)
-    assert d.note.startswith("These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 (run ")
+    assert d.note.startswith(
+        "These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 (run "
+    )
     assert heads_defaults(calibrated(CUDA, default_tree="calibrated-12", lookup=0), "cuda").note is None
 
 
@@ -46,14 +70,20 @@ def test_no_calibration_is_todays_fallback_without_a_note():
     for device in ("cpu", "cuda"):
         d = heads_defaults(calibrated(None), device)
         assert (d.tree, d.lookup_length, d.calibration, d.note) == ("topk-4x3x2-16", 4, None, None)
-        d = heads_defaults(calibrated(None, default_tree="chain-2", lookup=0), device)  # a default named in config.json without figures
+        d = heads_defaults(
+            calibrated(None, default_tree="chain-2", lookup=0), device
+        )  # a default named in config.json without figures
         assert (d.tree, d.lookup_length, d.calibration, d.note) == ("chain-2", 0, None, None)
 
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 def test_a_calibrated_tree_the_heads_lack_is_not_quoted(kind):
-    heads = calibrated(CPU, default_tree="calibrated-64", lookup=4, others={"cuda": {**CUDA, "default_tree": "calibrated-64"}})  # trees.json lost it
+    heads = calibrated(
+        CPU, default_tree="calibrated-64", lookup=4, others={"cuda": {**CUDA, "default_tree": "calibrated-64"}}
+    )  # trees.json lost it
     d = heads_defaults(heads, kind)
     assert (d.tree, d.lookup_length, d.calibration, d.note) == ("topk-4x3x2-16", 4 if kind == "cpu" else 0, None, None)
-    d = heads_defaults(calibrated(CPU, default_tree="calibrated-64", lookup=4), "cuda")  # borrowed, but lost: no note about a tree not used
+    d = heads_defaults(
+        calibrated(CPU, default_tree="calibrated-64", lookup=4), "cuda"
+    )  # borrowed, but lost: no note about a tree not used
     assert (d.tree, d.calibration, d.note) == ("topk-4x3x2-16", None, None)

@@ -52,7 +52,11 @@ def pg():
 
 @pytest.fixture(scope="module")
 def eagle_run(pg):
-    return {ev.method: ev.record for ev in pg.stream(PROMPT, Settings(max_new_tokens=24, drafter="eagle")) if ev.kind == "end"}
+    return {
+        ev.method: ev.record
+        for ev in pg.stream(PROMPT, Settings(max_new_tokens=24, drafter="eagle"))
+        if ev.kind == "end"
+    }
 
 
 # ------------------------------------------------------------------ the default rule
@@ -83,26 +87,45 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
 
     monkeypatch.setattr(drafter, "medusa_speedup", lambda defaults, device: 9.0)  # a figure of another machine
     head = new_eagle_head(pg.model, tree=TREE)
-    head.calibration = {"device_kind": "cpu", "speedup": 1.3, "medusa_speedup": 1.1, "dtype": "torch.float32", "date": "2026-11-26"}
+    head.calibration = {
+        "device_kind": "cpu",
+        "speedup": 1.3,
+        "medusa_speedup": 1.1,
+        "dtype": "torch.float32",
+        "date": "2026-11-26",
+    }
     drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert drafters.default == "eagle"
-    assert drafters.note == "The EAGLE head starts selected: it is the faster drafter here (measured in one bench run (float32, 2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
+    assert (
+        drafters.note
+        == "The EAGLE head starts selected: it is the faster drafter here (measured in one bench run (float32, 2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
+    )
     head.calibration = {"device_kind": "cpu", "speedup": 1.3}
     drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
-    assert drafters.default == "medusa" and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) on CPU: Medusa heads 9.00x" in drafters.note
+    assert (
+        drafters.default == "medusa"
+        and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) on CPU: Medusa heads 9.00x"
+        in drafters.note
+    )
 
 
 def test_the_shipped_heads_make_medusa_the_default_here(pg):
     assert pg.drafters.available == ("medusa", "eagle") and pg.drafters.default == "medusa"
-    assert pg.drafters.note.startswith("The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU")
+    assert pg.drafters.note.startswith(
+        "The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU"
+    )
     # the shipped heads' own records: the EAGLE head's CPU figure (bench --record-eagle) is below the Medusa heads' calibrated one
     from medusa_lib.core.defaults import heads_defaults
     from medusa_lib.core.heads import load_heads
 
     cal = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())["calibration"]
-    medusa = medusa_speedup(heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu"), torch.device("cpu"))
+    medusa = medusa_speedup(
+        heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu"), torch.device("cpu")
+    )
     assert cal["device_kind"] == "cpu" and medusa is not None and default_drafter(medusa, cal["speedup"]) == "medusa"
-    assert default_drafter(cal["medusa_speedup"], cal["speedup"]) == "medusa"  # and in the one run that measured both on this machine
+    assert (
+        default_drafter(cal["medusa_speedup"], cal["speedup"]) == "medusa"
+    )  # and in the one run that measured both on this machine
 
 
 # ------------------------------------------------------------------ runs
@@ -145,11 +168,14 @@ def test_the_tree_preset_does_not_apply_to_eagle_and_the_json_says_which_tree_ra
     assert pg.compare(PROMPT, Settings(max_new_tokens=6, drafter="medusa", tree="chain-2"))["tree"] == "chain-2"
 
 
-@pytest.mark.parametrize("value, sentence", [
-    ("EAGLE", 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
-    (3, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
-    (["eagle"], 'The drafter must be "medusa" or "eagle", not a list (got ["eagle"]).'),
-])
+@pytest.mark.parametrize(
+    "value, sentence",
+    [
+        ("EAGLE", 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
+        (3, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
+        (["eagle"], 'The drafter must be "medusa" or "eagle", not a list (got ["eagle"]).'),
+    ],
+)
 def test_a_bad_drafter_gets_one_sentence(pg, value, sentence):
     with pytest.raises(PlaygroundError) as err:
         pg.prepare(PROMPT, Settings(drafter=value))
@@ -159,7 +185,10 @@ def test_a_bad_drafter_gets_one_sentence(pg, value, sentence):
 def test_without_an_eagle_head_only_medusa_is_offered():
     pg = tiny_playground(oracle=False)
     assert pg.drafters.available == ("medusa",) and pg.drafters.default == "medusa"
-    with pytest.raises(PlaygroundError, match=r'^This server has no EAGLE head for its model, so the drafter must be "medusa" \(or left empty\)\.$'):
+    with pytest.raises(
+        PlaygroundError,
+        match=r'^This server has no EAGLE head for its model, so the drafter must be "medusa" \(or left empty\)\.$',
+    ):
         pg.prepare(PROMPT, Settings(drafter="eagle"))
     assert pg.compare(PROMPT, Settings(max_new_tokens=3, drafter=None))["drafter"] == "medusa"
 
@@ -169,7 +198,13 @@ def shown(names: list[str], frames) -> dict:
     """What the page shows after a handler's frames: each output's last value that was not a skip."""
     out = {}
     for frame in frames:
-        out.update({n: v for n, v in zip(names, frame) if not (isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1)})
+        out.update(
+            {
+                n: v
+                for n, v in zip(names, frame)
+                if not (isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1)
+            }
+        )
     return out
 
 
@@ -177,17 +212,32 @@ def test_the_page_names_the_drafter_in_columns_summary_inspector_status_and_repl
     from ui.handlers import REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers
 
     h = Handlers(pg)
-    final = shown(RUN_OUTPUTS, h.run(PROMPT, 16, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, GREEDY_LABEL, "greedy", "eagle"))
+    final = shown(
+        RUN_OUTPUTS,
+        h.run(PROMPT, 16, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, GREEDY_LABEL, "greedy", "eagle"),
+    )
     assert "Medusa columns drafted by the EAGLE head" in final["status"]
-    assert 'data-drafter="eagle"' in final["col_greedy"] and 'data-drafter="eagle"' in final["col_typical"] and "data-drafter" not in final["col_plain"]
+    assert (
+        'data-drafter="eagle"' in final["col_greedy"]
+        and 'data-drafter="eagle"' in final["col_typical"]
+        and "data-drafter" not in final["col_plain"]
+    )
     assert list(final["summary"]["drafter"]) == ["", "EAGLE head", "EAGLE head"]
     assert "drafted by the EAGLE head" in final["tree_plot"].layout.title.text
     assert final["tree_plot"].layout.xaxis.ticktext[1] == "depth 1"  # EAGLE's levels are draft depths, not heads
     records = final["session"]
     replay = shown(REPLAY_OUTPUTS, h.replay(records, "2x"))
-    assert "Medusa columns drafted by the EAGLE head" in replay["status"] and 'data-drafter="eagle"' in replay["col_greedy"]
-    medusa = shown(RUN_OUTPUTS, h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, GREEDY_LABEL, "greedy", ""))
-    assert 'data-drafter="medusa"' in medusa["col_greedy"] and "drafted by the Medusa heads" in medusa["tree_plot"].layout.title.text
+    assert (
+        "Medusa columns drafted by the EAGLE head" in replay["status"]
+        and 'data-drafter="eagle"' in replay["col_greedy"]
+    )
+    medusa = shown(
+        RUN_OUTPUTS, h.run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, GREEDY_LABEL, "greedy", "")
+    )
+    assert (
+        'data-drafter="medusa"' in medusa["col_greedy"]
+        and "drafted by the Medusa heads" in medusa["tree_plot"].layout.title.text
+    )
 
 
 def test_the_drafter_choice_disables_the_tree_controls_for_eagle(pg):
@@ -229,7 +279,11 @@ def test_compare_takes_the_drafter_and_refuses_a_bad_one_with_its_sentence(serve
 
     pg, url, client = served_eagle
     out = client.predict(PROMPT, 8, api_name="/compare", drafter="eagle")
-    assert out["drafter"] == "eagle" and out["greedy_match"]["equal"] is True and out["summary"][1]["drafter"] == "EAGLE head"
+    assert (
+        out["drafter"] == "eagle"
+        and out["greedy_match"]["equal"] is True
+        and out["summary"][1]["drafter"] == "EAGLE head"
+    )
     assert client.predict(PROMPT, 4, api_name="/compare", drafter="")["drafter"] == "medusa"  # "" = the default
     with pytest.raises(AppError) as err:
         client.predict(PROMPT, 4, api_name="/compare", drafter="fast")
@@ -247,7 +301,9 @@ def test_load_finds_the_eagle_head_beside_the_heads_and_a_named_bad_folder_is_re
     assert Playground.load(**kw, eagle="none").drafters.available == ("medusa",)
     assert find_eagle("auto", heads=tmp_path / "elsewhere") == (None, False)
     with pytest.raises(EagleError, match=r"^--eagle '.*nothing' is not a folder; give the folder of an EAGLE head"):
-        Playground.load(**{**kw, "model": "nobody/not-loaded"}, eagle=str(tmp_path / "nothing"))  # refused before the model loads
+        Playground.load(
+            **{**kw, "model": "nobody/not-loaded"}, eagle=str(tmp_path / "nothing")
+        )  # refused before the model loads
     with pytest.raises(EagleError, match=r"holds no EAGLE head: it needs eagle.safetensors and config.json"):
         Playground.load(**{**kw, "model": "nobody/not-loaded"}, eagle=str(tmp_path / "heads"))
 
@@ -256,6 +312,8 @@ def test_the_cli_refuses_a_bad_eagle_folder_in_one_sentence(monkeypatch, tmp_pat
     from test_cli import start
 
     assert start(monkeypatch, "--eagle", str(tmp_path), "--device", "cpu") == (
-        f"error: --eagle {str(tmp_path)!r} holds no EAGLE head: it needs eagle.safetensors and config.json (python -m medusa_lib.pipeline.train_eagle makes them).")
-    assert start(monkeypatch, "--device", "cpu", MEDUSA_EAGLE=str(tmp_path / "x")).startswith(f"error: MEDUSA_EAGLE {str(tmp_path / 'x')!r} is not a folder")
-
+        f"error: --eagle {str(tmp_path)!r} holds no EAGLE head: it needs eagle.safetensors and config.json (python -m medusa_lib.pipeline.train_eagle makes them)."
+    )
+    assert start(monkeypatch, "--device", "cpu", MEDUSA_EAGLE=str(tmp_path / "x")).startswith(
+        f"error: MEDUSA_EAGLE {str(tmp_path / 'x')!r} is not a folder"
+    )

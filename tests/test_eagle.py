@@ -5,7 +5,14 @@ import torch
 from conftest import make_model
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, run_method
-from medusa_lib.core.dynamic_tree import Candidates, DynamicTreeConfig, DynamicTreeError, as_medusa_tree, expand_level, select_tree
+from medusa_lib.core.dynamic_tree import (
+    Candidates,
+    DynamicTreeConfig,
+    DynamicTreeError,
+    as_medusa_tree,
+    expand_level,
+    select_tree,
+)
 from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
 from medusa_lib.pipeline.train_eagle import FeatureCache, eagle_loss
 
@@ -51,7 +58,12 @@ def test_select_tree_keeps_the_best_nodes_and_builds_mask_positions_and_paths():
 
 
 def test_a_parent_always_ranks_above_its_child_even_when_the_child_adds_log_probability_zero():
-    cand = Candidates(torch.tensor([10, 11, 20, 21]), torch.tensor([-0.5, -2.0, -0.5, -3.0]), torch.tensor([-1, -1, 0, 0]), torch.tensor([1, 1, 2, 2]))
+    cand = Candidates(
+        torch.tensor([10, 11, 20, 21]),
+        torch.tensor([-0.5, -2.0, -0.5, -3.0]),
+        torch.tensor([-1, -1, 0, 0]),
+        torch.tensor([1, 1, 2, 2]),
+    )
     assert select_tree(torch.tensor(7), cand, num_nodes=1, depth=2).tokens.tolist() == [7, 10]
     assert select_tree(torch.tensor(7), cand, num_nodes=2, depth=2).tokens.tolist() == [7, 10, 20]
 
@@ -67,7 +79,7 @@ def test_bad_dynamic_trees_are_refused_with_one_sentence():
 def trained_head(model, sequences: list[list[int]], steps: int = 120):
     """A tiny EAGLE head over-fitted to the model's own continuations, so long paths get accepted."""
     with torch.no_grad():
-        records = [{"prompt_ids": s[: len(PROMPT)], "answer_ids": s[len(PROMPT):]} for s in sequences]
+        records = [{"prompt_ids": s[: len(PROMPT)], "answer_ids": s[len(PROMPT) :]} for s in sequences]
         cache = FeatureCache.build(model, records, desc="test features")
     head = new_eagle_head(model, tree=TREE)
     torch.manual_seed(0)
@@ -88,7 +100,11 @@ def setups():
         model = make_model(arch)
         greedy = plain(model, N_NEW + 16)
         sampled = [run_method(model, PROMPT, method="plain", config=sampling(s, N_NEW + 16)).tokens for s in (0, 5)]
-        out[arch] = (model, trained_head(model, [PROMPT + greedy, *(PROMPT + s for s in sampled)]), new_eagle_head(model, tree=TREE).eval())
+        out[arch] = (
+            model,
+            trained_head(model, [PROMPT + greedy, *(PROMPT + s for s in sampled)]),
+            new_eagle_head(model, tree=TREE).eval(),
+        )
     return out
 
 
@@ -97,7 +113,9 @@ def plain(model, n, *, prompt=PROMPT):
 
 
 def sampling(seed, n, temperature=0.9, top_p=1.0, lookup=0):
-    return DecodeConfig(max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, lookup=lookup)
+    return DecodeConfig(
+        max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, lookup=lookup
+    )
 
 
 # ------------------------------------------------------------------ exactness
@@ -105,10 +123,18 @@ def sampling(seed, n, temperature=0.9, top_p=1.0, lookup=0):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eagle_greedy_equals_plain_greedy_and_model_generate(setups, arch, lookup):
     model, trained, random = setups[arch]
-    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    ref = model.generate(
+        torch.tensor([PROMPT]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(PROMPT) :].tolist()
     assert plain(model, N_NEW) == ref
     for head in (random, trained):
-        res = run_method(model, PROMPT, method="medusa-greedy", eagle=head, config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=lookup))
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            eagle=head,
+            config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=lookup),
+        )
         assert res.tokens == ref and res.finish_reason == "length"
     assert res.tokens_per_step > 2.0  # the drafter foresees the model: several tokens a step
     for s in res.steps[1:]:
@@ -120,9 +146,17 @@ def test_eagle_greedy_equals_plain_greedy_and_model_generate(setups, arch, looku
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eagle_exact_sampling_equals_plain_sampling_with_the_same_seed(setups, arch):
     model, trained, random = setups[arch]
-    for head, seed, temperature, top_p, lookup in [(trained, 0, 0.9, 1.0, 0), (trained, 5, 0.9, 1.0, 3), (trained, 2, 1.3, 0.9, 0), (trained, 3, 0.3, 1.0, 0), (random, 4, 0.9, 1.0, 0)]:
+    for head, seed, temperature, top_p, lookup in [
+        (trained, 0, 0.9, 1.0, 0),
+        (trained, 5, 0.9, 1.0, 3),
+        (trained, 2, 1.3, 0.9, 0),
+        (trained, 3, 0.3, 1.0, 0),
+        (random, 4, 0.9, 1.0, 0),
+    ]:
         ref = run_method(model, PROMPT, method="plain", config=sampling(seed, N_NEW, temperature, top_p)).tokens
-        res = run_method(model, PROMPT, method="medusa-sample", eagle=head, config=sampling(seed, N_NEW, temperature, top_p, lookup))
+        res = run_method(
+            model, PROMPT, method="medusa-sample", eagle=head, config=sampling(seed, N_NEW, temperature, top_p, lookup)
+        )
         assert res.tokens == ref, (seed, temperature, top_p, lookup)
         if temperature == 0.3:  # near the greedy text the drafter was trained on: the walk descends into the tree
             assert sum(s.accept_length for s in res.steps) >= 3
@@ -131,11 +165,20 @@ def test_eagle_exact_sampling_equals_plain_sampling_with_the_same_seed(setups, a
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eagle_typical_acceptance_runs_on_the_dynamic_tree(setups, arch):
     model, trained, _ = setups[arch]
-    greedy = run_method(model, PROMPT, method="medusa-typical", eagle=trained, config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.0))
+    greedy = run_method(
+        model,
+        PROMPT,
+        method="medusa-typical",
+        eagle=trained,
+        config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.0),
+    )
     assert greedy.tokens == plain(model, N_NEW)  # T -> 0: the rule is greedy matching
     cfg = DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, temperature=0.8, sample_root=True, seed=7, lookup=3)
     a = run_method(model, PROMPT, method="medusa-typical", eagle=trained, config=cfg)
-    assert a.tokens == run_method(model, PROMPT, method="medusa-typical", eagle=trained, config=cfg).tokens and len(a.tokens) == N_NEW
+    assert (
+        a.tokens == run_method(model, PROMPT, method="medusa-typical", eagle=trained, config=cfg).tokens
+        and len(a.tokens) == N_NEW
+    )
     assert a.tokens_per_step > 1.2
 
 
@@ -143,18 +186,32 @@ def test_budget_and_context_cut_exactly_as_plain_decoding(setups):
     model, trained, _ = setups["llama"]
     ref = plain(model, N_NEW)
     for n in (1, 5, 13):
-        res = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=n, stop_on_eos=False))
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            eagle=trained,
+            config=DecodeConfig(max_new_tokens=n, stop_on_eos=False),
+        )
         assert res.tokens == ref[:n] and res.finish_reason == "length"
     model.config.max_position_embeddings = 30  # the context ends 23 tokens after the prompt
     try:
-        res = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=3))
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            eagle=trained,
+            config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=3),
+        )
         assert res.tokens == ref[:23] and res.finish_reason == "context"
     finally:
         model.config.max_position_embeddings = 512
     eos = ref[9]
     model.generation_config.eos_token_id = eos
     try:
-        res = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=N_NEW))
+        res = run_method(
+            model, PROMPT, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=N_NEW)
+        )
         assert res.tokens == ref[: ref.index(eos) + 1] and res.finish_reason == "eos"
     finally:
         model.generation_config.eos_token_id = None
@@ -162,8 +219,16 @@ def test_budget_and_context_cut_exactly_as_plain_decoding(setups):
 
 def test_a_static_cache_falls_back_to_the_dynamic_one_with_a_sentence(setups):
     model, trained, _ = setups["llama"]
-    dec = Decoder(model, method="medusa-greedy", eagle=trained, config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, cache="static"))
-    assert dec.note == "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); this run uses the dynamic cache."
+    dec = Decoder(
+        model,
+        method="medusa-greedy",
+        eagle=trained,
+        config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, cache="static"),
+    )
+    assert (
+        dec.note
+        == "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); this run uses the dynamic cache."
+    )
     res = dec.run(PROMPT)
     assert res.engine == "dynamic" and res.tokens == plain(model, 20)
 
@@ -197,14 +262,16 @@ def test_plain_ignores_the_drafter_and_medusa_still_needs_heads(setups):
 def test_the_draft_loop_reads_nothing_back_to_the_host(setups):
     """EAGLE's depth loop and EAGLE-2's selection stay on the device (fixed shapes, device-side
     top-k), so a captured step can take them later: no host read inside ``EagleRun.draft``."""
+    from test_fused import HOST_READS
+
     from medusa_lib.core.eagle import EagleRun
     from medusa_lib.pipeline.profile_step import OpCounter
 
-    from test_fused import HOST_READS
-
     model, head, _ = setups["llama"]
     cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False)
-    run_method(model, PROMPT, method="medusa-greedy", eagle=head, tree=TREE, config=cfg)  # one-off set-up (the CPU projection's packing check) before watching
+    run_method(
+        model, PROMPT, method="medusa-greedy", eagle=head, tree=TREE, config=cfg
+    )  # one-off set-up (the CPU projection's packing check) before watching
     log, draft = OpCounter(), EagleRun.draft
 
     def watched(self, root):
@@ -213,9 +280,12 @@ def test_the_draft_loop_reads_nothing_back_to_the_host(setups):
             return draft(self, root)
         finally:
             log.inside = False
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(EagleRun, "draft", watched)
         with log:
             run_method(model, PROMPT, method="medusa-greedy", eagle=head, tree=TREE, config=cfg)
     inside = {name for (where, name) in log.counts if where == "inside"}
-    assert "topk" in inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(inside & (HOST_READS | {"boolean-index"}))
+    assert "topk" in inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(
+        inside & (HOST_READS | {"boolean-index"})
+    )

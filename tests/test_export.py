@@ -24,7 +24,16 @@ TRAIN_SENTENCE = "only plain heads export to vLLM (such as assets/heads/smollm2-
 def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> MedusaHeads:
     """Plain heads on a 100-token proposal vocabulary, random everywhere (the shipped plain heads' layout)."""
     torch.manual_seed(seed)
-    heads = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=4, num_layers=layers, shared_lm_head=shared, num_proposal_tokens=100))
+    heads = MedusaHeads(
+        HeadsConfig(
+            hidden_size=HIDDEN,
+            vocab_size=VOCAB,
+            num_heads=4,
+            num_layers=layers,
+            shared_lm_head=shared,
+            num_proposal_tokens=100,
+        )
+    )
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.5)
     heads.proposal_ids.copy_(torch.randperm(VOCAB)[:100])
@@ -73,7 +82,10 @@ def test_bfloat16_export_halves_the_file(model_folder, tmp_path):
     f32 = export_vllm(tmp_path / "heads", tmp_path / "f32", model=str(model_folder), progress=False)
     bf16 = export_vllm(tmp_path / "heads", tmp_path / "bf16", model=str(model_folder), dtype="bfloat16", progress=False)
     with safe_open(str(bf16 / "model.safetensors"), framework="pt") as f:
-        assert f.get_tensor("blocks.0.layers.0.weight").dtype == torch.bfloat16 and f.get_tensor("token_map").dtype == torch.int64
+        assert (
+            f.get_tensor("blocks.0.layers.0.weight").dtype == torch.bfloat16
+            and f.get_tensor("token_map").dtype == torch.int64
+        )
     assert (bf16 / "model.safetensors").stat().st_size < 0.6 * (f32 / "model.safetensors").stat().st_size
 
 
@@ -97,13 +109,16 @@ def test_export_replaces_an_earlier_export_but_never_another_folder(model_folder
 def test_conditioned_heads_are_refused_with_the_heads_that_can_be_exported(kind, tmp_path):
     heads = random_heads(root=True, path=kind == "path")
     heads.save(tmp_path / "heads")
-    what = {"root": "root-conditioned (they also read the tree's root token)", "path": "path-conditioned (each head also reads the tree's root and its own branch)"}[kind]
+    what = {
+        "root": "root-conditioned (they also read the tree's root token)",
+        "path": "path-conditioned (each head also reads the tree's root and its own branch)",
+    }[kind]
     expected = f"error: These heads are {what}, which vLLM's Medusa cannot run: it feeds its heads the hidden state only; {TRAIN_SENTENCE}"
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert str(err.value) == expected
     assert not (tmp_path / "out").exists()
-    assert vllm_refusal(heads) == expected[len("error: "):]
+    assert vllm_refusal(heads) == expected[len("error: ") :]
     with pytest.raises(ValueError, match="cannot run"):
         to_vllm_medusa(heads)
 
@@ -113,16 +128,21 @@ def test_own_projections_onto_a_proposal_vocabulary_are_refused(tmp_path):
     proposal_heads(layers=1, shared=False).save(tmp_path / "heads")
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
-    assert str(err.value) == ("error: These heads have their own projections onto a 100-token proposal vocabulary, which vLLM's Medusa cannot load "
-                              "(it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
-                              "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections (--proposal-tokens 0), and export those.")
+    assert str(err.value) == (
+        "error: These heads have their own projections onto a 100-token proposal vocabulary, which vLLM's Medusa cannot load "
+        "(it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+        "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections (--proposal-tokens 0), and export those."
+    )
 
 
 def test_bad_command_lines_get_one_sentence(tmp_path):
     missing = tmp_path / "no-such-heads"
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(missing), "--to", "vllm", "--out", str(tmp_path / "out")])
-    assert str(err.value) == f"error: No heads folder at {str(missing)!r}; give the folder that holds medusa_lm_head.safetensors and config.json."
+    assert (
+        str(err.value)
+        == f"error: No heads folder at {str(missing)!r}; give the folder that holds medusa_lm_head.safetensors and config.json."
+    )
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(missing), "--to", "tgi", "--out", str(tmp_path / "out")])
     assert str(err.value) == "error: Unknown target 'tgi' for --to; the heads export to: vllm."
@@ -135,14 +155,44 @@ def test_bad_command_lines_get_one_sentence(tmp_path):
 def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path):
     heads = tmp_path / "heads"
     random_heads(root=True).save(heads)
-    out = subprocess.run([sys.executable, "-m", "medusa_lib.pipeline.export", "--heads", str(heads), "--to", "vllm", "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medusa_lib.pipeline.export",
+            "--heads",
+            str(heads),
+            "--to",
+            "vllm",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "export to vllm" in out.stderr  # the tqdm line
     assert out.stderr.strip().splitlines()[-1].startswith("error: These heads are root-conditioned")
     random_heads(shared=False).save(heads)
-    out = subprocess.run([sys.executable, "-m", "medusa_lib.pipeline.export", "--heads", str(heads), "--to", "vllm", "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medusa_lib.pipeline.export",
+            "--heads",
+            str(heads),
+            "--to",
+            "vllm",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "4/4" in out.stderr and out.stdout.startswith(f"wrote {tmp_path / 'out'}")
 
@@ -154,11 +204,15 @@ def test_the_page_says_whether_the_heads_export_and_with_which_command(tmp_path,
     proposal_heads().save(tmp_path / "plain")
     random_heads(root=True, path=True).save(tmp_path / "hydra")
     plain, hydra = load_heads(tmp_path / "plain"), load_heads(tmp_path / "hydra")
-    assert export_hint(plain) == ("**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): "
-                                  "`python -m medusa_lib.pipeline.export --heads plain --to vllm --out OUT` (docs/serving.md#serving-your-heads).")
-    assert export_hint(hydra) == ("**Serving in vLLM:** these path-conditioned heads cannot be exported (vLLM's Medusa reads the hidden state only); "
-                                  "plain heads can: train them without path conditioning (`python -m medusa_lib.pipeline.train --out DIR`), "
-                                  "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` (docs/serving.md#serving-your-heads).")
+    assert export_hint(plain) == (
+        "**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): "
+        "`python -m medusa_lib.pipeline.export --heads plain --to vllm --out OUT` (docs/serving.md#serving-your-heads)."
+    )
+    assert export_hint(hydra) == (
+        "**Serving in vLLM:** these path-conditioned heads cannot be exported (vLLM's Medusa reads the hidden state only); "
+        "plain heads can: train them without path conditioning (`python -m medusa_lib.pipeline.train --out DIR`), "
+        "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` (docs/serving.md#serving-your-heads)."
+    )
 
 
 def test_the_page_shows_the_export_hint_beside_the_heads_and_in_the_tree_lab():

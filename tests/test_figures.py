@@ -20,7 +20,11 @@ from ui.figures import ACCEPTED, REJECTED, empty_figure, mask_figure, threshold_
 @pytest.fixture(scope="module")
 def run():
     pg = tiny_playground()  # heads rigged to foresee the model's greedy answer: long accepted paths
-    records = {e.method: e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=24, tree="topk-3x2x1", lookup=0)) if e.kind == "end"}
+    records = {
+        e.method: e.record
+        for e in pg.stream(PROMPT, Settings(max_new_tokens=24, tree="topk-3x2x1", lookup=0))
+        if e.kind == "end"
+    }
     return pg, records
 
 
@@ -44,7 +48,9 @@ def test_tree_figure_draws_every_node_once_accepted_in_green_rejected_in_grey(ru
     labels = [html.unescape(t) for t in accepted.text]
     assert labels == [n["label"] for n in nodes if n["kind"] == "candidate" and n["accepted"]]
     edges = [t for t in fig.data if t.mode == "lines"]
-    assert edges[1].line.color == ACCEPTED and edges[1].x.count(None) == view.step.accept_length + 1  # root->...->last, then ->bonus
+    assert (
+        edges[1].line.color == ACCEPTED and edges[1].x.count(None) == view.step.accept_length + 1
+    )  # root->...->last, then ->bonus
 
 
 def test_mask_figure_cells_are_the_tree_mask_with_the_accepted_path_marked(run):
@@ -59,7 +65,9 @@ def test_mask_figure_cells_are_the_tree_mask_with_the_accepted_path_marked(run):
         assert row[0] == 1  # every node sees the whole prefix
         for j, cell in enumerate(row[1:]):
             assert cell == (0 if not mask[i][j] else 2 if i in on_path and j in on_path else 1)
-    assert sum(c == 2 for row in heat.z for c in row) == len(on_path) * (len(on_path) + 1) // 2  # a causal chain on the path
+    assert (
+        sum(c == 2 for row in heat.z for c in row) == len(on_path) * (len(on_path) + 1) // 2
+    )  # a causal chain on the path
 
 
 def test_timeline_steps_land_at_their_measured_times_and_the_replay_cuts_them(run):
@@ -117,15 +125,23 @@ def test_the_page_quotes_the_heads_own_calibration_not_literals():
 
     from ui.text import explain
 
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "assets/heads/smollm2-135m-instruct/config.json").read_text())
+    cfg = json.loads(
+        (Path(__file__).resolve().parents[1] / "assets/heads/smollm2-135m-instruct/config.json").read_text()
+    )
     tree = cfg["calibration"]["trees"][cfg["default_tree"]]
     text = explain(cfg["calibration"], default_tree=cfg["default_tree"], lookup=cfg["lookup"])
     assert f"({cfg['default_tree']}, {tree['nodes']} nodes, with a lookup branch of {cfg['lookup']})" in text
-    assert f"made {tree['measured_tokens_per_step']:.1f} tokens a step" in text and f"{tree['speedup']:.2f}x plain decoding's speed" in text
+    assert (
+        f"made {tree['measured_tokens_per_step']:.1f} tokens a step" in text
+        and f"{tree['speedup']:.2f}x plain decoding's speed" in text
+    )
     assert f"calibrated (bfloat16, on {cfg['calibration']['device']})" in text
     # the lookup length the figures were measured with, whatever the page's is; no device recorded: said so
     older = {**cfg["calibration"], "device": None}
     text = explain(older, default_tree=cfg["default_tree"], lookup=None)
-    assert f"with a lookup branch of {cfg['calibration']['lookup']})" in text and "on the machine they were calibrated on" in text
+    assert (
+        f"with a lookup branch of {cfg['calibration']['lookup']})" in text
+        and "on the machine they were calibrated on" in text
+    )
     bare = explain(None)
     assert "When these heads were calibrated" not in bare and "Why is Medusa not always faster here?" in bare

@@ -26,7 +26,10 @@ PROMPT = [1, 17, 33, 250, 99, 4, 61, 17, 33, 250]
 TREE = build_tree(cartesian_choices([3, 2, 2]))
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
 READ_BOUND = 3  # aten ops outside the program per decode step: the read of the result row (slice, .tolist())
-HOST_MADE = {"lift_fresh", "detach_"}  # CPU tensors the step records make from the row (Step.tree_tokens): host memory, no device op
+HOST_MADE = {
+    "lift_fresh",
+    "detach_",
+}  # CPU tensors the step records make from the row (Step.tree_tokens): host memory, no device op
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +43,39 @@ def heads():
 
 
 def decoder(model, heads, method="medusa-greedy", *, lookup=3, temperature=0.0, n=24, kv=None, top_p=1.0):
-    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache="static", lookup=lookup, temperature=temperature, top_p=top_p, seed=5, sample_root=True)
-    return Decoder(model, method=method, heads=None if method == "plain" else heads, tree=None if method == "plain" else TREE, config=cfg, static_kv=kv)
+    cfg = DecodeConfig(
+        max_new_tokens=n,
+        stop_on_eos=False,
+        cache="static",
+        lookup=lookup,
+        temperature=temperature,
+        top_p=top_p,
+        seed=5,
+        sample_root=True,
+    )
+    return Decoder(
+        model,
+        method=method,
+        heads=None if method == "plain" else heads,
+        tree=None if method == "plain" else TREE,
+        config=cfg,
+        static_kv=kv,
+    )
 
 
-@pytest.mark.parametrize("method,lookup,temperature", [("medusa-greedy", 3, 0.0), ("medusa-greedy", 0, 0.0), ("medusa-sample", 3, 0.9), ("medusa-typical", 3, 0.9), ("plain", 0, 0.9)])
-def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(llama, heads, monkeypatch, method, lookup, temperature):
+@pytest.mark.parametrize(
+    "method,lookup,temperature",
+    [
+        ("medusa-greedy", 3, 0.0),
+        ("medusa-greedy", 0, 0.0),
+        ("medusa-sample", 3, 0.9),
+        ("medusa-typical", 3, 0.9),
+        ("plain", 0, 0.9),
+    ],
+)
+def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(
+    llama, heads, monkeypatch, method, lookup, temperature
+):
     log = OpCounter()  # aten ops by (inside or outside the step, name)
     step = fused.Program.step
 
@@ -55,6 +85,7 @@ def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(llama, heads
             step(self)
         finally:
             log.inside = False
+
     monkeypatch.setattr(fused.Program, "step", watched)
     dec = decoder(llama, heads, method, lookup=lookup, temperature=temperature)
     it = dec.steps(PROMPT)
@@ -62,14 +93,24 @@ def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(llama, heads
     with log:
         steps = list(it)
     inside = {name for (where, name) in log.counts if where == "inside"}
-    outside = Counter({name: n for (where, name), n in log.counts.items() if where == "outside" and name not in HOST_MADE})
+    outside = Counter(
+        {name: n for (where, name), n in log.counts.items() if where == "outside" and name not in HOST_MADE}
+    )
     assert inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(inside & (HOST_READS | {"boolean-index"}))
     assert sum(outside.values()) <= READ_BOUND * len(steps), (sum(outside.values()) / len(steps), sorted(outside))
     assert outside["resolve_conj"] == len(steps)  # one read (.tolist() of the result row) per step
     assert outside["_to_copy"] + outside["copy_"] <= len(steps)  # on CUDA: one device-to-host copy per step
 
 
-@pytest.mark.parametrize("method,lookup,temperature,top_p", [("medusa-greedy", 3, 0.0, 1.0), ("medusa-sample", 0, 0.9, 0.8), ("medusa-typical", 3, 0.9, 1.0), ("plain", 0, 0.0, 1.0)])
+@pytest.mark.parametrize(
+    "method,lookup,temperature,top_p",
+    [
+        ("medusa-greedy", 3, 0.0, 1.0),
+        ("medusa-sample", 0, 0.9, 0.8),
+        ("medusa-typical", 3, 0.9, 1.0),
+        ("plain", 0, 0.0, 1.0),
+    ],
+)
 def test_dynamo_traces_a_whole_step_as_one_graph(llama, heads, method, lookup, temperature, top_p):
     import torch._dynamo
 
@@ -97,8 +138,15 @@ def test_heads_with_a_proposal_vocabulary_trace_as_one_graph_too(llama):
     from medusa_lib.core.heads import HeadsConfig, MedusaHeads
 
     torch.manual_seed(3)
-    heads = MedusaHeads(HeadsConfig(hidden_size=llama.config.hidden_size, vocab_size=llama.get_output_embeddings().weight.shape[0], num_heads=3,
-                                    shared_lm_head=True, num_proposal_tokens=64)).eval()
+    heads = MedusaHeads(
+        HeadsConfig(
+            hidden_size=llama.config.hidden_size,
+            vocab_size=llama.get_output_embeddings().weight.shape[0],
+            num_heads=3,
+            shared_lm_head=True,
+            num_proposal_tokens=64,
+        )
+    ).eval()
     dec = decoder(llama, heads, lookup=0, n=8)
     kv = StaticKV(llama, max_len=64)
     dec.static_kv = kv
@@ -115,7 +163,7 @@ def test_heads_with_a_proposal_vocabulary_trace_as_one_graph_too(llama):
 def host_chain(history: list[int], c: int, drafted: list[int], top1: list[int], root: int) -> tuple[list[int], int]:
     """The lookup branch as the dynamic path builds it (lookup.ngram_proposal), padded as static steps pad it."""
     chain = ngram_proposal(torch.tensor(history), length=c).tolist()
-    out = (chain + [drafted[j] for j in top1[len(chain):]])[:c]
+    out = (chain + [drafted[j] for j in top1[len(chain) :]])[:c]
     out += [out[-1] if out else root] * (c - len(out))
     return out, len(chain)
 
@@ -142,19 +190,36 @@ def test_the_device_lookup_branch_equals_the_host_one(llama, heads):
 def test_sampling_noise_is_a_function_of_seed_and_position():
     a = race_noise(3, torch.arange(4000), 64)
     assert torch.equal(a, race_noise(3, torch.arange(4000), 64)) and not torch.equal(a[0], race_noise(4, 0, 64))
-    assert (a > 0).all() and abs(float(a.mean()) - 1) < 0.01 and abs(float((a > 1).float().mean()) - 0.3679) < 0.005  # Exp(1)
+    assert (
+        (a > 0).all() and abs(float(a.mean()) - 1) < 0.01 and abs(float((a > 1).float().mean()) - 0.3679) < 0.005
+    )  # Exp(1)
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    counts = torch.bincount(torch.stack([sample_token(p.log(), temperature=1.0, top_p=1.0, seed=9, position=i) for i in range(20000)]), minlength=4)
+    counts = torch.bincount(
+        torch.stack([sample_token(p.log(), temperature=1.0, top_p=1.0, seed=9, position=i) for i in range(20000)]),
+        minlength=4,
+    )
     assert ((counts / 20000 - p).abs() <= 5 * (p * (1 - p) / 20000).sqrt() + 1e-3).all(), counts
     logits = torch.randn(100)
-    assert int(sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12)) == int(sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12))
+    assert int(sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12)) == int(
+        sample_token(logits, temperature=0.7, top_p=1.0, seed=1, position=12)
+    )
 
 
 def test_the_static_engine_samples_what_plain_sampling_draws(llama, heads):
-    ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.9, seed=5)).tokens
+    ref = run_method(
+        llama,
+        PROMPT,
+        method="plain",
+        config=DecodeConfig(max_new_tokens=30, stop_on_eos=False, temperature=0.9, seed=5),
+    ).tokens
     for method in ("plain", "medusa-sample"):
         for lookup in (0, 3):
-            assert decoder(llama, heads, method, lookup=lookup if method != "plain" else 0, temperature=0.9, n=30).run(PROMPT).tokens == ref
+            assert (
+                decoder(llama, heads, method, lookup=lookup if method != "plain" else 0, temperature=0.9, n=30)
+                .run(PROMPT)
+                .tokens
+                == ref
+            )
 
 
 class FakeCuda:
@@ -191,6 +256,7 @@ class FakeCuda:
 
             def pool(self):
                 return None
+
         return Graph()
 
     @contextlib.contextmanager
@@ -212,7 +278,9 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     fake = FakeCuda(fail="operation not permitted when stream is capturing")
     with pytest.raises(RuntimeError, match="not permitted"):
         fused.ready(dec, kv, graphs=fake)
-    assert not tree.captured and not root.captured and fake.modes == ["thread_local"] and fake.streams == [kv.device]  # the cache's one side stream, on its device
+    assert (
+        not tree.captured and not root.captured and fake.modes == ["thread_local"] and fake.streams == [kv.device]
+    )  # the cache's one side stream, on its device
     stale = FakeCuda(replay=lambda: None)  # a graph that does nothing: its result differs from the eager step's
     with pytest.raises(RuntimeError, match="differs"):
         root.capture(graphs=stale)
@@ -220,7 +288,9 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     good = {p: FakeCuda(replay=p.step) for p in (tree, root)}
     for p, fake in good.items():
         p.capture(graphs=fake)
-        assert p.captured and set(fake.devices) == {kv.device} and fake.streams == [] and fake.modes == ["thread_local"]  # every capture reuses that stream (one pool)
+        assert (
+            p.captured and set(fake.devices) == {kv.device} and fake.streams == [] and fake.modes == ["thread_local"]
+        )  # every capture reuses that stream (one pool)
     res = dec.run(PROMPT)  # the "graphs" replay: same tokens, labelled captured
     assert res.tokens == ref and res.engine == "static, cuda-graph"
 
@@ -233,13 +303,17 @@ def test_a_failed_compile_is_not_tried_again(llama, heads, monkeypatch):
     def broken(fn, **kw):
         calls.append(kw)
         raise RuntimeError("inductor cannot lower this op")
+
     monkeypatch.setattr(torch, "compile", broken)
     kv = StaticKV(llama, max_len=128)
     kv.capture = "compile"
     dec = decoder(llama, heads, kv=kv)
     first, second = dec.run(PROMPT), dec.run(PROMPT)
     assert first.engine == second.engine == "dynamic" and len(calls) == 1
-    assert dec.note == "Capturing this run's step failed (RuntimeError: inductor cannot lower this op), so it runs with the dynamic cache."
+    assert (
+        dec.note
+        == "Capturing this run's step failed (RuntimeError: inductor cannot lower this op), so it runs with the dynamic cache."
+    )
 
 
 def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, heads, monkeypatch):
@@ -247,7 +321,9 @@ def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, 
     kv = StaticKV(llama, max_len=128)
     kv.capture = "cuda-graph"
     real = fused.ready
-    monkeypatch.setattr("medusa_lib.core.decoding.ready", lambda d, k: real(d, k, graphs=FakeCuda(fail="out of memory")))
+    monkeypatch.setattr(
+        "medusa_lib.core.decoding.ready", lambda d, k: real(d, k, graphs=FakeCuda(fail="out of memory"))
+    )
     dec = decoder(llama, heads, kv=kv)
     res = dec.run(PROMPT)
     assert res.tokens == ref and res.engine == "dynamic"
@@ -264,7 +340,9 @@ def test_the_labs_measured_costs_time_the_engine_that_serves(llama):
     assert [r["tokens"] for r in rows] == [1, 4, 9] and {r["engine"] for r in rows} == {"static"}
     assert rows[0]["vs_one_token"] == 1.0 and all(r["body_ms"] > 0 for r in rows)
     assert kv.claim()  # given back
-    held = step_costs(llama, sizes=[1, 2], prefix=8, repeats=1, static_kv=kv)  # busy: the dynamic forward is timed instead
+    held = step_costs(
+        llama, sizes=[1, 2], prefix=8, repeats=1, static_kv=kv
+    )  # busy: the dynamic forward is timed instead
     kv.release()
     assert "engine" not in held[0]
 
@@ -291,5 +369,7 @@ def test_the_shared_cache_keeps_a_bounded_number_of_programs_least_recently_used
         dec = Decoder(llama, method="medusa-greedy", heads=heads, tree=tree, config=cfg, static_kv=kv)
         assert dec.run(PROMPT).tokens == reference
         own = {k[3] for k in kv.programs}
-        assert len(kv.programs) <= 3 and tree.choices in own and () in own  # this run's tree and root-only programs stay
+        assert (
+            len(kv.programs) <= 3 and tree.choices in own and () in own
+        )  # this run's tree and root-only programs stay
     assert [k[3] for k in kv.programs] == [trees[3].choices, (), trees[0].choices]  # least recently used first

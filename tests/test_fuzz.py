@@ -22,22 +22,65 @@ from medusa_lib.core.tree import TreeError, build_tree, parse_choices
 from medusa_lib.present import GREEDY_VIEWS, SAMPLED_VIEWS
 
 LIMIT = 12  # max new tokens for the fuzzed server: a valid run stays short
-VALID = {"prompt": PROMPT, "max_new_tokens": 4, "temperature": 0.7, "epsilon": 0.09, "delta": 0.3, "tree": "chain-2", "custom_tree": "",
-         "chat_template": True, "lookup_branch": True, "sample": True, "seed": 0, "numerics": "float32", "drafter": ""}
-NAMED = {"prompt": "prompt", "max_new_tokens": "max new tokens", "temperature": "temperature", "epsilon": "epsilon", "delta": "delta",
-         "tree": "tree", "custom_tree": "tree", "chat_template": "chat template", "lookup_branch": "lookup branch",
-         "sample": "sampling", "seed": "seed", "numerics": "numerics", "drafter": "drafter"}
-FUZZ = settings(derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+VALID = {
+    "prompt": PROMPT,
+    "max_new_tokens": 4,
+    "temperature": 0.7,
+    "epsilon": 0.09,
+    "delta": 0.3,
+    "tree": "chain-2",
+    "custom_tree": "",
+    "chat_template": True,
+    "lookup_branch": True,
+    "sample": True,
+    "seed": 0,
+    "numerics": "float32",
+    "drafter": "",
+}
+NAMED = {
+    "prompt": "prompt",
+    "max_new_tokens": "max new tokens",
+    "temperature": "temperature",
+    "epsilon": "epsilon",
+    "delta": "delta",
+    "tree": "tree",
+    "custom_tree": "tree",
+    "chat_template": "chat template",
+    "lookup_branch": "lookup branch",
+    "sample": "sampling",
+    "seed": "seed",
+    "numerics": "numerics",
+    "drafter": "drafter",
+}
+FUZZ = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 # Text of every kind: control characters (Cc) and lone surrogates (Cs) included.
 anything_text = st.text(st.characters(codec=None, categories=None), max_size=60)
 json_like = st.text(st.sampled_from('[]{},:"0123456789-.eE truefalsn\\'), max_size=80)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(-3, 20), st.floats(allow_nan=True, allow_infinity=True), st.floats(-3, 3),
-    anything_text, json_like, st.sampled_from(["8", "0.5", "true", "false", "null", "[[0]]", "chain-2", "NaN", "1e308", ""]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-3, 20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-3, 3),
+    anything_text,
+    json_like,
+    st.sampled_from(["8", "0.5", "true", "false", "null", "[[0]]", "chain-2", "NaN", "1e308", ""]),
 )
-nested = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=12)
-deep_text = st.integers(1, 1500).flatmap(lambda n: st.sampled_from(["[" * n + "]" * n, "[" * n + "0" + "]" * n, "[[0]" + ",[0" * n + "]" * n + "]"]))
+nested = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=12,
+)
+deep_text = st.integers(1, 1500).flatmap(
+    lambda n: st.sampled_from(["[" * n + "]" * n, "[" * n + "0" + "]" * n, "[[0]" + ",[0" * n + "]" * n + "]"])
+)
 
 
 def deep_list(n: int) -> list:
@@ -48,12 +91,55 @@ def deep_list(n: int) -> list:
 
 
 EDGES = [  # sent to every parameter, every run; the random values below come on top
-    None, True, False, 0, -1, 1, 10**400, -(10**400), 1e308, -1e308, 5e-324, 1e-40, -0.0, float("nan"), float("inf"), float("-inf"),
-    "", " ", "8", "0.7", "true", "false", "null", "NaN", "[[0]]", "chain-2", "abc \ud800 def", "\udfff", "\x00\x01\x1b[31m\x7f",
-    "\u202e\u200b\ufeff", "\U0001f980" * 3, "t" * 5000, "[" * 1000 + "]" * 1000, "[" * 900 + "0" + "]" * 900, "[[0]" + ",[0" * 999 + "]" * 1000,
-    [], {}, [[0], [0, 0]], [[0]] * 3, [["0"]], {"a": [1]}, deep_list(900), deep_list(5000), [1.5], [[True]],
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    10**400,
+    -(10**400),
+    1e308,
+    -1e308,
+    5e-324,
+    1e-40,
+    -0.0,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    "",
+    " ",
+    "8",
+    "0.7",
+    "true",
+    "false",
+    "null",
+    "NaN",
+    "[[0]]",
+    "chain-2",
+    "abc \ud800 def",
+    "\udfff",
+    "\x00\x01\x1b[31m\x7f",
+    "\u202e\u200b\ufeff",
+    "\U0001f980" * 3,
+    "t" * 5000,
+    "[" * 1000 + "]" * 1000,
+    "[" * 900 + "0" + "]" * 900,
+    "[[0]" + ",[0" * 999 + "]" * 1000,
+    [],
+    {},
+    [[0], [0, 0]],
+    [[0]] * 3,
+    [["0"]],
+    {"a": [1]},
+    deep_list(900),
+    deep_list(5000),
+    [1.5],
+    [[True]],
 ]
-values = st.one_of(scalars, nested, nested.map(json.dumps), deep_text, st.integers(1, 1500).map(deep_list), st.sampled_from(EDGES))
+values = st.one_of(
+    scalars, nested, nested.map(json.dumps), deep_text, st.integers(1, 1500).map(deep_list), st.sampled_from(EDGES)
+)
 trees = st.lists(st.lists(st.integers(-1, 11), min_size=1, max_size=5), max_size=12)  # paths, valid and not
 tree_texts = st.one_of(trees.map(json.dumps), json_like, deep_text, nested.map(json.dumps), anything_text)
 
@@ -145,7 +231,9 @@ def test_through_the_server_every_call_runs_or_gets_its_sentence_and_the_server_
         if event == "error":
             assert_one_sentence_naming(param, data)
         else:
-            assert event == "complete" and tuple(data["methods"]) == (SAMPLED_VIEWS if data.get("sampling") else GREEDY_VIEWS), (param, value, event, data)
+            assert event == "complete" and tuple(data["methods"]) == (
+                SAMPLED_VIEWS if data.get("sampling") else GREEDY_VIEWS
+            ), (param, value, event, data)
 
     check()
     assert seen["error"] > 30 and seen["complete"] > 3, seen  # both sides of the property were exercised

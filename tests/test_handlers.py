@@ -58,8 +58,26 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
     try:
         client = Client(url, verbose=False)
         out = client.predict(PROMPT, 4, api_name="/compare")
-        assert out["methods"]["plain"]["text"].split() == ["<script>"] * 4  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, "float32", "Medusa greedy / exact sampling", "greedy", "medusa", api_name="/run")
+        assert (
+            out["methods"]["plain"]["text"].split() == ["<script>"] * 4
+        )  # the API returns the text itself (JSON), the caller decides how to show it
+        job = client.submit(
+            PROMPT,
+            4,
+            0.7,
+            0.09,
+            0.3,
+            "chain-2",
+            "",
+            True,
+            True,
+            0,
+            "float32",
+            "Medusa greedy / exact sampling",
+            "greedy",
+            "medusa",
+            api_name="/run",
+        )
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -98,12 +116,21 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
     monkeypatch.setattr(Playground, "run_method", failing)
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+        outs = list(
+            Handlers(pg).run(
+                PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+            )
+        )
     last = outs[-1]
-    assert html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
+    assert (
+        html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
+    )
     greedy = last[RUN_OUTPUTS.index("col_greedy")]
     assert 'data-state="stopped"' in greedy and column_text(greedy)  # its tokens so far stay, it no longer says running
-    assert 'data-state="done"' in [o for o in outs if isinstance(o[RUN_OUTPUTS.index("col_plain")], str)][-1][RUN_OUTPUTS.index("col_plain")]
+    assert (
+        'data-state="done"'
+        in [o for o in outs if isinstance(o[RUN_OUTPUTS.index("col_plain")], str)][-1][RUN_OUTPUTS.index("col_plain")]
+    )
 
 
 def test_stop_turns_running_and_replaying_columns_into_stopped(served):
@@ -111,7 +138,11 @@ def test_stop_turns_running_and_replaying_columns_into_stopped(served):
     from ui.render import column_html
 
     pg, _, _ = served
-    rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=6, tree="chain-2")) if e.kind == "step" and len(e.record.views) > 2)
+    rec = next(
+        e.record
+        for e in pg.stream(PROMPT, Settings(max_new_tokens=6, tree="chain-2"))
+        if e.kind == "step" and len(e.record.views) > 2
+    )
     running, replay, done = (column_html("plain", rec, state=s) for s in ("running", "replay", "done"))
     waiting = column_html("medusa-typical", None)
     status, *cols = Handlers(pg).stop(running, replay, done)
@@ -122,8 +153,15 @@ def test_stop_turns_running_and_replaying_columns_into_stopped(served):
         assert column_text(col) == column_text(before) and stats(col) == stats(before)  # tokens and statistics stay
     assert cols[2] == done
     assert Handlers(pg).stop(waiting, None, "")[1:] == (waiting, None, "")  # nothing running: nothing changes
-    trick = column_html("plain", None, state="done", pieces=[Piece(5, '" data-state="running"><span class="method-state">running&hellip;</span>', "base", 1)])
-    assert Handlers(pg).stop(trick, "", "")[1] == trick  # generated text is escaped: only the column's own state marker is read
+    trick = column_html(
+        "plain",
+        None,
+        state="done",
+        pieces=[Piece(5, '" data-state="running"><span class="method-state">running&hellip;</span>', "base", 1)],
+    )
+    assert (
+        Handlers(pg).stop(trick, "", "")[1] == trick
+    )  # generated text is escaped: only the column's own state marker is read
 
 
 def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(monkeypatch):
@@ -137,11 +175,32 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
     h = Handlers(tiny_playground(oracle=False))
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
-    theirs = list(h.run(PROMPT, 3, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=other))  # another user's finished run
-    gen = h.run(PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=me)
+    theirs = list(
+        h.run(
+            PROMPT,
+            3,
+            0.7,
+            0.09,
+            0.3,
+            "chain-2",
+            "",
+            True,
+            True,
+            0,
+            None,
+            "Medusa greedy / exact sampling",
+            request=other,
+        )
+    )  # another user's finished run
+    gen = h.run(
+        PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=me
+    )
     plain = RUN_OUTPUTS.index("col_plain")
     frames = [next(gen) for _ in range(6)]
-    at_click = [[f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]  # what the page holds
+    at_click = [
+        [f[RUN_OUTPUTS.index(c)] for f in frames if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1]
+        for c in ("col_plain", "col_greedy", "col_typical")
+    ]  # what the page holds
     answer = {}
     stopper = threading.Thread(target=lambda: answer.update(out=h.stop(*at_click, request=me)))
     stopper.start()
@@ -154,9 +213,14 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     status, *cols = answer["out"]
     assert status.startswith("Stopped") and cols[0] == stopped_column(last[plain]) and 'data-state="stopped"' in cols[0]
     assert cols[1:] == at_click[1:]  # not started yet: still waiting
-    their_page = [[f[RUN_OUTPUTS.index(c)] for f in theirs if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1] for c in ("col_plain", "col_greedy", "col_typical")]
+    their_page = [
+        [f[RUN_OUTPUTS.index(c)] for f in theirs if isinstance(f[RUN_OUTPUTS.index(c)], str)][-1]
+        for c in ("col_plain", "col_greedy", "col_typical")
+    ]
     t0 = time.perf_counter()
-    assert list(h.stop(*their_page, request=other)[1:]) == their_page  # nothing running there: done columns stay, at once
+    assert (
+        list(h.stop(*their_page, request=other)[1:]) == their_page
+    )  # nothing running there: done columns stay, at once
     assert time.perf_counter() - t0 < 1 and all('data-state="done"' in c for c in their_page)
 
 
@@ -167,11 +231,19 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     out = client.predict(PROMPT, 1, api_name="/compare")
     for m in out["methods"].values():
         assert m["tokens"] == 1 and m["steps"] == 0 and m["tokens_per_second"] is None and m["tokens_per_step"] is None
-    assert all(r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"])  # JSON null
-    outs = list(Handlers(pg).run(PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    assert all(
+        r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"]
+    )  # JSON null
+    outs = list(
+        Handlers(pg).run(
+            PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+        )
+    )
     status = outs[-1][RUN_OUTPUTS.index("status")]
-    assert status == ("Done. Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
-                      "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them.")
+    assert status == (
+        "Done. Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+        "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them."
+    )
     summary = outs[-1][RUN_OUTPUTS.index("summary")]
     assert summary["tokens/s"].tolist() == ["\u2014"] * 3
     tree = outs[-1][RUN_OUTPUTS.index("tree_plot")]
@@ -184,14 +256,18 @@ def test_race_replay_takes_turns_with_runs_in_the_device_queue():
     from ui import build_demo
 
     fns = {f.api_name: f for f in build_demo(tiny_playground(oracle=False)).fns.values()}
-    device = {name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")}
+    device = {
+        name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")
+    }
     assert len(set(device.values())) == 1 and device["run"][1] == 1, device
 
 
 def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unexpected_one(caplog):
     from ui.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
 
-    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes.")
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes."
+    )
     for e in (cpu, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError()):
         assert cannot_run(e) == OUT_OF_MEMORY
     assert cannot_run(RuntimeError("shape mismatch")) == UNEXPECTED.format(name="RuntimeError")
@@ -200,7 +276,9 @@ def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unex
     rec = next(e.record for e in pg.stream(PROMPT, Settings(max_new_tokens=1, tree="chain-2")) if e.kind == "end")
     assert no_step_message(rec).endswith("no Medusa step to inspect. Raise Max new tokens and run again.")
     eos_rec = replace(rec, views=(replace(rec.views[0], step=replace(rec.views[0].step, finish_reason="eos")),))
-    assert no_step_message(eos_rec).endswith("(the model ended its answer at once): no Medusa step to inspect.")  # no advice that would not help
+    assert no_step_message(eos_rec).endswith(
+        "(the model ended its answer at once): no Medusa step to inspect."
+    )  # no advice that would not help
 
 
 def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
@@ -211,32 +289,62 @@ def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
 
     h = Handlers(tiny_playground())
     at = {n: RUN_OUTPUTS.index(n) for n in RUN_OUTPUTS}
-    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0], "sampling"))
+    frames = list(
+        h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0], "sampling")
+    )
     sampled = list(frames[-1])
     for col in ("col_plain", "col_greedy"):  # the columns as the page holds them: the last frame that sent each
         sampled[at[col]] = [f[at[col]] for f in frames if isinstance(f[at[col]], str)][-1]
     assert list(sampled[at["session"]]) == ["plain-sample", "medusa-sample", "medusa-typical"]
     assert "Sampled at T = 0.9, seed 7; speedups are against plain sampling." in sampled[at["status"]]
     badge = sampled[at["badge"]]
-    assert 'data-sampled="true"' in badge and "Medusa exact sampling = plain sampling, same seed (float32): all 16 tokens identical." in badge
+    assert (
+        'data-sampled="true"' in badge
+        and "Medusa exact sampling = plain sampling, same seed (float32): all 16 tokens identical." in badge
+    )
     assert 'data-method="plain-sample"' in sampled[at["col_plain"]] and "Plain (sampling)" in sampled[at["col_plain"]]
-    assert 'data-method="medusa-sample"' in sampled[at["col_greedy"]] and "Medusa exact sampling" in sampled[at["col_greedy"]]
+    assert (
+        'data-method="medusa-sample"' in sampled[at["col_greedy"]]
+        and "Medusa exact sampling" in sampled[at["col_greedy"]]
+    )
     assert list(sampled[at["summary"]]["method"]) == ["Plain (sampling)", "Medusa exact sampling", "Medusa typical"]
     panel = sampled[at["sampling"]]
-    assert 'data-rows="3"' in panel and "at T = 0.9" in panel and all(f"<td>{m}</td>" in panel for m in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"))
+    assert (
+        'data-rows="3"' in panel
+        and "at T = 0.9" in panel
+        and all(f"<td>{m}</td>" in panel for m in ("Plain (sampling)", "Medusa exact sampling", "Medusa typical"))
+    )
     tree_title = sampled[at["tree_plot"]].layout.title.text
     assert tree_title.startswith("Medusa exact sampling, step")  # the inspector shows the run the middle column made
-    other_seed = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, None, INSPECT_CHOICES[0], "sampling"))[-1]
-    assert other_seed[at["session"]]["plain-sample"].tokens != sampled[at["session"]]["plain-sample"].tokens  # the seed is used
+    other_seed = list(
+        h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 8, None, INSPECT_CHOICES[0], "sampling")
+    )[-1]
+    assert (
+        other_seed[at["session"]]["plain-sample"].tokens != sampled[at["session"]]["plain-sample"].tokens
+    )  # the seed is used
 
-    frames = list(h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))  # the default mode, T = 0.9
+    frames = list(
+        h.run(PROMPT, 16, 0.9, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0])
+    )  # the default mode, T = 0.9
     greedy = frames[-1]
     assert list(greedy[at["session"]]) == ["plain", "medusa-greedy", "medusa-typical"]
-    assert 'data-sampled="false"' in greedy[at["badge"]] and "Medusa greedy = plain greedy (float32): all 16 tokens identical." in greedy[at["badge"]]
-    assert 'data-rows="0"' in greedy[at["sampling"]] and "Medusa typical sampled at T = 0.9, seed 7; speedups are against plain greedy." in greedy[at["status"]]
-    assert greedy[at["tree_plot"]].layout.title.text.startswith("Medusa greedy, step")  # the inspector starts on Medusa greedy's run
+    assert (
+        'data-sampled="false"' in greedy[at["badge"]]
+        and "Medusa greedy = plain greedy (float32): all 16 tokens identical." in greedy[at["badge"]]
+    )
+    assert (
+        'data-rows="0"' in greedy[at["sampling"]]
+        and "Medusa typical sampled at T = 0.9, seed 7; speedups are against plain greedy." in greedy[at["status"]]
+    )
+    assert greedy[at["tree_plot"]].layout.title.text.startswith(
+        "Medusa greedy, step"
+    )  # the inspector starts on Medusa greedy's run
     typical = [f[at["col_typical"]] for f in frames if isinstance(f[at["col_typical"]], str)][-1]
-    assert "samples at T = 0.9 from seed 7" in html.unescape(typical) and "not plain greedy's text (not the same output)" in html.unescape(typical) and "speed-up against plain greedy" in html.unescape(typical)
+    assert (
+        "samples at T = 0.9 from seed 7" in html.unescape(typical)
+        and "not plain greedy's text (not the same output)" in html.unescape(typical)
+        and "speed-up against plain greedy" in html.unescape(typical)
+    )
     assert 'class="speedup" data-speedup=' in typical  # its speed-up over plain greedy, in the column
     at_zero = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))[-1]
     assert "Sampled at" not in at_zero[at["status"]] and "sampled at" not in at_zero[at["status"]]

@@ -19,7 +19,9 @@ def model():
 def test_resblock_starts_as_identity_and_blocks_are_independent(model):
     x = torch.randn(3, HIDDEN)
     assert torch.equal(ResBlock(HIDDEN)(x), x)
-    heads = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, num_layers=3, shared_lm_head=False))
+    heads = MedusaHeads(
+        HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, num_layers=3, shared_lm_head=False)
+    )
     blocks = [m for m in heads.modules() if isinstance(m, ResBlock)]
     assert len(blocks) == 6 and len({id(b.linear.weight) for b in blocks}) == 6  # not [ResBlock] * L
     heads.init_from_lm_head(model.lm_head)
@@ -48,7 +50,9 @@ def _same_logits(a, b, model):
 def test_format1_heads_only_pt_trusts_tensors_over_config(tmp_path, model):
     src = random_heads(5, shared=False)
     torch.save(src.heads.state_dict(), tmp_path / "medusa_lm_head.pt")
-    (tmp_path / "config.json").write_text(json.dumps({"base_model_name_or_path": "tiny", "medusa_num_heads": 3, "medusa_num_layers": 1}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"base_model_name_or_path": "tiny", "medusa_num_heads": 3, "medusa_num_layers": 1})
+    )
     heads = load_heads(tmp_path, model=model)
     assert heads.num_heads == 5 and not heads.config.shared_lm_head and heads.config.base_model == "tiny"
     assert _same_logits(heads, src, model)
@@ -70,7 +74,9 @@ def test_format2_sharded_full_model(tmp_path, model):
     medusa = {f"medusa_head.{k}": v.clone() for k, v in src.heads.state_dict().items()}
     save_file(body, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file(medusa, str(tmp_path / "model-00002-of-00002.safetensors"))
-    weight_map = {k: "model-00001-of-00002.safetensors" for k in body} | {k: "model-00002-of-00002.safetensors" for k in medusa}
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in body} | {
+        k: "model-00002-of-00002.safetensors" for k in medusa
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     heads = load_heads(tmp_path, model=model)
     assert heads.num_heads == 2 and _same_logits(heads, src, model)
@@ -78,7 +84,9 @@ def test_format2_sharded_full_model(tmp_path, model):
 
 def test_format3_resblock_only_safetensors_shares_lm_head(tmp_path, model):
     src = random_heads(3, shared=True)
-    save_file({k: v.contiguous() for k, v in src.heads.state_dict().items()}, str(tmp_path / "medusa_lm_head.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in src.heads.state_dict().items()}, str(tmp_path / "medusa_lm_head.safetensors")
+    )
     heads = load_heads(tmp_path, model=model)  # no config at all: vocabulary from the model
     assert heads.config.shared_lm_head and heads.num_heads == 3
     assert _same_logits(heads, src, model)
@@ -128,7 +136,9 @@ def test_bad_checkpoints_get_clear_messages(tmp_path, model):
     with pytest.raises(HeadsError, match="Unexpected tensor 'foo.weight'"):
         load_heads(tmp_path / "x", model=model)
     (tmp_path / "pickle").mkdir()
-    torch.save({"0.0.linear.weight": torch.zeros(2, 2), "evil": HeadsConfig(1, 1)}, tmp_path / "pickle" / "medusa_lm_head.pt")
+    torch.save(
+        {"0.0.linear.weight": torch.zeros(2, 2), "evil": HeadsConfig(1, 1)}, tmp_path / "pickle" / "medusa_lm_head.pt"
+    )
     with pytest.raises(HeadsError, match="not loaded, for safety"):
         load_heads(tmp_path / "pickle", model=model)
     with pytest.raises(HeadsError, match="No Medusa heads found at './missing'"):
@@ -156,7 +166,9 @@ def test_root_conditioned_heads_read_the_root_and_round_trip(tmp_path, model):
         x = x + torch.nn.functional.silu(src.heads[1][j].linear(x))
     assert torch.allclose(z[:, 1], x, atol=1e-5)
     # another root, other proposals, from the same hidden state
-    assert not torch.equal(src.propose(h[0], model.lm_head, topk=5, root_emb=e[0]), src.propose(h[0], model.lm_head, topk=5, root_emb=e[3]))
+    assert not torch.equal(
+        src.propose(h[0], model.lm_head, topk=5, root_emb=e[0]), src.propose(h[0], model.lm_head, topk=5, root_emb=e[3])
+    )
     src.save(tmp_path, base_model="tiny-llama")
     assert json.loads((tmp_path / "config.json").read_text())["root_conditioned"] is True
     back = load_heads(tmp_path, model=model)
@@ -167,7 +179,9 @@ def test_root_conditioned_heads_read_the_root_and_round_trip(tmp_path, model):
 def test_root_conditioned_heads_are_checked_against_config_and_model(tmp_path, model):
     random_heads(2, shared=True).save(tmp_path)  # plain heads ...
     cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "root_conditioned": True}))  # ... whose config says otherwise
+    (tmp_path / "config.json").write_text(
+        json.dumps({**cfg, "root_conditioned": True})
+    )  # ... whose config says otherwise
     with pytest.raises(HeadsError, match="says the heads are root-conditioned, but the checkpoint holds no root"):
         load_heads(tmp_path, model=model)
     random_heads(2, shared=True, root=True).save(tmp_path / "root")
@@ -187,11 +201,16 @@ def test_path_conditioned_heads_read_their_branch_and_round_trip(tmp_path, model
         MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, path_conditioned=True))
     # P starts at zero: fresh path heads carrying root heads' weights are those root heads
     rooted = random_heads(3, shared=True, root=True)
-    fresh = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, root_conditioned=True, path_conditioned=True))
+    fresh = MedusaHeads(
+        HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=3, root_conditioned=True, path_conditioned=True)
+    )
     fresh.load_state_dict(rooted.state_dict(), strict=False)
     e = rooted.root_embedding(emb, root)
     assert torch.equal(fresh(h, model.lm_head, root_emb=e, path_emb=W[branch]), rooted(h, model.lm_head, root_emb=e))
-    with pytest.raises(HeadsError, match=r"path-conditioned; pass the embeddings of the 2 branch tokens after the root as path_emb \[..., 2, d\]"):
+    with pytest.raises(
+        HeadsError,
+        match=r"path-conditioned; pass the embeddings of the 2 branch tokens after the root as path_emb \[..., 2, d\]",
+    ):
         fresh(h, model.lm_head, root_emb=e)
     assert fresh.hidden(h, num_heads=1, root_emb=e).shape == (5, 1, HIDDEN)  # head 1 has no branch above it
     src = random_heads(3, shared=True, path=True)
@@ -210,7 +229,11 @@ def test_path_conditioned_heads_read_their_branch_and_round_trip(tmp_path, model
     assert meta["root_conditioned"] is True and meta["path_conditioned"] is True
     back = load_heads(tmp_path, model=model)
     assert back.config == dataclasses.replace(src.config, base_model="tiny-llama") and back.path_conditioned
-    assert torch.allclose(back(h, model.lm_head, root_emb=e, path_emb=W[branch]), src(h, model.lm_head, root_emb=e, path_emb=W[branch]), atol=1e-6)
+    assert torch.allclose(
+        back(h, model.lm_head, root_emb=e, path_emb=W[branch]),
+        src(h, model.lm_head, root_emb=e, path_emb=W[branch]),
+        atol=1e-6,
+    )
 
 
 def test_path_conditioned_checkpoints_are_checked(tmp_path, model):
@@ -223,7 +246,9 @@ def test_path_conditioned_checkpoints_are_checked(tmp_path, model):
         load_heads(tmp_path, model=model)
     random_heads(2, shared=True, path=True).save(tmp_path / "p")
     state = load_file(tmp_path / "p" / "medusa_lm_head.safetensors")
-    save_file({k: v for k, v in state.items() if not k.startswith("root.")}, tmp_path / "p" / "medusa_lm_head.safetensors")
+    save_file(
+        {k: v for k, v in state.items() if not k.startswith("root.")}, tmp_path / "p" / "medusa_lm_head.safetensors"
+    )
     with pytest.raises(HeadsError, match=r"branch \(path.\*\) tensors but no root.\* tensors"):
         load_heads(tmp_path / "p", model=model)
 
@@ -243,7 +268,13 @@ def test_draft_gives_every_node_its_parent_head_rank_reading_the_branch_above(mo
         token = {(): 7}
         for c in tree.choices:  # parents first: by hand, one node at a time
             branch = [token[c[:d]] for d in range(1, len(c))] + [0] * (3 - len(c))  # x_{t+2}.. of this node, padded
-            ids = heads.propose(h, model.lm_head, topk=10, root_emb=heads.root_embedding(emb, root), path_emb=W[torch.tensor(branch)] if kind == "path" else None)
+            ids = heads.propose(
+                h,
+                model.lm_head,
+                topk=10,
+                root_emb=heads.root_embedding(emb, root),
+                path_emb=W[torch.tensor(branch)] if kind == "path" else None,
+            )
             token[c] = int(ids[len(c) - 1, c[-1]])
     assert got.tolist() == [7] + [token[c] for c in tree.choices]
     hs, roots = torch.stack([torch.randn(HIDDEN), h, torch.randn(HIDDEN)]), torch.tensor([3, 7, 250])
@@ -261,7 +292,16 @@ def test_draft_gives_every_node_its_parent_head_rank_reading_the_branch_above(mo
 def test_heads_can_be_saved_in_bfloat16_at_half_the_size(tmp_path, model):
     from safetensors import safe_open
 
-    src = MedusaHeads(HeadsConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_heads=2, num_proposal_tokens=VOCAB // 2, root_conditioned=True, path_conditioned=True))
+    src = MedusaHeads(
+        HeadsConfig(
+            hidden_size=HIDDEN,
+            vocab_size=VOCAB,
+            num_heads=2,
+            num_proposal_tokens=VOCAB // 2,
+            root_conditioned=True,
+            path_conditioned=True,
+        )
+    )
     for p in src.parameters():
         torch.nn.init.normal_(p, std=0.5)
     src.proposal_ids.copy_(torch.arange(0, VOCAB, 2))  # a pruned vocabulary: its ids stay integers
@@ -280,17 +320,39 @@ def test_heads_can_be_saved_in_bfloat16_at_half_the_size(tmp_path, model):
 
 def test_calibrations_per_device_kind_are_read_and_a_malformed_one_gets_one_sentence(tmp_path, model):
     cuda = {"default_tree": "chain-3", "lookup": 0, "device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda"}
-    random_heads(3, shared=True).save(tmp_path / "ok", default_tree="chain-2", lookup=4, calibration={"device": "CPU, 2 threads"}, calibrations={"cuda": cuda})
+    random_heads(3, shared=True).save(
+        tmp_path / "ok",
+        default_tree="chain-2",
+        lookup=4,
+        calibration={"device": "CPU, 2 threads"},
+        calibrations={"cuda": cuda},
+    )
     heads = load_heads(tmp_path / "ok", model=model)
-    assert heads.calibrations == {"cuda": cuda} and heads.calibration == {"device": "CPU, 2 threads"} and (heads.default_tree, heads.lookup) == ("chain-2", 4)
+    assert (
+        heads.calibrations == {"cuda": cuda}
+        and heads.calibration == {"device": "CPU, 2 threads"}
+        and (heads.default_tree, heads.lookup) == ("chain-2", 4)
+    )
     random_heads(3, shared=True).save(tmp_path / "one")
     assert load_heads(tmp_path / "one", model=model).calibrations == {}  # calibrated on one kind of device, or never
     where = str(tmp_path / "bad" / "config.json")
     for bad, message in [
-        ([cuda], f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, or be left out."),
-        ({"cuda": "chain-3"}, f"{where} has a 'cuda' calibration that is not a record; recalibrate on that device or delete calibrations.cuda."),
-        ({"cuda": {"lookup": 2}}, f"{where} has a 'cuda' calibration without a default_tree name; recalibrate on that device or delete calibrations.cuda."),
-        ({"cuda": {**cuda, "lookup": 99}}, f"{where} has a 'cuda' calibration with lookup=99; it must be a whole number from 0 (no lookup branch) to 8."),
+        (
+            [cuda],
+            f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, or be left out.",
+        ),
+        (
+            {"cuda": "chain-3"},
+            f"{where} has a 'cuda' calibration that is not a record; recalibrate on that device or delete calibrations.cuda.",
+        ),
+        (
+            {"cuda": {"lookup": 2}},
+            f"{where} has a 'cuda' calibration without a default_tree name; recalibrate on that device or delete calibrations.cuda.",
+        ),
+        (
+            {"cuda": {**cuda, "lookup": 99}},
+            f"{where} has a 'cuda' calibration with lookup=99; it must be a whole number from 0 (no lookup branch) to 8.",
+        ),
     ]:
         random_heads(3, shared=True).save(tmp_path / "bad", calibrations=bad)
         with pytest.raises(HeadsError) as err:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 
 import pytest
-import torch
 from conftest import (
     PROMPT,
     assert_refused_on_the_api_and_the_page,
@@ -25,7 +24,9 @@ def test_huge_prompt_is_refused_before_tokenising(monkeypatch):
     monkeypatch.setattr(playground, "chat_prompt_ids", lambda *a, **k: pytest.fail("tokenised a 1 MB prompt"))
     with pytest.raises(ValueError, match="The prompt has 1,000,000 characters; the limit is 32,000: shorten it."):
         pg.prepare("\U0001f40d" * 1_000_000, Settings())
-    small = Playground(pg.model, pg.tokenizer, pg.heads, max_prompt_chars=10)  # the limit is the operator's (MEDUSA_MAX_PROMPT_CHARS)
+    small = Playground(
+        pg.model, pg.tokenizer, pg.heads, max_prompt_chars=10
+    )  # the limit is the operator's (MEDUSA_MAX_PROMPT_CHARS)
     with pytest.raises(ValueError, match="The prompt has 11 characters; the limit is 10: shorten it."):
         small.prepare("w1 w2 w3 w4", Settings())
 
@@ -42,9 +43,15 @@ def test_sliding_window_model_refuses_prompts_beyond_the_window():
         pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
     assert str(err.value) == message
     with pytest.warns(UserWarning):
-        outs = list(Handlers(pg).run(long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+        outs = list(
+            Handlers(pg).run(
+                long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
+            )
+        )
     assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
-    assert pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1  # inside the window: runs
+    assert (
+        pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1
+    )  # inside the window: runs
 
 
 def byte_level_tokenizer():
@@ -55,7 +62,9 @@ def byte_level_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["hello world, the cat sat on the mat. caf\u00e9 na\u00efve"] * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
@@ -91,12 +100,27 @@ def test_the_prompt_token_limit_s_message_says_where_it_comes_from(served):
     long = " ".join(["w10"] * 298)
     over_context = " ".join(["w10"] * 600)
     try:
-        pg.max_prompt_tokens, pg.prompt_limit_why = 64, "the fixed limit of a server on a CPU, which prefills the prompt once per method"
-        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (the fixed limit of a server on a CPU, "
-                                                                 "which prefills the prompt once per method): shorten it.")
-        assert_refused_on_the_api_and_the_page(pg, client, over_context, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt.")
+        pg.max_prompt_tokens, pg.prompt_limit_why = (
+            64,
+            "the fixed limit of a server on a CPU, which prefills the prompt once per method",
+        )
+        assert_refused_on_the_api_and_the_page(
+            pg,
+            client,
+            long,
+            "The prompt has 300 tokens; this server takes at most 64 (the fixed limit of a server on a CPU, "
+            "which prefills the prompt once per method): shorten it.",
+        )
+        assert_refused_on_the_api_and_the_page(
+            pg, client, over_context, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt."
+        )
         pg.prompt_limit_why = "the limit its operator set"  # MEDUSA_MAX_PROMPT_TOKENS
-        assert_refused_on_the_api_and_the_page(pg, client, long, "The prompt has 300 tokens; this server takes at most 64 (the limit its operator set): shorten it.")
+        assert_refused_on_the_api_and_the_page(
+            pg,
+            client,
+            long,
+            "The prompt has 300 tokens; this server takes at most 64 (the limit its operator set): shorten it.",
+        )
     finally:
         pg.max_prompt_tokens = None
     assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
@@ -117,15 +141,48 @@ def test_the_prompt_token_limit_is_the_same_at_every_start_however_busy_the_mach
 
     monkeypatch.setitem(playground.PROMPT_TOKENS, "cpu", 256)  # the tiny model's context is 512
     limits = []
-    for slow in (0.0, 1e3, 1e6):  # an idle machine, a loaded one, one that stalls: a clock that jumps by this at every read
+    for slow in (
+        0.0,
+        1e3,
+        1e6,
+    ):  # an idle machine, a loaded one, one that stalls: a clock that jumps by this at every read
         clock = iter(range(10**6))
-        monkeypatch.setattr(playground, "_sync", lambda device, slow=slow: slow * next(clock), raising=False)  # the clock the old measurement read
-        pg = Playground.load(model=str(model_folder), heads=None, device="cpu", dtype="float32", max_prompt_tokens="auto", numerics_copy=False)
+        monkeypatch.setattr(
+            playground, "_sync", lambda device, slow=slow: slow * next(clock), raising=False
+        )  # the clock the old measurement read
+        pg = Playground.load(
+            model=str(model_folder),
+            heads=None,
+            device="cpu",
+            dtype="float32",
+            max_prompt_tokens="auto",
+            numerics_copy=False,
+        )
         limits.append((pg.max_prompt_tokens, pg.prompt_limit_why))
     assert limits == [(256, "the fixed limit of a server on a CPU, which prefills the prompt once per method")] * 3
-    assert Playground.load(model=str(model_folder), heads=None, device="cpu", dtype="float32", max_prompt_tokens=100, numerics_copy=False).max_prompt_tokens == 100  # the operator's wins
+    assert (
+        Playground.load(
+            model=str(model_folder),
+            heads=None,
+            device="cpu",
+            dtype="float32",
+            max_prompt_tokens=100,
+            numerics_copy=False,
+        ).max_prompt_tokens
+        == 100
+    )  # the operator's wins
     monkeypatch.setitem(playground.PROMPT_TOKENS, "cpu", 2048)  # beyond the context: the context decides
-    assert Playground.load(model=str(model_folder), heads=None, device="cpu", dtype="float32", max_prompt_tokens="auto", numerics_copy=False).max_prompt_tokens is None
+    assert (
+        Playground.load(
+            model=str(model_folder),
+            heads=None,
+            device="cpu",
+            dtype="float32",
+            max_prompt_tokens="auto",
+            numerics_copy=False,
+        ).max_prompt_tokens
+        is None
+    )
 
 
 def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
@@ -140,10 +197,14 @@ def test_the_page_says_the_prompt_limit():
 
     pg = tiny_playground(oracle=False)
     pg.max_prompt_tokens, pg.prompt_limit_why = 256, "the limit its operator set"
-    infos = [c["props"].get("info") for c in build_demo(pg).config["components"] if c["props"].get("elem_id") == "prompt"]
+    infos = [
+        c["props"].get("info") for c in build_demo(pg).config["components"] if c["props"].get("elem_id") == "prompt"
+    ]
     assert infos == ["Up to 256 tokens on this server (the limit its operator set)."]
     pg.max_prompt_tokens = None
-    infos = [c["props"].get("info") for c in build_demo(pg).config["components"] if c["props"].get("elem_id") == "prompt"]
+    infos = [
+        c["props"].get("info") for c in build_demo(pg).config["components"] if c["props"].get("elem_id") == "prompt"
+    ]
     assert infos == ["Up to the model's context, 512 tokens."]
 
 
@@ -165,4 +226,6 @@ def test_chat_markers_typed_in_a_prompt_stay_text():
     assert end not in chat_prompt_ids(tok, attack, chat_template=False)
     plain = "Why is the sky blue?"
     template = tok.apply_chat_template([{"role": "user", "content": plain}], add_generation_prompt=True, tokenize=True)
-    assert chat_prompt_ids(tok, plain) == list(template["input_ids"] if hasattr(template, "keys") else template)  # an ordinary prompt: the template's ids
+    assert chat_prompt_ids(tok, plain) == list(
+        template["input_ids"] if hasattr(template, "keys") else template
+    )  # an ordinary prompt: the template's ids

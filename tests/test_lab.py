@@ -31,7 +31,9 @@ ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.1]]  # acc[k][r]: head k+
 
 def test_step_costs_on_the_tiny_model_measure_every_size_against_a_plain_step():
     seen = []
-    rows = step_costs(make_model("llama"), (2, 4, 8), prefix=16, repeats=1, progress=lambda done, total: seen.append((done, total)))
+    rows = step_costs(
+        make_model("llama"), (2, 4, 8), prefix=16, repeats=1, progress=lambda done, total: seen.append((done, total))
+    )
     assert [r["tokens"] for r in rows] == [1, 2, 4, 8]  # the plain step first, always
     assert rows[0]["vs_one_token"] == 1.0 and all(r["body_ms"] > 0 and r["lm_head_ms"] >= 0 for r in rows)
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
@@ -78,7 +80,9 @@ def test_the_shipped_record_gives_the_simulated_figures_with_and_without_lookup(
         if fig["nodes"] <= 64:
             assert gain.simulated[fig["nodes"]] == fig["heads_only_simulated_tokens_per_step"]
             assert gain.with_lookup[fig["nodes"]] == fig["simulated_tokens_per_step"]
-            assert gain.lookup_gain_at(fig["nodes"]) == pytest.approx(fig["simulated_tokens_per_step"] - fig["heads_only_simulated_tokens_per_step"])
+            assert gain.lookup_gain_at(fig["nodes"]) == pytest.approx(
+                fig["simulated_tokens_per_step"] - fig["heads_only_simulated_tokens_per_step"]
+            )
 
 
 def test_the_optimum_is_the_argmax_of_gain_over_cost():
@@ -87,7 +91,9 @@ def test_the_optimum_is_the_argmax_of_gain_over_cost():
     curve = speedup_curve(gain, cost)
     assert curve.speedup == pytest.approx([g / cost.at(s) for s, g in zip(gain.sizes, gain.expected)])
     assert curve.optimum == gain.sizes[max(range(30), key=lambda i: curve.speedup[i])]
-    flat = speedup_curve(gain, CostCurve.of({1: 1.0, 64: 1.0}, source="measured"))  # a GPU that verifies 64 tokens for free
+    flat = speedup_curve(
+        gain, CostCurve.of({1: 1.0, 64: 1.0}, source="measured")
+    )  # a GPU that verifies 64 tokens for free
     assert flat.optimum == 30  # then the biggest tree wins
 
 
@@ -127,7 +133,14 @@ def test_leaves_and_remove_leaf_refuse_what_would_break_the_tree():
 
 
 def _step(index, tree, best_path, accept_length):
-    return Step(index=index, tokens=tuple(range(accept_length + 1)), seconds=0.0, accept_length=accept_length, tree=tree, best_path=best_path)
+    return Step(
+        index=index,
+        tokens=tuple(range(accept_length + 1)),
+        seconds=0.0,
+        accept_length=accept_length,
+        tree=tree,
+        best_path=best_path,
+    )
 
 
 def test_head_acceptance_counts_a_hand_checked_run():
@@ -158,9 +171,15 @@ def test_head_acceptance_of_a_real_run_adds_up_to_its_accepted_candidates():
     seq = ids + Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=40)).run(ids).tokens
     heads = OracleHeads(model, seq, num_heads=3)
     tree = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], num_heads=3)
-    steps = list(Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=30, lookup=2)).steps(ids))
+    steps = list(
+        Decoder(
+            model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=30, lookup=2)
+        ).steps(ids)
+    )
     acc = head_acceptance(steps, depth=3)
     assert acc.steps == len(steps) - 1
     assert sum(map(sum, acc.accepted)) + sum(acc.lookup_accepted) == sum(s.accept_length for s in steps)
     assert sum(map(sum, acc.accepted)) > 0  # the oracle heads earn their nodes
-    assert all(a <= n <= p for pa, na, aa in zip(acc.proposed, acc.reached, acc.accepted) for p, n, a in zip(pa, na, aa))
+    assert all(
+        a <= n <= p for pa, na, aa in zip(acc.proposed, acc.reached, acc.accepted) for p, n, a in zip(pa, na, aa)
+    )

@@ -10,19 +10,51 @@ from conftest import PROMPT, tiny_playground
 from medusa_lib.core.lab import add_best_node, gain_curve
 from medusa_lib.core.tree import build_tree, greedy_choices
 from medusa_lib.present import Playground
-from medusa_lib.present.lab import curves, editor_mask, editor_nodes, editor_tree, measure_tree, run_acceptance, tree_lab, tree_point
+from medusa_lib.present.lab import (
+    curves,
+    editor_mask,
+    editor_nodes,
+    editor_tree,
+    run_acceptance,
+    tree_lab,
+    tree_point,
+)
 
 ACC = [[0.6, 0.2, 0.1, 0.05], [0.5, 0.2, 0.05, 0.02], [0.4, 0.1, 0.1, 0.01], [0.3, 0.1, 0.05, 0.01]]
-RECORD = {"accuracy": ACC, "lookup": 2, "device": "CPU, 2 threads", "device_kind": "cpu",
-          "trees": {"calibrated-4": {"nodes": 5, "heads_only_simulated_tokens_per_step": 2.0, "simulated_tokens_per_step": 2.3, "measured_tokens_per_step": 2.4, "speedup": 1.6},
-                    "calibrated-16": {"nodes": 17, "heads_only_simulated_tokens_per_step": 2.4, "simulated_tokens_per_step": 2.6, "measured_tokens_per_step": 2.7, "speedup": 1.2}}}
+RECORD = {
+    "accuracy": ACC,
+    "lookup": 2,
+    "device": "CPU, 2 threads",
+    "device_kind": "cpu",
+    "trees": {
+        "calibrated-4": {
+            "nodes": 5,
+            "heads_only_simulated_tokens_per_step": 2.0,
+            "simulated_tokens_per_step": 2.3,
+            "measured_tokens_per_step": 2.4,
+            "speedup": 1.6,
+        },
+        "calibrated-16": {
+            "nodes": 17,
+            "heads_only_simulated_tokens_per_step": 2.4,
+            "simulated_tokens_per_step": 2.6,
+            "measured_tokens_per_step": 2.7,
+            "speedup": 1.2,
+        },
+    },
+}
 
 
 def calibrated_playground(record: dict = RECORD) -> Playground:
     """The tiny oracle playground whose heads carry a CPU calibration (what load_heads sets from config.json)."""
     base = tiny_playground()
     heads = base.heads
-    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = {"calibrated-4": [[0], [0, 0], [1], [0, 0, 0]]}, "calibrated-4", 2, record
+    heads.tree_presets, heads.default_tree, heads.lookup, heads.calibration = (
+        {"calibrated-4": [[0], [0, 0], [1], [0, 0, 0]]},
+        "calibrated-4",
+        2,
+        record,
+    )
     return Playground(base.model, base.tokenizer, heads, heads_note="test heads")
 
 
@@ -64,13 +96,20 @@ def test_a_tree_point_is_its_expected_gain_over_its_step_cost(pg):
     assert alone.size == alone.tokens == 4 and both.tokens == 6
     assert alone.gain == pytest.approx(1 + 0.6 + 0.2 + 0.6 * 0.5)
     assert alone.speedup == pytest.approx(alone.gain / lab.cost.at(4))
-    assert both.gain == pytest.approx(alone.gain + lab.gain.lookup_gain_at(4)) and both.speedup == pytest.approx(both.gain / lab.cost.at(6))
+    assert both.gain == pytest.approx(alone.gain + lab.gain.lookup_gain_at(4)) and both.speedup == pytest.approx(
+        both.gain / lab.cost.at(6)
+    )
 
 
 def test_the_editor_draws_the_tree_and_its_mask_without_running_the_model(pg):
     tree = editor_tree(pg, "[[0], [1], [0, 0]]")
     nodes = editor_nodes(tree)
-    assert [n["label"] for n in nodes] == ["root", "h1 r0", "h1 r1", "h2 r0"] and [n["parent"] for n in nodes] == [-1, 0, 0, 1]
+    assert [n["label"] for n in nodes] == ["root", "h1 r0", "h1 r1", "h2 r0"] and [n["parent"] for n in nodes] == [
+        -1,
+        0,
+        0,
+        1,
+    ]
     z, cols, rows = editor_mask(tree)
     assert [r[1:] for r in z] == tree.attn_mask.tolist() and all(r[0] == 1 for r in z) and len(cols) == len(rows) + 1
 
@@ -105,10 +144,15 @@ def test_a_bad_tree_gets_the_custom_tree_box_sentence_and_leaves_the_figures(pg)
             editor_tree(pg, text)
         out = outputs(EDIT_OUTPUTS, h.edit(None, text, True))
         assert html.unescape(out["lab_status"]) == f"**Cannot use this tree:** {err.value}"
-        assert set(out) == set(EDIT_OUTPUTS) and all(type(out[n]).__name__ != "Figure" for n in EDIT_OUTPUTS if n != "lab_status")  # gr.skip()
+        assert set(out) == set(EDIT_OUTPUTS) and all(
+            type(out[n]).__name__ != "Figure" for n in EDIT_OUTPUTS if n != "lab_status"
+        )  # gr.skip()
     out = outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", "[0]", True))
     assert "has children" in out["lab_status"]
-    assert outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", None, True))["lab_status"] == "**Cannot remove it:** Pick a leaf to remove from the list."
+    assert (
+        outputs(EDIT_OUTPUTS, h.remove(None, "[[0], [0, 0]]", None, True))["lab_status"]
+        == "**Cannot remove it:** Pick a leaf to remove from the list."
+    )
 
 
 def test_use_this_tree_fills_the_custom_tree_box(pg):
@@ -126,7 +170,9 @@ def test_measure_puts_the_measured_point_beside_the_predicted_one(pg):
     out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0], [0, 0, 0]]", PROMPT, 24, True, False, None))
     m = out["lab_state"]["measured"]
     assert m.size == 5 and m.tokens == 5 and m.medusa.method == "medusa-greedy" and m.plain.method == "plain"
-    assert m.tokens_per_step == pytest.approx(m.medusa.result.tokens_per_step) and m.tokens_per_step > 1  # the oracle heads are right
+    assert (
+        m.tokens_per_step == pytest.approx(m.medusa.result.tokens_per_step) and m.tokens_per_step > 1
+    )  # the oracle heads are right
     assert m.speedup == pytest.approx(m.medusa.result.tokens_per_second / m.plain.result.tokens_per_second)
     assert m.cost == pytest.approx(m.tokens_per_step / m.speedup)
     assert m.medusa.tokens == m.plain.tokens  # Medusa greedy == plain greedy
@@ -146,25 +192,38 @@ def test_measure_costs_replaces_the_calibrated_curve_with_this_machines(pg, monk
     monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
     out = outputs(COST_OUTPUTS, LabHandlers(pg).measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
     lab = out["lab_state"]["lab"]
-    assert lab.cost.source == "measured" and lab.cost.sizes == (1, 2, 4, 8) and "measured on this machine" in out["lab_note"]
+    assert (
+        lab.cost.source == "measured"
+        and lab.cost.sizes == (1, 2, 4, 8)
+        and "measured on this machine" in out["lab_note"]
+    )
     assert "measured (" in names_of(out["lab_cost"])[0]
 
 
 def _fast_costs(model, sizes, *, repeats, progress, static_kv=None):
     from medusa_lib.core.lab import step_costs
 
-    return step_costs(model, (1, 2, 4, 8), prefix=16, repeats=1, progress=progress, static_kv=static_kv)  # the page asks for every size; a few keep the test fast
+    return step_costs(
+        model, (1, 2, 4, 8), prefix=16, repeats=1, progress=progress, static_kv=static_kv
+    )  # the page asks for every size; a few keep the test fast
 
 
 def test_the_comparisons_last_run_fills_the_acceptance_heatmap(pg):
     from ui.handlers import Handlers
     from ui.lab import LabHandlers
 
-    frames = list(Handlers(pg).run(PROMPT, 16, 0.0, 0.09, 0.3, "calibrated-4", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    frames = list(
+        Handlers(pg).run(
+            PROMPT, 16, 0.0, 0.09, 0.3, "calibrated-4", "", True, True, 0, None, "Medusa greedy / exact sampling"
+        )
+    )
     records = frames[-1][8]  # RUN_OUTPUTS' "session"
     fig = LabHandlers(pg).last_run(None, records)
     acc = run_acceptance(records["medusa-greedy"], depth=4)
-    assert "Medusa greedy" in fig.layout.title.text and fig.data[0].text[0][0] == f"{acc.accepted[0][0]}/{acc.reached[0][0]}"
+    assert (
+        "Medusa greedy" in fig.layout.title.text
+        and fig.data[0].text[0][0] == f"{acc.accepted[0][0]}/{acc.reached[0][0]}"
+    )
     assert [list(r[:4]) for r in fig.data[1].z] == ACC  # the calibrated accuracies beside it
 
 
@@ -180,16 +239,26 @@ def test_heads_without_a_calibration_say_so_and_the_editor_still_works():
 
 
 def test_the_page_has_the_lab_tab_and_still_offers_only_compare():
-    from gradio_client import Client
-
     from conftest import launch
+    from gradio_client import Client
 
     demo, url = launch(calibrated_playground())
     try:
         client = Client(url, verbose=False)
         assert list(client.view_api(print_info=False, return_format="dict")["named_endpoints"]) == ["/compare"]
         ids = {c.get("props", {}).get("elem_id") for c in client.config["components"]}
-        assert {"lab-tab", "lab-cost", "lab-gain", "lab-speedup", "lab-paths", "lab-add", "lab-remove", "lab-use", "lab-measure", "lab-acceptance"} <= ids
+        assert {
+            "lab-tab",
+            "lab-cost",
+            "lab-gain",
+            "lab-speedup",
+            "lab-paths",
+            "lab-add",
+            "lab-remove",
+            "lab-use",
+            "lab-measure",
+            "lab-acceptance",
+        } <= ids
     finally:
         demo.close()
 

@@ -31,7 +31,9 @@ def is_module(name: str) -> bool:
 def imports_of(path: Path) -> set[str]:
     """medusa_lib modules a file imports (relative imports resolved), at any depth in the file."""
     name = module_name(path)
-    return imports_in(path.read_text(encoding="utf-8"), package=name if path.name == "__init__.py" else name.rsplit(".", 1)[0])
+    return imports_in(
+        path.read_text(encoding="utf-8"), package=name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    )
 
 
 def imports_in(source: str, *, package: str) -> set[str]:
@@ -63,13 +65,21 @@ def test_each_wing_imports_only_inward_and_nothing_imports_gradio():
             continue
         assert "medusa_lib" not in deps, f"{module} imports the top-level package, which loads every wing"
         wings = {d.split(".")[1] for d in deps if d.count(".") >= 1 and d.split(".")[1] in ALLOWED}
-        assert wings <= ALLOWED[parts[1]] | PAGE_PATH.get(module, set()), f"{module} imports {sorted(wings - ALLOWED[parts[1]])}"
+        assert wings <= ALLOWED[parts[1]] | PAGE_PATH.get(module, set()), (
+            f"{module} imports {sorted(wings - ALLOWED[parts[1]])}"
+        )
 
 
 def test_a_package_imported_by_name_counts_as_that_package():
     """`from medusa_lib import present` and `from .. import core` are imports of those packages."""
     source = "from medusa_lib import present\nfrom .. import core\nfrom ..core import tree\nfrom medusa_lib import load_model\nimport gradio as gr\n"
-    assert imports_in(source, package="medusa_lib.pipeline") == {"medusa_lib.present", "medusa_lib.core", "medusa_lib.core.tree", "medusa_lib", "gradio"}
+    assert imports_in(source, package="medusa_lib.pipeline") == {
+        "medusa_lib.present",
+        "medusa_lib.core",
+        "medusa_lib.core.tree",
+        "medusa_lib",
+        "gradio",
+    }
 
 
 def test_no_import_cycles():

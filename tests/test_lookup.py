@@ -11,7 +11,12 @@ from medusa_lib.core.tree import LOOKUP_RANK, with_lookup
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64
-ARCHS = ["llama", "qwen2", "gpt2", "llama-packed"]  # llama-packed: GQA through medusa_lib.core.attention (load_model's CPU default)
+ARCHS = [
+    "llama",
+    "qwen2",
+    "gpt2",
+    "llama-packed",
+]  # llama-packed: GQA through medusa_lib.core.attention (load_model's CPU default)
 
 
 def model_for(arch: str):
@@ -62,7 +67,10 @@ def test_with_lookup_appends_a_chain_under_the_root_and_leaves_the_tree_as_it_wa
     assert ext.choices[L - 1 :] == ((LOOKUP_RANK,), (LOOKUP_RANK,) * 2, (LOOKUP_RANK,) * 3)
     ri = ext.retrieve_indices
     assert ri.shape == (base.retrieve_indices.shape[0] + 1, 4) and ri[-1].tolist() == [0, L, L + 1, L + 2]
-    assert torch.equal(ri[:-1, : base.retrieve_indices.shape[1]], base.retrieve_indices) and (ri[:-1, base.retrieve_indices.shape[1] :] == -1).all()
+    assert (
+        torch.equal(ri[:-1, : base.retrieve_indices.shape[1]], base.retrieve_indices)
+        and (ri[:-1, base.retrieve_indices.shape[1] :] == -1).all()
+    )
     # the heads still draft only the tree's own nodes
     assert [lv.nodes.tolist() for lv in ext.levels] == [lv.nodes.tolist() for lv in base.levels]
     assert with_lookup(base, 0) is base
@@ -73,10 +81,21 @@ def test_with_lookup_appends_a_chain_under_the_root_and_leaves_the_tree_as_it_wa
 @pytest.mark.parametrize("arch", ARCHS)
 def test_medusa_greedy_with_lookup_equals_plain_greedy_and_uses_the_branch(arch):
     model = model_for(arch)
-    plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)).tokens
+    plain = run_method(
+        model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False)
+    ).tokens
     heads = random_heads(4, shared=arch != "gpt2")
-    res, without = (run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=build_tree(chain_choices(2)),
-                               config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=n)) for n in (4, 0))
+    res, without = (
+        run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            heads=heads,
+            tree=build_tree(chain_choices(2)),
+            config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=n),
+        )
+        for n in (4, 0)
+    )
     assert res.tokens == without.tokens == plain
     # A tiny random model soon repeats itself; untrained heads almost never hit, the lookup branch does.
     assert res.lookup_tokens > 0 and without.lookup_tokens == 0
@@ -93,33 +112,74 @@ def test_medusa_greedy_with_lookup_equals_plain_greedy_and_uses_the_branch(arch)
 
 def test_lookup_with_rigged_heads_and_typical_at_temperature_zero_stay_exact():
     model = make_model("llama")
-    ref = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW + 8, stop_on_eos=False)).tokens
+    ref = run_method(
+        model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=N_NEW + 8, stop_on_eos=False)
+    ).tokens
     rigged = OracleHeads(model, PROMPT + ref)  # the heads' paths win; the branch's nodes must still be compacted away
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=rigged, tree=get_tree("mc_sim_7b_63"), config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=rigged,
+        tree=get_tree("mc_sim_7b_63"),
+        config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3),
+    )
     assert res.tokens == ref[:N_NEW]
     # typical acceptance at T = 0 is greedy matching: with untrained heads the branch wins steps, output unchanged
-    res = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-typical",
+        heads=random_heads(4),
+        tree=build_tree(chain_choices(2)),
+        config=DecodeConfig(max_new_tokens=N_NEW, stop_on_eos=False, lookup=3),
+    )
     assert res.tokens == ref[:N_NEW] and res.lookup_tokens > 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: learned positions, a node past the context would fail outright
+@pytest.mark.parametrize(
+    "arch", ["llama", "gpt2"]
+)  # gpt2: learned positions, a node past the context would fail outright
 def test_lookup_respects_the_context_limit_and_max_new_tokens(arch):
     model = make_model(arch, max_position_embeddings=48)
     ref = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=200, stop_on_eos=False)).tokens
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4, shared=arch != "gpt2"), tree=build_tree(chain_choices(2)), config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=8))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=random_heads(4, shared=arch != "gpt2"),
+        tree=build_tree(chain_choices(2)),
+        config=DecodeConfig(max_new_tokens=200, stop_on_eos=False, lookup=8),
+    )
     assert res.tokens == ref and res.finish_reason == "context"
-    deepest = [len(PROMPT) + sum(len(x.tokens) for x in res.steps[: s.index]) - 1 + int(s.tree.position_ids.max()) for s in res.steps[1:]]
-    assert max(deepest) == 46  # as for the heads' tree: the deepest node leaves the context's last slot to the bonus token
+    deepest = [
+        len(PROMPT) + sum(len(x.tokens) for x in res.steps[: s.index]) - 1 + int(s.tree.position_ids.max())
+        for s in res.steps[1:]
+    ]
+    assert (
+        max(deepest) == 46
+    )  # as for the heads' tree: the deepest node leaves the context's last slot to the bonus token
     for n in (1, 3, 11):
-        res = run_method(model, PROMPT, method="medusa-greedy", heads=random_heads(4), tree=build_tree(chain_choices(1)), config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, lookup=8))
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            heads=random_heads(4),
+            tree=build_tree(chain_choices(1)),
+            config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, lookup=8),
+        )
         assert res.tokens == ref[:n] and res.finish_reason == "length"
 
 
 def test_typical_acceptance_with_lookup_is_seeded():
     model = make_model("llama")
     cfg = DecodeConfig(max_new_tokens=32, stop_on_eos=False, temperature=0.8, seed=3, lookup=4)
-    a = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg)
-    b = run_method(model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg)
+    a = run_method(
+        model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg
+    )
+    b = run_method(
+        model, PROMPT, method="medusa-typical", heads=random_heads(4), tree=build_tree(chain_choices(2)), config=cfg
+    )
     assert a.tokens == b.tokens and len(a.tokens) == 32 and a.lookup_tokens > 0
 
 
@@ -152,11 +212,16 @@ def test_heads_config_lookup_is_read_and_used_by_the_playground(tmp_path):
     assert a.lookup == 2 and b.lookup is None
     assert Playground(model, tiny_tokenizer(), a).defaults.lookup == 2
     assert Playground(model, tiny_tokenizer(), b).defaults.lookup == 4  # not calibrated: lookup.DEFAULT_LOOKUP
-    random_heads(4).save(tmp_path / "c", lookup=0)  # calibrated without the branch: off by default, 4 tokens when ticked
+    random_heads(4).save(
+        tmp_path / "c", lookup=0
+    )  # calibrated without the branch: off by default, 4 tokens when ticked
     for heads, on, n in [(a, True, 2), (b, True, 4), (load_heads(tmp_path / "c", model=model), False, 4)]:
         pg = Playground(model, tiny_tokenizer(), heads)
         assert pg.defaults.lookup_on == on and pg.defaults.lookup == n
         settings = lambda box: pg.settings(8, 0.7, 0.09, 0.3, "chain-2", "", True, box)  # noqa: E731
         assert settings(True).lookup == n and settings(False).lookup == 0
-        with pytest.raises(ValueError, match=r"The lookup branch switch \(lookup_branch\) must be true or false, not a number \(got 0\)\."):
+        with pytest.raises(
+            ValueError,
+            match=r"The lookup branch switch \(lookup_branch\) must be true or false, not a number \(got 0\)\.",
+        ):
             settings(0)  # the switch is a bool: 0 is not false

@@ -9,7 +9,9 @@ from conftest import OracleHeads, make_model, random_heads
 from medusa_lib import DecodeConfig, HeadsConfig, MedusaHeads, get_tree, load_heads, run_method
 from medusa_lib.core.packing import PackedLinear, can_prepack, prepack_linear_weights
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not part of this torch build")
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="oneDNN is not part of this torch build"
+)
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 
 
@@ -76,8 +78,17 @@ def test_medusa_greedy_equals_plain_and_generate_on_a_prepacked_model():
     prepack_linear_weights(model)
     cfg = DecodeConfig(max_new_tokens=48, stop_on_eos=False)
     plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=56, stop_on_eos=False)).tokens
-    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=OracleHeads(model, PROMPT + plain), tree=get_tree("mc_sim_7b_63"), config=cfg)
+    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[
+        0, len(PROMPT) :
+    ].tolist()
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=OracleHeads(model, PROMPT + plain),
+        tree=get_tree("mc_sim_7b_63"),
+        config=cfg,
+    )
     assert res.tokens == plain[:48] == gen
     assert res.tokens_per_step > 3.0  # long tree paths, verified with packed weights
 
@@ -113,7 +124,9 @@ def packed_and_stock(tmp_path, heads):
 
 
 def test_heads_loaded_for_a_prepacked_model_are_prepacked_too(tmp_path):
-    stock, model, packed, plain = packed_and_stock(tmp_path, random_heads(3, shared=False))  # own projections: 3 ResBlocks + 3 Linear(d, V)
+    stock, model, packed, plain = packed_and_stock(
+        tmp_path, random_heads(3, shared=False)
+    )  # own projections: 3 ResBlocks + 3 Linear(d, V)
     assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 6
     assert not any(isinstance(m, PackedLinear) for m in plain.modules())
     assert list(packed.state_dict()) == list(plain.state_dict())
@@ -129,13 +142,16 @@ def test_prepacked_root_conditioned_heads_propose_the_same(tmp_path):
     h, root = torch.randn(64), torch.tensor(17)
     e = plain.root_embedding(stock.get_input_embeddings(), root)
     with torch.no_grad():
-        assert torch.equal(packed.propose(h, model.lm_head, topk=4, root_emb=e), plain.propose(h, stock.lm_head, topk=4, root_emb=e))
+        assert torch.equal(
+            packed.propose(h, model.lm_head, topk=4, root_emb=e), plain.propose(h, stock.lm_head, topk=4, root_emb=e)
+        )
 
 
 def test_a_platform_where_packing_fails_keeps_stock_weights(monkeypatch):
     import medusa_lib.core.packing as M
 
     monkeypatch.setattr(M, "_PACKING_WORKS", {})
+
     def broken(*args, **kwargs):
         raise RuntimeError("no oneDNN kernel for this CPU")
 
@@ -153,4 +169,7 @@ def test_prepacked_path_conditioned_heads_draft_the_same(tmp_path):
     tree = build_tree([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     with torch.no_grad():
         h = torch.randn(64)
-        assert torch.equal(packed.draft(h, model.lm_head, tree, torch.tensor(17), model.get_input_embeddings()), plain.draft(h, stock.lm_head, tree, torch.tensor(17), stock.get_input_embeddings()))
+        assert torch.equal(
+            packed.draft(h, model.lm_head, tree, torch.tensor(17), model.get_input_embeddings()),
+            plain.draft(h, stock.lm_head, tree, torch.tensor(17), stock.get_input_embeddings()),
+        )

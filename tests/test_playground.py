@@ -13,12 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CUDA_CALIBRATION, PROMPT, VOCAB, cuda_calibrated_playground, tiny_playground, two_numerics_playground
+from conftest import (
+    CUDA_CALIBRATION,
+    PROMPT,
+    VOCAB,
+    cuda_calibrated_playground,
+    tiny_playground,
+    two_numerics_playground,
+)
 
 from medusa_lib.present import (
     GREEDY_VIEWS,
-    SAMPLED_VIEWS,
     LABELS,
+    SAMPLED_VIEWS,
     SUMMARY_COLUMNS,
     Detokenizer,
     Piece,
@@ -41,6 +48,8 @@ from medusa_lib.present import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture(scope="module")
 def pg():
     return tiny_playground()
@@ -102,13 +111,23 @@ def test_detokenizer_pieces_join_to_the_full_text(pg, events):
     for r in records_of(events).values():
         assert "".join(p.text for p in r.pieces) == pg.tokenizer.decode(r.tokens, skip_special_tokens=True)
     d = Detokenizer(pg.tokenizer)
-    assert [d.push(i) for i in pg.tokenizer.convert_tokens_to_ids(["<script>", "a&b", "</s>"])] == ["<script>", " a&b", ""]
+    assert [d.push(i) for i in pg.tokenizer.convert_tokens_to_ids(["<script>", "a&b", "</s>"])] == [
+        "<script>",
+        " a&b",
+        "",
+    ]
 
 
 @pytest.mark.parametrize(
     "plain, medusa, equal, first",
-    [([1, 2, 3], [1, 2, 3], True, None), ([1, 2, 3], [1, 5, 3], False, 1), ([7, 2], [1, 2], False, 0),
-     ([1, 2, 3], [1, 2], False, 2), ([1, 2], [1, 2, 3, 4], False, 2), ([], [], True, None)],
+    [
+        ([1, 2, 3], [1, 2, 3], True, None),
+        ([1, 2, 3], [1, 5, 3], False, 1),
+        ([7, 2], [1, 2], False, 0),
+        ([1, 2, 3], [1, 2], False, 2),
+        ([1, 2], [1, 2, 3, 4], False, 2),
+        ([], [], True, None),
+    ],
 )
 def test_greedy_check(plain, medusa, equal, first):
     c = greedy_check(plain, medusa)
@@ -122,7 +141,12 @@ def test_greedy_check_explains_a_difference_with_the_logit_gap(pg, events):
     plain = records_of(events)["plain"]
     assert pg.greedy_check(plain, records_of(events)["medusa-greedy"]).equal
     v = plain.views[5]  # a medusa record whose 6th token differs (token ids are what the check compares)
-    fake = replace(plain, views=plain.views[:5] + (replace(v, pieces=(replace(v.pieces[0], token_id=v.pieces[0].token_id + 1),)),) + plain.views[6:])
+    fake = replace(
+        plain,
+        views=plain.views[:5]
+        + (replace(v, pieces=(replace(v.pieces[0], token_id=v.pieces[0].token_id + 1),)),)
+        + plain.views[6:],
+    )
     check = pg.greedy_check(plain, fake)
     with torch.inference_mode():
         top = pg.model(torch.tensor([list(plain.prompt_ids) + plain.tokens[:5]])).logits[0, -1].topk(2).values
@@ -132,7 +156,11 @@ def test_greedy_check_explains_a_difference_with_the_logit_gap(pg, events):
     assert tie.message.endswith("a floating-point tie, not a bug.")
     from ui.render import badge_html
 
-    assert 'data-tie="true"' in badge_html(tie) and "badge-tie" in badge_html(tie) and 'data-tie="false"' in badge_html(replace(tie, tie=False))
+    assert (
+        'data-tie="true"' in badge_html(tie)
+        and "badge-tie" in badge_html(tie)
+        and 'data-tie="false"' in badge_html(replace(tie, tie=False))
+    )
 
 
 def test_summary_rows(events):
@@ -181,11 +209,15 @@ def test_lookup_branch_shows_in_pieces_tree_and_table():
     won = [v for v in on.views[1:] if v.step.lookup_accepted]
     assert won and on.result.lookup_tokens == sum(v.step.lookup_accepted for v in won)
     v = won[0]
-    assert [p.origin for p in v.pieces] == ["lookup"] * v.step.accept_length + ["base"] * (len(v.step.tokens) - v.step.accept_length)
+    assert [p.origin for p in v.pieces] == ["lookup"] * v.step.accept_length + ["base"] * (
+        len(v.step.tokens) - v.step.accept_length
+    )
     nodes = tree_nodes(v, pg.tokenizer)
     L, n = v.step.tree.num_nodes, v.step.tree.lookup
     assert [x["kind"] for x in nodes[:L]] == ["root"] + ["candidate"] * (L - n - 1) + ["lookup"] * n
-    assert all(x["rank"] is None for x in nodes[L - n : L]) and [x["parent"] for x in nodes[L - n : L]] == [0] + list(range(L - n, L - 1))
+    assert all(x["rank"] is None for x in nodes[L - n : L]) and [x["parent"] for x in nodes[L - n : L]] == [0] + list(
+        range(L - n, L - 1)
+    )
     assert {x["node"] for x in nodes if x["kind"] == "lookup" and x["accepted"]} == set(v.step.accepted_nodes[1:])
     fig = tree_figure(nodes, title="t")
     assert {"lookup branch, accepted"} <= {t.name for t in fig.data} and "depth 1" in fig.layout.xaxis.ticktext
@@ -212,15 +244,23 @@ def test_visible_steps_and_threshold_curve(events):
 
 @pytest.mark.parametrize(
     "prompt, settings, words",
-    [("", Settings(), "prompt is empty"), ("   ", Settings(), "prompt is empty"),
-     (PROMPT, Settings(custom_tree="[[0], [0, 0"), "not valid JSON"),
-     (PROMPT, Settings(custom_tree="[[0], [0, 0, 0, 0, 0]]"), "no parent"),
-     (PROMPT, Settings(custom_tree="[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
-     (PROMPT, Settings(tree="no-such-tree"), "Unknown tree preset"), (PROMPT, Settings(max_new_tokens=0), "Max new tokens"),
-     (PROMPT, Settings(max_new_tokens=10**6), "Max new tokens"), (PROMPT, Settings(temperature=-1), "Temperature"),
-     (PROMPT, Settings(posterior_threshold=1.5), "Epsilon"), (PROMPT, Settings(posterior_alpha=float("nan")), "Delta"),
-     (PROMPT, Settings(max_new_tokens=2.5), "whole number"), (PROMPT, Settings(lookup=9), "lookup branch's length"),
-     (PROMPT, Settings(lookup=True), "lookup branch's length"), (" ".join(["w9"] * 600), Settings(), "shorten the prompt")],
+    [
+        ("", Settings(), "prompt is empty"),
+        ("   ", Settings(), "prompt is empty"),
+        (PROMPT, Settings(custom_tree="[[0], [0, 0"), "not valid JSON"),
+        (PROMPT, Settings(custom_tree="[[0], [0, 0, 0, 0, 0]]"), "no parent"),
+        (PROMPT, Settings(custom_tree="[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"), "5 levels deep"),
+        (PROMPT, Settings(tree="no-such-tree"), "Unknown tree preset"),
+        (PROMPT, Settings(max_new_tokens=0), "Max new tokens"),
+        (PROMPT, Settings(max_new_tokens=10**6), "Max new tokens"),
+        (PROMPT, Settings(temperature=-1), "Temperature"),
+        (PROMPT, Settings(posterior_threshold=1.5), "Epsilon"),
+        (PROMPT, Settings(posterior_alpha=float("nan")), "Delta"),
+        (PROMPT, Settings(max_new_tokens=2.5), "whole number"),
+        (PROMPT, Settings(lookup=9), "lookup branch's length"),
+        (PROMPT, Settings(lookup=True), "lookup branch's length"),
+        (" ".join(["w9"] * 600), Settings(), "shorten the prompt"),
+    ],
 )
 def test_bad_input_gets_one_clear_sentence_before_anything_runs(pg, prompt, settings, words):
     with pytest.raises(ValueError) as err:
@@ -233,14 +273,21 @@ def test_custom_tree_and_compare_dict(pg):
     out = pg.compare(PROMPT, Settings(max_new_tokens=8, custom_tree="[[0], [0, 0], [1]]"))
     json.dumps(out)  # JSON-able
     assert out["tree"] == "custom" and set(out["methods"]) == {"plain", "medusa-greedy", "medusa-typical"}
-    assert out["greedy_match"]["equal"] is True and [r["method"] for r in out["summary"]] == [LABELS[v] for v in GREEDY_VIEWS]
+    assert out["greedy_match"]["equal"] is True and [r["method"] for r in out["summary"]] == [
+        LABELS[v] for v in GREEDY_VIEWS
+    ]
     assert all(m["tokens"] == 8 and m["text"] for m in out["methods"].values())
 
 
 # ------------------------------------------------------------------ the sampled comparison
 def test_compare_without_sample_is_todays_greedy_comparison(pg):
     out = pg.compare(PROMPT, Settings(max_new_tokens=6))
-    assert list(out["methods"]) == list(GREEDY_VIEWS) and "greedy_match" in out and "sampling" not in out and "sampling_match" not in out
+    assert (
+        list(out["methods"]) == list(GREEDY_VIEWS)
+        and "greedy_match" in out
+        and "sampling" not in out
+        and "sampling_match" not in out
+    )
 
 
 def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling(pg):
@@ -249,23 +296,37 @@ def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling
     json.dumps(out)
     methods = out["methods"]
     assert list(methods) == list(SAMPLED_VIEWS)
-    assert methods["medusa-sample"]["token_ids"] == methods["plain-sample"]["token_ids"]  # lossless: the same seed, the same tokens
-    assert out["sampling_match"] == {"equal": True, "first_diff": None, "logit_gap": None, "tie": False,
-                                     "message": "Medusa exact sampling = plain sampling, same seed (float32): all 24 tokens identical."}
+    assert (
+        methods["medusa-sample"]["token_ids"] == methods["plain-sample"]["token_ids"]
+    )  # lossless: the same seed, the same tokens
+    assert out["sampling_match"] == {
+        "equal": True,
+        "first_diff": None,
+        "logit_gap": None,
+        "tie": False,
+        "message": "Medusa exact sampling = plain sampling, same seed (float32): all 24 tokens identical.",
+    }
     greedy = pg.compare(PROMPT, Settings(max_new_tokens=24, tree="topk-3x2x1"))["methods"]["plain"]["token_ids"]
     assert methods["plain-sample"]["token_ids"] != greedy  # it did sample
     other = pg.compare(PROMPT, replace(settings, seed=12))["methods"]
-    assert other["plain-sample"]["token_ids"] != methods["plain-sample"]["token_ids"] and other["medusa-sample"]["token_ids"] == other["plain-sample"]["token_ids"]
+    assert (
+        other["plain-sample"]["token_ids"] != methods["plain-sample"]["token_ids"]
+        and other["medusa-sample"]["token_ids"] == other["plain-sample"]["token_ids"]
+    )
     rows = {r["method"]: r for r in out["summary"]}
     plain = methods["plain-sample"]["tokens_per_second"]
     assert rows["Plain (sampling)"]["speedup"] == 1.0  # the speed-ups are against plain sampling
     # the row rounds the quotient of the unrounded rates (the JSON holds them to 0.01 tok/s): so it is within 0.005 of this quotient
-    assert rows["Medusa exact sampling"]["speedup"] == pytest.approx(methods["medusa-sample"]["tokens_per_second"] / plain, abs=0.006)
+    assert rows["Medusa exact sampling"]["speedup"] == pytest.approx(
+        methods["medusa-sample"]["tokens_per_second"] / plain, abs=0.006
+    )
     assert out["sampling"]["temperature"] == 0.8 and out["sampling"]["seed"] == 11
     panel = {r["method"]: r for r in out["sampling"]["rows"]}
     assert list(panel) == [LABELS[v] for v in SAMPLED_VIEWS]
     same = ("mean log p", "mean entropy", "log p + entropy")
-    assert [panel["Plain (sampling)"][k] for k in same] == [panel["Medusa exact sampling"][k] for k in same]  # the same tokens score the same
+    assert [panel["Plain (sampling)"][k] for k in same] == [
+        panel["Medusa exact sampling"][k] for k in same
+    ]  # the same tokens score the same
 
 
 def test_sample_scores_are_the_models_log_probabilities_at_t(pg):
@@ -280,7 +341,9 @@ def test_sample_scores_are_the_models_log_probabilities_at_t(pg):
             lp = torch.log_softmax(z, -1)
             want_logp.append(float(lp[t]))
             want_h.append(float(-(lp.exp() * lp).sum()))
-    assert logp == pytest.approx(sum(want_logp) / len(want_logp), abs=1e-4) and entropy == pytest.approx(sum(want_h) / len(want_h), abs=1e-4)
+    assert logp == pytest.approx(sum(want_logp) / len(want_logp), abs=1e-4) and entropy == pytest.approx(
+        sum(want_h) / len(want_h), abs=1e-4
+    )
 
 
 def test_draw_gap_replays_the_seeded_draw_that_chose_each_token(pg):
@@ -294,10 +357,17 @@ def test_draw_gap_replays_the_seeded_draw_that_chose_each_token(pg):
         others = [b for b in (5, 77, 150, 300) if b != a]
         gaps = [pg.draw_gap(rec.prompt_ids, rec.tokens[:k], a, b, cfg, draw=k, signed=True) for b in others]
         assert all(g > 0 for g in gaps), (k, gaps)
-    fake = replace(rec, views=rec.views[:-1] + (replace(rec.views[-1], pieces=(replace(rec.views[-1].pieces[0], token_id=(rec.tokens[-1] + 1) % VOCAB),)),))
+    fake = replace(
+        rec,
+        views=rec.views[:-1]
+        + (replace(rec.views[-1], pieces=(replace(rec.views[-1].pieces[0], token_id=(rec.tokens[-1] + 1) % VOCAB),)),),
+    )
     check = pg.greedy_check(rec, fake, settings)
     assert check.sampled and check.first_diff == 9 and check.logit_gap > 0
-    assert check.headline == "Medusa exact sampling differs from plain sampling, same seed (float32) from token 9 on (0-based; 10 vs 10 tokens)."
+    assert (
+        check.headline
+        == "Medusa exact sampling differs from plain sampling, same seed (float32) from token 9 on (0-based; 10 vs 10 tokens)."
+    )
     assert "log p - log E" in check.reason
 
 
@@ -308,7 +378,10 @@ def test_untrained_heads_and_calibrated_tree_presets():
     assert pg.heads.num_heads == 4 and pg.defaults.tree == "topk-4x3x2-16"
     heads = untrained_heads(pg.model, num_heads=2)  # too shallow for the 3-level default: a chain as deep as the heads
     assert Playground(pg.model, pg.tokenizer, heads).defaults.tree == "chain-2"
-    heads.tree_presets, heads.default_tree = {"calibrated-3": [[0], [0, 0], [1]]}, "calibrated-3"  # what load_heads sets from trees.json
+    heads.tree_presets, heads.default_tree = (
+        {"calibrated-3": [[0], [0, 0], [1]]},
+        "calibrated-3",
+    )  # what load_heads sets from trees.json
     pg2 = Playground(pg.model, pg.tokenizer, heads)
     assert pg2.defaults.tree == "calibrated-3" == pg2.tree_names()[0]
     assert pg2.resolve_tree(Settings(tree="calibrated-3")).num_nodes == 4
@@ -320,8 +393,10 @@ def test_heads_calibrated_on_another_device_kind_run_that_tree_and_say_so():
     pg2 = cuda_calibrated_playground()
     d = pg2.defaults
     assert (d.tree, d.lookup_length, d.calibration) == ("calibrated-3", 0, CUDA_CALIBRATION)
-    assert d.note == ("These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 "
-                      "(run python -m medusa_lib.pipeline.calibrate --write on this device for one).")
+    assert d.note == (
+        "These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 "
+        "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
+    )
     settings = pg2.settings(4, 0.0, 0.09, 0.3, "", "", False, False)  # what the page and /compare send by default
     assert (settings.tree, settings.lookup) == ("calibrated-3", 0)
     assert pg2.compare(PROMPT, settings)["tree"] == "calibrated-3"
@@ -337,7 +412,9 @@ def test_html_rendering_escapes_generated_text():
     assert out.count('class="tok head h1"') == 1 and out.count('class="tok base"') == 2
     rec = RunRecord("plain", (1, 2, 3))
     assert "<script>" not in column_html("plain", rec, pieces=pieces)
-    assert 'data-equal="true"' in badge_html(greedy_check([1], [1])) and 'data-first-diff="0"' in badge_html(greedy_check([1], [2]))
+    assert 'data-equal="true"' in badge_html(greedy_check([1], [1])) and 'data-first-diff="0"' in badge_html(
+        greedy_check([1], [2])
+    )
 
 
 def test_example_prompts_file():
@@ -351,7 +428,9 @@ def test_each_run_uses_the_model_of_its_numerics_and_the_default_is_the_loaded_d
     assert list(pg2.variants) == ["float32", "bfloat16"] and pg2.dtype == "float32"
     for numerics, dtype in ((None, torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         _, decoders = pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics=numerics))
-        assert {d.dtype for d in decoders.values()} == {dtype} and {next(d.heads.parameters()).dtype for d in decoders.values()} == {dtype}
+        assert {d.dtype for d in decoders.values()} == {dtype} and {
+            next(d.heads.parameters()).dtype for d in decoders.values()
+        } == {dtype}
     out = pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2", numerics="bfloat16"))
     assert out["numerics"] == "bfloat16" and "(bfloat16)" in out["greedy_match"]["message"]
     assert pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2"))["numerics"] == "float32"
@@ -362,7 +441,9 @@ def test_a_numerics_value_not_loaded_gets_one_sentence():
     pg2 = two_numerics_playground()
     with pytest.raises(PlaygroundError, match=r"^Numerics must be one of: float32, bfloat16 \(got 'float16'\)\.$"):
         pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics="float16"))
-    with pytest.raises(PlaygroundError, match=r"^Numerics must be the name of one of: float32, bfloat16, not a number \(got 32\)\.$"):
+    with pytest.raises(
+        PlaygroundError, match=r"^Numerics must be the name of one of: float32, bfloat16, not a number \(got 32\)\.$"
+    ):
         pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics=32))
 
 
@@ -373,7 +454,9 @@ def test_the_badge_names_the_numerics_and_a_16_bit_tie_points_to_float32_only_wh
     assert same.message == "Medusa greedy = plain greedy (float32): all 40 tokens identical."
     tie = GreedyCheck(False, 7, 40, 40, logit_gap=0.25, tie=True, numerics="bfloat16", exact_available=True)
     assert tie.headline.startswith("Medusa greedy differs from plain greedy (bfloat16) from token 7 on")
-    assert tie.reason.endswith("a floating-point tie, not a bug: bfloat16 rounding. Switch Numerics to float32 for the exact result.")
+    assert tie.reason.endswith(
+        "a floating-point tie, not a bug: bfloat16 rounding. Switch Numerics to float32 for the exact result."
+    )
     assert replace(tie, exact_available=False).reason.endswith("a floating-point tie, not a bug: bfloat16 rounding.")
     assert "Switch" not in replace(tie, tie=False).reason and "Switch" not in replace(tie, numerics="float32").reason
 
@@ -384,17 +467,44 @@ def test_load_adds_a_float32_copy_of_a_bfloat16_model(tmp_path):
     make_model("llama").save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
     said: list[str] = []
-    pg2 = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, progress=said.append)
+    pg2 = Playground.load(
+        model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, progress=said.append
+    )
     assert list(pg2.variants) == ["bfloat16", "float32"] and pg2.dtype == "bfloat16"
     m32, h32 = pg2.variants["float32"]
     assert next(m32.parameters()).dtype == torch.float32 and next(h32.parameters()).dtype == torch.float32
-    assert any(re.fullmatch(r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(\d+\.\dx float32's plain decoding speed here\)", s) for s in said), said
-    assert pg2.default_numerics == "float32" and pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2"))["numerics"] == "float32"  # exact by default
-    assert pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="bfloat16"))["numerics"] == "bfloat16"
-    assert pg2.numerics_note.startswith("float32 is exact: Medusa greedy writes plain greedy's tokens") and "bfloat16 decodes" in pg2.numerics_note
-    slow, fast = numerics_note({"float32": 30.0, "bfloat16": 15.0}, device="CPU"), numerics_note({"float32": 30.0, "bfloat16": 60.0}, device="CPU")
-    assert "bfloat16 decodes 2.0x as fast as float32 on this CPU" in fast and "bfloat16 decodes at 0.5x float32's speed on this CPU (no native bfloat16 here" in slow
-    assert numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 60.0}) == "bfloat16 (fast)" and numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 15.0}) == "bfloat16 (16-bit)"
+    assert any(
+        re.fullmatch(
+            r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(\d+\.\dx float32's plain decoding speed here\)",
+            s,
+        )
+        for s in said
+    ), said
+    assert (
+        pg2.default_numerics == "float32"
+        and pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2"))["numerics"] == "float32"
+    )  # exact by default
+    assert (
+        pg2.compare(PROMPT, Settings(max_new_tokens=4, tree="chain-2", numerics="bfloat16"))["numerics"] == "bfloat16"
+    )
+    assert (
+        pg2.numerics_note.startswith("float32 is exact: Medusa greedy writes plain greedy's tokens")
+        and "bfloat16 decodes" in pg2.numerics_note
+    )
+    slow, fast = (
+        numerics_note({"float32": 30.0, "bfloat16": 15.0}, device="CPU"),
+        numerics_note({"float32": 30.0, "bfloat16": 60.0}, device="CPU"),
+    )
+    assert (
+        "bfloat16 decodes 2.0x as fast as float32 on this CPU" in fast
+        and "bfloat16 decodes at 0.5x float32's speed on this CPU (no native bfloat16 here" in slow
+    )
+    assert (
+        numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 60.0}) == "bfloat16 (fast)"
+        and numerics_label("bfloat16", {"float32": 30.0, "bfloat16": 15.0}) == "bfloat16 (16-bit)"
+    )
     assert numerics_label("float32", {}) == "float32 (exact)"
-    one = Playground.load(model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, numerics_copy=False)
+    one = Playground.load(
+        model=str(tmp_path), device="cpu", dtype="bfloat16", max_prompt_tokens=None, numerics_copy=False
+    )
     assert list(one.variants) == ["bfloat16"] and one.default_numerics == "bfloat16" and one.numerics_note == ""

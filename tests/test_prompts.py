@@ -10,7 +10,20 @@ import pytest
 
 from medusa_lib.pipeline import prompts as P
 
-BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities", "summarization", "translation", "qa", "rag"}
+BENCH_CATEGORIES = {
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "summarization",
+    "translation",
+    "qa",
+    "rag",
+}
 BENCH_PATH = P.DATA_DIR / "bench_prompts.jsonl"  # hand-written, not composed by the module
 EXAMPLES_PATH = P.ROOT / "assets" / "examples.json"
 

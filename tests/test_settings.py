@@ -28,59 +28,216 @@ ROOT = Path(__file__).resolve().parents[1]
 TOO_DEEP = "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]"
 
 
-TOO_BIG = json.dumps([[a] for a in range(10)] + [[a, b] for a in range(10) for b in range(10)] + [[0, b, c] for b in range(10) for c in range(10)])
+TOO_BIG = json.dumps(
+    [[a] for a in range(10)]
+    + [[a, b] for a in range(10) for b in range(10)]
+    + [[0, b, c] for b in range(10) for c in range(10)]
+)
 
 
 CASES = [
     ("empty prompt", "", {}, "The prompt is empty; type a question or pick an example."),
     ("whitespace prompt", " \n\t ", {}, "The prompt is empty; type a question or pick an example."),
     ("1 MB paste", "x" * 1_000_000, {}, "The prompt has 1,000,000 characters; the limit is 32,000: shorten it."),
-    ("prompt longer than the context", " ".join(["w10"] * 600), {}, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt."),
-    ("max new tokens 0", PROMPT, {"max_new_tokens": 0}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 0)."),
-    ("max new tokens too large", PROMPT, {"max_new_tokens": 5000}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 5000)."),
-    ("max new tokens not whole", PROMPT, {"max_new_tokens": 2.5}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5)."),
+    (
+        "prompt longer than the context",
+        " ".join(["w10"] * 600),
+        {},
+        "The prompt has 602 tokens but the model's context holds 512; shorten the prompt.",
+    ),
+    (
+        "max new tokens 0",
+        PROMPT,
+        {"max_new_tokens": 0},
+        f"Max new tokens must be a whole number from 1 to {LIMIT} (got 0).",
+    ),
+    (
+        "max new tokens too large",
+        PROMPT,
+        {"max_new_tokens": 5000},
+        f"Max new tokens must be a whole number from 1 to {LIMIT} (got 5000).",
+    ),
+    (
+        "max new tokens not whole",
+        PROMPT,
+        {"max_new_tokens": 2.5},
+        f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5).",
+    ),
     ("negative temperature", PROMPT, {"temperature": -0.5}, "Temperature must be between 0 and 2 (got -0.5)."),
     ("epsilon out of range", PROMPT, {"epsilon": 1.5}, "Epsilon must be between 0 and 1 (got 1.5)."),
     ("delta out of range", PROMPT, {"delta": -0.1}, "Delta must be between 0 and 1 (got -0.1)."),
-    ("tree: not JSON", PROMPT, {"custom_tree": "[[0], [0, 1"}, "The tree text is not valid JSON (Expecting ',' delimiter); write it like [[0], [0, 0], [1]]."),
-    ("tree: not a list", PROMPT, {"custom_tree": '{"a": 1}'}, "The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]]."),
-    ("tree deeper than the heads", PROMPT, {"custom_tree": TOO_DEEP}, "The tree is 5 levels deep but the heads only predict 4 tokens ahead; use a tree of depth <= 4."),
-    ("tree rank >= 10", PROMPT, {"custom_tree": "[[0], [10]]"}, "Tree node [10] uses rank 10, but ranks must be between 0 and 9 (top-10 per head)."),
-    ("tree node without parent", PROMPT, {"custom_tree": "[[1], [0, 0]]"}, "Tree node [0, 0] has no parent: add [0] to the tree."),
-    ("tree too large", PROMPT, {"custom_tree": TOO_BIG}, "The custom tree has 210 nodes; the limit is 128: remove some nodes."),
-    ("tree nested 1,000 deep", PROMPT, {"custom_tree": "[" * 1000 + "]" * 1000}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
-    ("tree nested 900 deep", PROMPT, {"custom_tree": "[" * 900 + "0" + "]" * 900}, "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]]."),
+    (
+        "tree: not JSON",
+        PROMPT,
+        {"custom_tree": "[[0], [0, 1"},
+        "The tree text is not valid JSON (Expecting ',' delimiter); write it like [[0], [0, 0], [1]].",
+    ),
+    (
+        "tree: not a list",
+        PROMPT,
+        {"custom_tree": '{"a": 1}'},
+        "The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].",
+    ),
+    (
+        "tree deeper than the heads",
+        PROMPT,
+        {"custom_tree": TOO_DEEP},
+        "The tree is 5 levels deep but the heads only predict 4 tokens ahead; use a tree of depth <= 4.",
+    ),
+    (
+        "tree rank >= 10",
+        PROMPT,
+        {"custom_tree": "[[0], [10]]"},
+        "Tree node [10] uses rank 10, but ranks must be between 0 and 9 (top-10 per head).",
+    ),
+    (
+        "tree node without parent",
+        PROMPT,
+        {"custom_tree": "[[1], [0, 0]]"},
+        "Tree node [0, 0] has no parent: add [0] to the tree.",
+    ),
+    (
+        "tree too large",
+        PROMPT,
+        {"custom_tree": TOO_BIG},
+        "The custom tree has 210 nodes; the limit is 128: remove some nodes.",
+    ),
+    (
+        "tree nested 1,000 deep",
+        PROMPT,
+        {"custom_tree": "[" * 1000 + "]" * 1000},
+        "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].",
+    ),
+    (
+        "tree nested 900 deep",
+        PROMPT,
+        {"custom_tree": "[" * 900 + "0" + "]" * 900},
+        "The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].",
+    ),
     ("tree nested 3 deep", PROMPT, {"custom_tree": "[[[0]]]"}, "Tree node [[0]] must contain whole-number ranks only."),
-    ("lone surrogate in the prompt", "abc \ud800 def", {}, "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again."),
-    ("max new tokens true", PROMPT, {"max_new_tokens": True}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not true/false (got true)."),
-    ("max new tokens as text", PROMPT, {"max_new_tokens": "8"}, f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not text (got '8')."),
-    ("max new tokens 1e308", PROMPT, {"max_new_tokens": 1e308}, f"Max new tokens must be a whole number from 1 to {LIMIT} (got 1e+308)."),
-    ("temperature as text", PROMPT, {"temperature": "0.7"}, "Temperature must be between 0 and 2: send a number, not text (got '0.7')."),
-    ("chat template as text", PROMPT, {"chat_template": "false"}, "The chat template switch (chat_template) must be true or false, not text (got 'false')."),
-    ("lookup branch as a number", PROMPT, {"lookup_branch": 1}, "The lookup branch switch (lookup_branch) must be true or false, not a number (got 1)."),
-    ("tree preset not text", PROMPT, {"tree": 5}, "The tree preset must be the name of a preset, not a number (got 5)."),
+    (
+        "lone surrogate in the prompt",
+        "abc \ud800 def",
+        {},
+        "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again.",
+    ),
+    (
+        "max new tokens true",
+        PROMPT,
+        {"max_new_tokens": True},
+        f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not true/false (got true).",
+    ),
+    (
+        "max new tokens as text",
+        PROMPT,
+        {"max_new_tokens": "8"},
+        f"Max new tokens must be a whole number from 1 to {LIMIT}: send a number, not text (got '8').",
+    ),
+    (
+        "max new tokens 1e308",
+        PROMPT,
+        {"max_new_tokens": 1e308},
+        f"Max new tokens must be a whole number from 1 to {LIMIT} (got 1e+308).",
+    ),
+    (
+        "temperature as text",
+        PROMPT,
+        {"temperature": "0.7"},
+        "Temperature must be between 0 and 2: send a number, not text (got '0.7').",
+    ),
+    (
+        "chat template as text",
+        PROMPT,
+        {"chat_template": "false"},
+        "The chat template switch (chat_template) must be true or false, not text (got 'false').",
+    ),
+    (
+        "lookup branch as a number",
+        PROMPT,
+        {"lookup_branch": 1},
+        "The lookup branch switch (lookup_branch) must be true or false, not a number (got 1).",
+    ),
+    (
+        "tree preset not text",
+        PROMPT,
+        {"tree": 5},
+        "The tree preset must be the name of a preset, not a number (got 5).",
+    ),
     ("seed negative", PROMPT, {"seed": -1}, "The seed must be a whole number from 0 to 9223372036854775807 (got -1)."),
-    ("seed not whole", PROMPT, {"seed": 1.5}, "The seed must be a whole number from 0 to 9223372036854775807 (got 1.5)."),
-    ("seed as text", PROMPT, {"seed": "7"}, "The seed must be a whole number from 0 to 9223372036854775807: send a number, not text (got '7')."),
-    ("sampling switch as text", PROMPT, {"sample": "yes"}, "The sampling switch (sample) must be true or false, not text (got 'yes')."),
-    ("sampling at temperature 0", PROMPT, {"sample": True, "temperature": 0}, "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off."),
-    ("preset name of 5,000 characters", PROMPT, {"tree": "t" * 5000}, "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}."),
+    (
+        "seed not whole",
+        PROMPT,
+        {"seed": 1.5},
+        "The seed must be a whole number from 0 to 9223372036854775807 (got 1.5).",
+    ),
+    (
+        "seed as text",
+        PROMPT,
+        {"seed": "7"},
+        "The seed must be a whole number from 0 to 9223372036854775807: send a number, not text (got '7').",
+    ),
+    (
+        "sampling switch as text",
+        PROMPT,
+        {"sample": "yes"},
+        "The sampling switch (sample) must be true or false, not text (got 'yes').",
+    ),
+    (
+        "sampling at temperature 0",
+        PROMPT,
+        {"sample": True, "temperature": 0},
+        "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off.",
+    ),
+    (
+        "preset name of 5,000 characters",
+        PROMPT,
+        {"tree": "t" * 5000},
+        "Unknown tree preset 'ttttttttttttttttt...tttttttttttttttttt'; choose one of: {presets}.",
+    ),
     ("numerics not loaded", PROMPT, {"numerics": "float64"}, "Numerics must be one of: float32 (got 'float64')."),
-    ("numerics not text", PROMPT, {"numerics": 16}, "Numerics must be the name of one of: float32, not a number (got 16)."),
+    (
+        "numerics not text",
+        PROMPT,
+        {"numerics": 16},
+        "Numerics must be the name of one of: float32, not a number (got 16).",
+    ),
     ("drafter not known", PROMPT, {"drafter": "EAGLE"}, 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
     ("drafter not text", PROMPT, {"drafter": 3}, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
-    ('drafter "eagle" on a server without an EAGLE head', PROMPT, {"drafter": "eagle"}, 'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).'),
+    (
+        'drafter "eagle" on a server without an EAGLE head',
+        PROMPT,
+        {"drafter": "eagle"},
+        'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).',
+    ),
     ("epsilon just over 1", PROMPT, {"epsilon": 1.0000001}, "Epsilon must be between 0 and 1 (got 1.0000001)."),
-    ("delta as an object", PROMPT, {"delta": {"a": 1}}, 'Delta must be between 0 and 1: send a number, not an object (got {{"a": 1}}).'),
-    ("tree node of true", PROMPT, {"custom_tree": "[[true]]"}, "Tree node [true] must contain whole-number ranks only."),
-    ("tree node of 1e400", PROMPT, {"custom_tree": "[[1e400]]"}, "Tree node [Infinity] must contain whole-number ranks only."),
+    (
+        "delta as an object",
+        PROMPT,
+        {"delta": {"a": 1}},
+        'Delta must be between 0 and 1: send a number, not an object (got {{"a": 1}}).',
+    ),
+    (
+        "tree node of true",
+        PROMPT,
+        {"custom_tree": "[[true]]"},
+        "Tree node [true] must contain whole-number ranks only.",
+    ),
+    (
+        "tree node of 1e400",
+        PROMPT,
+        {"custom_tree": "[[1e400]]"},
+        "Tree node [Infinity] must contain whole-number ranks only.",
+    ),
 ]
 
 
 DOCS = ROOT / "docs" / "bad-input.md"
 
 
-TABLE_START, TABLE_END = "<!-- table from tests/test_settings.py CASES: start -->", "<!-- table from tests/test_settings.py CASES: end -->"
+TABLE_START, TABLE_END = (
+    "<!-- table from tests/test_settings.py CASES: start -->",
+    "<!-- table from tests/test_settings.py CASES: end -->",
+)
 
 
 def cases_table() -> str:
@@ -98,13 +255,18 @@ def test_the_docs_table_of_bad_inputs_is_the_tests_table():
     want = f"{head}{TABLE_START}\n{cases_table()}\n{TABLE_END}{tail}"
     if os.environ.get("UPDATE_DOCS") == "1":
         DOCS.write_text(want, encoding="utf-8")
-    assert text == want, "docs/bad-input.md is out of date: run UPDATE_DOCS=1 pytest tests/test_settings.py -k docs_table"
+    assert text == want, (
+        "docs/bad-input.md is out of date: run UPDATE_DOCS=1 pytest tests/test_settings.py -k docs_table"
+    )
 
 
 @pytest.mark.parametrize("case, prompt, overrides, message", CASES, ids=[c[0] for c in CASES])
 def test_api_bad_input_gets_its_sentence_and_the_server_keeps_serving(served, case, prompt, overrides, message):
     pg, url, client = served
-    assert call_api(url, "compare", api_args(prompt, overrides)) == ("error", message.format(presets=", ".join(pg.tree_names())))
+    assert call_api(url, "compare", api_args(prompt, overrides)) == (
+        "error",
+        message.format(presets=", ".join(pg.tree_names())),
+    )
     assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
 
 
@@ -112,13 +274,20 @@ def test_api_odd_types_get_a_sentence(served):
     from gradio_client.exceptions import AppError
 
     pg, _, client = served
-    for args, message in [((42,), "The prompt must be text, not a number."),
-                          (([PROMPT],), "The prompt must be text, not a list."),
-                          ((PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"), f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(pg.tree_names())}.")]:
+    for args, message in [
+        ((42,), "The prompt must be text, not a number."),
+        (([PROMPT],), "The prompt must be text, not a list."),
+        (
+            (PROMPT, 8, 0.7, 0.09, 0.3, "no-such-tree"),
+            f"Unknown tree preset 'no-such-tree'; choose one of: {', '.join(pg.tree_names())}.",
+        ),
+    ]:
         with pytest.raises(AppError) as err:
             client.predict(*args, api_name="/compare")
         assert str(err.value) == message
-    out = client.predict(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", [[0], [0, 0]], api_name="/compare")  # the paths as JSON, not text: accepted
+    out = client.predict(
+        PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", [[0], [0, 0]], api_name="/compare"
+    )  # the paths as JSON, not text: accepted
     assert out["tree"] == "custom"
 
 
@@ -139,20 +308,49 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         message = message.format(presets=", ".join(pg.tree_names()))
         a = {**API_DEFAULTS, **overrides}
         with pytest.warns(UserWarning) as warned:  # gr.Warning outside a request is a Python warning
-            outs = list(h.run(prompt, *(a[k] for k in API_ORDER if k not in ("sample", "drafter")), "Medusa greedy / exact sampling", drafter=a["drafter"]))
-        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", case  # escaped for the Markdown: shows as typed
-        assert html.unescape(str(warned[-1].message)) == message, case  # the toast renders HTML: the message comes escaped
+            outs = list(
+                h.run(
+                    prompt,
+                    *(a[k] for k in API_ORDER if k not in ("sample", "drafter")),
+                    "Medusa greedy / exact sampling",
+                    drafter=a["drafter"],
+                )
+            )
+        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", (
+            case
+        )  # escaped for the Markdown: shows as typed
+        assert html.unescape(str(warned[-1].message)) == message, (
+            case
+        )  # the toast renders HTML: the message comes escaped
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
     with pytest.warns(UserWarning) as warned:
-        outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "both"))
+        outs = list(
+            h.run(
+                PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "both"
+            )
+        )
     assert str(warned[-1].message) == "The mode must be 'greedy' or 'sampling' (got 'both')."
     assert all(v == gr.skip() for out in outs for i, v in enumerate(out) if i != status)
     outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
-    assert outs[1][RUN_OUTPUTS.index("session")] is None  # a run that starts clears the session: no half-run is kept for replay
-    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain", "medusa-greedy", "medusa-typical"}  # the default mode: greedy, typical at T
-    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"))
-    assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {"plain-sample", "medusa-sample", "medusa-typical"}  # the sampling mode: all three at T
+    assert (
+        outs[1][RUN_OUTPUTS.index("session")] is None
+    )  # a run that starts clears the session: no half-run is kept for replay
+    assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {
+        "plain",
+        "medusa-greedy",
+        "medusa-typical",
+    }  # the default mode: greedy, typical at T
+    outs = list(
+        h.run(
+            PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"
+        )
+    )
+    assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {
+        "plain-sample",
+        "medusa-sample",
+        "medusa-typical",
+    }  # the sampling mode: all three at T
 
 
 def test_a_null_or_empty_tree_or_numerics_means_the_default():
@@ -169,9 +367,23 @@ def test_a_bad_value_is_quoted_as_the_json_it_came_in():
     """Issue #26: 1.0000001 was quoted as 1, [[true]] as [True], 1e400 as inf, {"a": 1} as {'a': 1}."""
     from medusa_lib.core.messages import shown
 
-    cases = [(1.0000001, "1.0000001"), (1e308, "1e+308"), (2.5, "2.5"), (float("inf"), "Infinity"), (float("nan"), "NaN"), (None, "null"), (True, "true"),
-             ([True], "[true]"), ([float("inf")], "[Infinity]"), ({"a": 1}, '{"a": 1}'), (["a", None], '["a", null]'), ("8", "'8'"),
-             (list(range(9)), "[0, 1, 2, 3, 4, 5, ...]"), ([[[[[0]]]]], "[[[[...]]]]"), (10**40000, "about 1e+40000")]
+    cases = [
+        (1.0000001, "1.0000001"),
+        (1e308, "1e+308"),
+        (2.5, "2.5"),
+        (float("inf"), "Infinity"),
+        (float("nan"), "NaN"),
+        (None, "null"),
+        (True, "true"),
+        ([True], "[true]"),
+        ([float("inf")], "[Infinity]"),
+        ({"a": 1}, '{"a": 1}'),
+        (["a", None], '["a", null]'),
+        ("8", "'8'"),
+        (list(range(9)), "[0, 1, 2, 3, 4, 5, ...]"),
+        ([[[[[0]]]]], "[[[[...]]]]"),
+        (10**40000, "about 1e+40000"),
+    ]
     assert [shown(v) for v, _ in cases] == [want for _, want in cases]
     assert shown("t" * 5000) == "'ttttttttttttttttt...tttttttttttttttttt'" and len(shown([["x" * 99] * 9])) <= 50
 

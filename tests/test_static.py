@@ -26,13 +26,20 @@ def llama():
 
 
 def plain(model, n, cache="dynamic"):
-    return run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache)).tokens
+    return run_method(
+        model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache)
+    ).tokens
 
 
 def forward_shapes(model):
     """(query length, key length of the mask) of every forward the body makes, via a pre-hook."""
     seen = []
-    hook = model.base_model.register_forward_pre_hook(lambda m, args, kw: seen.append((kw["input_ids"].shape[1], None if kw.get("attention_mask") is None else kw["attention_mask"].shape[-1])), with_kwargs=True)
+    hook = model.base_model.register_forward_pre_hook(
+        lambda m, args, kw: seen.append(
+            (kw["input_ids"].shape[1], None if kw.get("attention_mask") is None else kw["attention_mask"].shape[-1])
+        ),
+        with_kwargs=True,
+    )
     return seen, hook
 
 
@@ -40,18 +47,28 @@ def forward_shapes(model):
 def test_every_decode_step_has_one_fixed_shape(llama, method):
     ref = plain(llama, 48)
     heads = None if method == "plain" else OracleHeads(llama, PROMPT + ref + [0] * 8)
-    cfg = DecodeConfig(max_new_tokens=40, stop_on_eos=False, cache="static", lookup=3, temperature=0.8 if method != "medusa-greedy" and method != "plain" else 0.0)
+    cfg = DecodeConfig(
+        max_new_tokens=40,
+        stop_on_eos=False,
+        cache="static",
+        lookup=3,
+        temperature=0.8 if method != "medusa-greedy" and method != "plain" else 0.0,
+    )
     dec = Decoder(llama, method=method, heads=heads, tree=None if method == "plain" else TREE, config=cfg)
     seen, hook = forward_shapes(llama)
     try:
         res = dec.run(PROMPT)
     finally:
         hook.remove()
-    seen = [s for s in seen if s != (1, None)]  # the one-token forward that allocates a new static cache (StaticKV.bind)
+    seen = [
+        s for s in seen if s != (1, None)
+    ]  # the one-token forward that allocates a new static cache (StaticKV.bind)
     prefill, steps = seen[0], seen[1:]
     assert prefill[0] == len(PROMPT)
     width = 1 if method == "plain" else TREE.num_nodes + 3  # the tree and its lookup branch, every step
-    max_len = -(-(len(PROMPT) + 40 + width) // 64) * 64  # the run's own cache, its length rounded up to a multiple of 64
+    max_len = (
+        -(-(len(PROMPT) + 40 + width) // 64) * 64
+    )  # the run's own cache, its length rounded up to a multiple of 64
     assert steps and set(steps) == {(width, max_len)}, set(steps)
     assert len(steps) == res.decode_steps and res.engine == "static"
 
@@ -74,7 +91,17 @@ def test_dynamic_and_static_lookup_runs_agree_token_for_token(llama):
     ref = plain(llama, 60)
     heads = OracleHeads(llama, PROMPT + ref + [0] * 8)
     for lookup in (0, 2, 5):
-        runs = [run_method(llama, PROMPT, method="medusa-greedy", heads=heads, tree=TREE, config=DecodeConfig(max_new_tokens=60, stop_on_eos=False, cache=c, lookup=lookup)) for c in ("dynamic", "static")]
+        runs = [
+            run_method(
+                llama,
+                PROMPT,
+                method="medusa-greedy",
+                heads=heads,
+                tree=TREE,
+                config=DecodeConfig(max_new_tokens=60, stop_on_eos=False, cache=c, lookup=lookup),
+            )
+            for c in ("dynamic", "static")
+        ]
         assert runs[0].tokens == runs[1].tokens == ref[:60]
         assert runs[1].tokens_per_step > 2.5
 
@@ -83,7 +110,9 @@ def test_a_shared_static_cache_serves_one_run_at_a_time_and_is_left_clean(llama)
     ref = plain(llama, 30)
     kv = StaticKV(llama, max_len=128)
     cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, cache="static")
-    dec = Decoder(llama, method="medusa-greedy", heads=random_heads(4, shared=True), tree=TREE, config=cfg, static_kv=kv)
+    dec = Decoder(
+        llama, method="medusa-greedy", heads=random_heads(4, shared=True), tree=TREE, config=cfg, static_kv=kv
+    )
     a, b = dec.steps(PROMPT), dec.steps(PROMPT)
     first_a = next(a)  # run a holds the shared cache while it is suspended
     assert not kv.claim()
@@ -119,27 +148,49 @@ def test_static_compaction_equals_a_fresh_cache_of_the_accepted_path(llama, acce
     body = llama.base_model
     with torch.no_grad():
         cache = new_static_cache(llama, S)
-        body(input_ids=torch.tensor([PROMPT]), position_ids=torch.arange(P)[None], past_key_values=cache, use_cache=True)
+        body(
+            input_ids=torch.tensor([PROMPT]), position_ids=torch.arange(P)[None], past_key_values=cache, use_cache=True
+        )
         mask = torch.full((1, 1, tree.num_nodes, S), torch.finfo(torch.float32).min)
         mask[..., :P] = 0
         mask[0, 0, :, P : P + tree.num_nodes] = tree_attention_bias(tree, torch.float32)
-        body(input_ids=tokens[None], attention_mask=mask, position_ids=(tree.position_ids + P)[None], past_key_values=cache, use_cache=True)
+        body(
+            input_ids=tokens[None],
+            attention_mask=mask,
+            position_ids=(tree.position_ids + P)[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         compact_cache(cache, P, nodes, tree.num_nodes)
         assert int(cache.get_seq_length()) == P + n
         fresh = new_cache()
         body(input_ids=torch.cat([torch.tensor(PROMPT), tokens[nodes]])[None], past_key_values=fresh, use_cache=True)
     for a, b in zip(cache.layers, fresh.layers):
-        assert torch.allclose(a.keys[:, :, : P + n], b.keys, atol=1e-5) and torch.allclose(a.values[:, :, : P + n], b.values, atol=1e-5)
+        assert torch.allclose(a.keys[:, :, : P + n], b.keys, atol=1e-5) and torch.allclose(
+            a.values[:, :, : P + n], b.values, atol=1e-5
+        )
 
 
 def test_a_model_the_static_path_refuses_runs_dynamic_with_a_note(llama):
     model = make_model("qwen2")
-    model.hf_device_map = {"model.layers.0": "cpu", "model.layers.1": 0}  # as accelerate marks a model spread over two devices
-    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4, shared=True), tree=TREE, config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, cache="static"))
+    model.hf_device_map = {
+        "model.layers.0": "cpu",
+        "model.layers.1": 0,
+    }  # as accelerate marks a model spread over two devices
+    dec = Decoder(
+        model,
+        method="medusa-greedy",
+        heads=random_heads(4, shared=True),
+        tree=TREE,
+        config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, cache="static"),
+    )
     assert dec.note and dec.note.endswith("it runs with the dynamic cache.") and "several devices" in dec.note
     res = dec.run(PROMPT)
     assert res.engine == "dynamic"
-    assert res.tokens == run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=16, stop_on_eos=False)).tokens
+    assert (
+        res.tokens
+        == run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=16, stop_on_eos=False)).tokens
+    )
 
 
 def test_bad_cache_and_capture_settings_get_one_sentence(llama):
@@ -169,7 +220,9 @@ def test_a_compiled_capture_gives_the_eager_tokens_and_never_compiles_inside_a_r
     with torch.inference_mode():
         for d in (medusa, plain_dec):
             ready(d, kv)
-    assert kv.capture_seconds > 0 and kv.programs_captured == 2  # the tree step, and the root-only step both decoders share
+    assert (
+        kv.capture_seconds > 0 and kv.programs_captured == 2
+    )  # the tree step, and the root-only step both decoders share
     torch._dynamo.config.error_on_recompile = True
     try:
         for _ in range(2):
@@ -196,7 +249,10 @@ def test_a_static_playground_shows_the_dynamic_playgrounds_tokens_and_names_its_
     # always carries the lookup branch (guessed where the context has no match). Without the
     # branch both engines verify the same trees and agree.
     no_branch = Settings(max_new_tokens=40, lookup=0)
-    assert dynamic.compare(TEXT, no_branch)["methods"]["medusa-typical"]["token_ids"] == static.compare(TEXT, no_branch)["methods"]["medusa-typical"]["token_ids"]
+    assert (
+        dynamic.compare(TEXT, no_branch)["methods"]["medusa-typical"]["token_ids"]
+        == static.compare(TEXT, no_branch)["methods"]["medusa-typical"]["token_ids"]
+    )
     assert dynamic.engine == "dynamic KV cache (eager)" and static.engine == "static KV cache (eager)"
     assert static.static_kv.claim()  # every run gave it back
     static.static_kv.release()
@@ -227,7 +283,9 @@ def test_four_users_at_once_on_one_shared_static_cache_get_their_own_tokens():
     for t in threads:
         t.join()
     for i in range(4):
-        assert {m: r["token_ids"] for m, r in got[i].items()} == {m: r["token_ids"] for m, r in alone[i].items()}, prompts[i]
+        assert {m: r["token_ids"] for m, r in got[i].items()} == {m: r["token_ids"] for m, r in alone[i].items()}, (
+            prompts[i]
+        )
     assert pg.static_kv.claim()
     pg.static_kv.release()
 
@@ -238,17 +296,28 @@ def test_the_engine_setting_is_checked_and_a_capture_needs_its_device(llama):
     said = []
     assert prepare_engine(llama, max_len=64, say=said.append).cache == "dynamic"  # auto on a CPU: today's dynamic cache
     eager = prepare_engine(llama, cache="static", max_len=64, say=said.append)
-    assert (eager.cache, eager.static_kv, eager.description) == ("static", None, "static KV cache (eager)")  # nothing to capture on a CPU by default
+    assert (eager.cache, eager.static_kv, eager.description) == (
+        "static",
+        None,
+        "static KV cache (eager)",
+    )  # nothing to capture on a CPU by default
     with pytest.raises(EngineError, match="^CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.$"):
         prepare_engine(llama, cache="static", capture="cuda-graph", max_len=64)
     with pytest.raises(EngineError, match="only the static cache has; use --cache static or --capture none.$"):
         prepare_engine(llama, cache="dynamic", capture="compile", max_len=64)
-    with pytest.raises(EngineError, match="^The engine must be a cache of dynamic, static and a capture of none, compile, cuda-graph"):
+    with pytest.raises(
+        EngineError, match="^The engine must be a cache of dynamic, static and a capture of none, compile, cuda-graph"
+    ):
         prepare_engine(llama, cache="paged", capture="none", max_len=64)
     spread = make_model("qwen2")
     spread.hf_device_map = {"model.layers.0": "cpu", "model.layers.1": 0}
     out = prepare_engine(spread, cache="static", capture="compile", max_len=64, say=said.append)
-    assert out.cache == "dynamic" and out.static_kv is None and said[-1].endswith("it runs with the dynamic cache.") and out.description == said[-1]
+    assert (
+        out.cache == "dynamic"
+        and out.static_kv is None
+        and said[-1].endswith("it runs with the dynamic cache.")
+        and out.description == said[-1]
+    )
 
 
 def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_a_sentence():
@@ -261,7 +330,9 @@ def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_
     said = []
     engine = prepare_engine(model, cache="static", capture="compile", max_len=64, say=said.append)
     assert (engine.cache, engine.static_kv) == ("static", None) and engine.description == said[0]
-    assert said == ["torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."]
+    assert said == [
+        "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
+    ]
 
 
 def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad_it(llama):
@@ -270,13 +341,26 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
     from medusa_lib.core.decoding import Proposal, Verdict
 
     tree = build_tree(chain_choices(2))
-    dec = Decoder(llama, method="medusa-greedy", heads=random_heads(4, shared=True), tree=tree, config=DecodeConfig(cache="static", lookup=3))
+    dec = Decoder(
+        llama,
+        method="medusa-greedy",
+        heads=random_heads(4, shared=True),
+        tree=tree,
+        config=DecodeConfig(cache="static", lookup=3),
+    )
     bufs = dec.lookup_trees[3]
     L = tree.num_nodes  # the branch's nodes are L, L + 1, L + 2
     tokens = torch.arange(5, 5 + bufs.num_nodes)
     for matched, expected in [(0, 0), (1, 1), (2, 2), (3, 3)]:
-        verdict = Verdict(best=bufs.cpu.retrieve_indices.shape[0] - 1, accept_length=3, nodes=torch.tensor([0, L, L + 1, L + 2]), bonus=torch.tensor(9))
-        step = dec._decode_step(1, [6, 7, 8, 9], None, Proposal(bufs, tokens, 3, matched), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0))
+        verdict = Verdict(
+            best=bufs.cpu.retrieve_indices.shape[0] - 1,
+            accept_length=3,
+            nodes=torch.tensor([0, L, L + 1, L + 2]),
+            bonus=torch.tensor(9),
+        )
+        step = dec._decode_step(
+            1, [6, 7, 8, 9], None, Proposal(bufs, tokens, 3, matched), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0)
+        )
         assert step.lookup_accepted == expected and step.accept_length == 3
 
 
@@ -319,10 +403,22 @@ def test_each_numerics_copy_runs_on_its_own_shared_static_cache():
     base = tiny_playground(oracle=False)
     m16 = copy.deepcopy(base.model).to(torch.bfloat16)
     kv32, kv16 = StaticKV(base.model, max_len=256), StaticKV(m16, max_len=256)
-    pg = Playground(m16, base.tokenizer, copy.deepcopy(base.heads).to(torch.bfloat16), heads_note="test heads", cache="static", static_kv=kv16,
-                    variants={"float32": (base.model, base.heads)}, variant_kv={"float32": kv32})
+    pg = Playground(
+        m16,
+        base.tokenizer,
+        copy.deepcopy(base.heads).to(torch.bfloat16),
+        heads_note="test heads",
+        cache="static",
+        static_kv=kv16,
+        variants={"float32": (base.model, base.heads)},
+        variant_kv={"float32": kv32},
+    )
     for numerics, kv in (("float32", kv32), ("bfloat16", kv16)):
         _, decoders = pg.prepare(TEXT, Settings(max_new_tokens=8, numerics=numerics))
         assert {d.static_kv for d in decoders.values()} == {kv}
-        ends = [ev.record.result.engine for ev in pg.stream(TEXT, Settings(max_new_tokens=8, numerics=numerics)) if ev.kind == "end"]
+        ends = [
+            ev.record.result.engine
+            for ev in pg.stream(TEXT, Settings(max_new_tokens=8, numerics=numerics))
+            if ev.kind == "end"
+        ]
         assert ends == ["static"] * 3

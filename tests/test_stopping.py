@@ -65,7 +65,14 @@ def first_occurrences(ref: list[int]) -> list[int]:
 def test_the_grid_really_takes_multi_token_steps(rigged):
     model, ref, heads = rigged
     configure(model, eos=None, context=None)
-    res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREE, config=DecodeConfig(max_new_tokens=N_REF, stop_on_eos=False))
+    res = run_method(
+        model,
+        PROMPT,
+        method="medusa-greedy",
+        heads=heads,
+        tree=TREE,
+        config=DecodeConfig(max_new_tokens=N_REF, stop_on_eos=False),
+    )
     assert res.tokens == ref
     assert max(s.accept_length for s in res.steps) >= 3  # steps of 4+ tokens: a cut inside one is exercised
 
@@ -81,7 +88,9 @@ def test_every_decoder_stops_where_plain_greedy_stops(rigged, method, lookup):
     assert len(eos_positions) >= 5
     try:
         for eos_at, room in itertools.product(eos_positions, [None, 3, 6, 10]):
-            configure(model, eos=None if eos_at is None else ref[eos_at], context=None if room is None else len(PROMPT) + room)
+            configure(
+                model, eos=None if eos_at is None else ref[eos_at], context=None if room is None else len(PROMPT) + room
+            )
             for budget in BUDGETS:
                 want, reason = expected(ref, budget=budget, eos_at=eos_at, room=room or 10**6)
                 cfg = DecodeConfig(max_new_tokens=budget, lookup=lookup)
@@ -126,7 +135,9 @@ def test_a_step_whose_eos_lies_past_the_budget_stops_at_the_budget(rigged):
     eos_at = next(j for j in first_occurrences(ref) if j >= 3)
     try:
         configure(model, eos=ref[eos_at], context=None)
-        res = run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=TREE, config=DecodeConfig(max_new_tokens=eos_at))
+        res = run_method(
+            model, PROMPT, method="medusa-greedy", heads=heads, tree=TREE, config=DecodeConfig(max_new_tokens=eos_at)
+        )
         assert res.tokens == ref[:eos_at] and res.finish_reason == "length"
         assert res.steps[-1].accept_length + 1 == len(res.steps[-1].tokens)  # the cut step's record counts what it kept
     finally:
@@ -139,7 +150,9 @@ def test_the_playground_badge_stays_green_when_eos_follows_the_budget():
     pg = tiny_playground(max_new_tokens=40)
     settings = Settings(max_new_tokens=40, tree="mc_sim_7b_63", lookup=4)
     ref = pg.compare(TEXT, settings)["methods"]["plain"]["token_ids"]
-    budget = next(j for j, t in enumerate(ref) if ref.index(t) == j and j >= 12)  # EOS will be the token right after the budget
+    budget = next(
+        j for j, t in enumerate(ref) if ref.index(t) == j and j >= 12
+    )  # EOS will be the token right after the budget
     pg.model.generation_config.eos_token_id = ref[budget]
     try:
         out = pg.compare(TEXT, replace(settings, max_new_tokens=budget))
@@ -149,4 +162,6 @@ def test_the_playground_badge_stays_green_when_eos_follows_the_budget():
         assert out["methods"][m]["tokens"] <= budget, m
     assert out["methods"]["medusa-greedy"]["token_ids"] == out["methods"]["plain"]["token_ids"] == ref[:budget]
     assert out["methods"]["medusa-greedy"]["finish_reason"] == "length"
-    assert out["greedy_match"]["equal"] and max(row["tokens/step"] for row in out["summary"]) > 2  # multi-token steps happened
+    assert (
+        out["greedy_match"]["equal"] and max(row["tokens/step"] for row in out["summary"]) > 2
+    )  # multi-token steps happened

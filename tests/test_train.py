@@ -4,7 +4,15 @@ import torch
 from conftest import answer_records, make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
-from medusa_lib.pipeline.train import HiddenCache, TrainConfig, Trainer, cached_hidden, frequent_tokens, start_from, train_heads
+from medusa_lib.pipeline.train import (
+    HiddenCache,
+    TrainConfig,
+    Trainer,
+    cached_hidden,
+    frequent_tokens,
+    start_from,
+    train_heads,
+)
 
 K = 3
 
@@ -36,18 +44,22 @@ def test_hidden_cache_of_an_added_answers_file_runs_only_the_new_answers(tmp_pat
     assert (tmp_path / f"train_hidden_3x{K}.pt").exists()
     built = []
     real_build = HiddenCache.build.__func__
-    monkeypatch.setattr(HiddenCache, "build", classmethod(lambda cls, m, r, **kw: built.append(len(r)) or real_build(cls, m, r, **kw)))
+    monkeypatch.setattr(
+        HiddenCache, "build", classmethod(lambda cls, m, r, **kw: built.append(len(r)) or real_build(cls, m, r, **kw))
+    )
     both = cached_hidden(model, recs, [3, 5], tmp_path, "train", K)
     assert built == [2]  # only the added file's answers went through the model
     rest = real_build(HiddenCache, model, recs[3:], num_heads=K, log=lambda m: None)
     want = HiddenCache.concat([first, rest])
     assert len(both) == len(first) + len(rest) == sum(len(r["answer_ids"]) + 1 for r in recs)
     assert torch.equal(both.hidden, want.hidden) and torch.equal(both.next_ids, want.next_ids)
-    assert torch.equal(both.seq_end[len(first):], rest.seq_end + len(first))
+    assert torch.equal(both.seq_end[len(first) :], rest.seq_end + len(first))
     again = cached_hidden(model, recs, [3, 5], tmp_path, "train", K)  # now cached whole: nothing runs
     assert built == [2] and torch.equal(again.hidden, both.hidden)
     other = answer_records(5, seed=1)
-    other[0]["answer_ids"] = other[0]["answer_ids"][:-3]  # another first file with 3 answers: a cache of 3 answers that does not fit
+    other[0]["answer_ids"] = other[0]["answer_ids"][
+        :-3
+    ]  # another first file with 3 answers: a cache of 3 answers that does not fit
     (tmp_path / f"train_hidden_5x{K}.pt").unlink()
     rebuilt = cached_hidden(model, other, [3, 5], tmp_path, "train", K)
     assert built == [2, 5] and len(rebuilt) == sum(len(r["answer_ids"]) + 1 for r in other)
@@ -63,10 +75,15 @@ def test_frequent_tokens_keeps_eos_and_has_fixed_size():
 def test_training_lowers_held_out_loss_and_saves_the_best_heads(tmp_path):
     model = make_model("llama")
     model.requires_grad_(False)
-    train, held = HiddenCache.build(model, answer_records(8, 0), num_heads=K, log=lambda m: None), HiddenCache.build(model, answer_records(3, 1), num_heads=K, log=lambda m: None)
+    train, held = (
+        HiddenCache.build(model, answer_records(8, 0), num_heads=K, log=lambda m: None),
+        HiddenCache.build(model, answer_records(3, 1), num_heads=K, log=lambda m: None),
+    )
     heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=K, num_proposal_tokens=64))
     heads.proposal_ids.copy_(frequent_tokens(answer_records(8, 0), 64, 320))
-    cfg = TrainConfig(num_heads=K, proposal_tokens=64, batch_size=64, epochs=25, eval_every=25, patience=50, lr=1e-2, soft_weight=0.0)
+    cfg = TrainConfig(
+        num_heads=K, proposal_tokens=64, batch_size=64, epochs=25, eval_every=25, patience=50, lr=1e-2, soft_weight=0.0
+    )
     before = Trainer(model, heads, cfg, dtype=torch.float32).evaluate(held)
     result = train_heads(model, train, held, heads, cfg, out=tmp_path, log=lambda m: None, base_model="tiny/llama")
     after = result["history"][-1]
@@ -117,9 +134,22 @@ def train_on_alternating_records(tmp_path, **conditioning) -> tuple[dict, Medusa
     path_conditioned): their last held-out evaluation, and the saved heads read back."""
     model = make_model("llama")
     model.requires_grad_(False)
-    train, held = (HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None) for n, seed in ((16, 0), (4, 1)))
+    train, held = (
+        HiddenCache.build(model, alternating_records(n, seed), num_heads=2, log=lambda m: None)
+        for n, seed in ((16, 0), (4, 1))
+    )
     heads = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=2, **conditioning))
-    cfg = TrainConfig(num_heads=2, proposal_tokens=0, batch_size=64, epochs=30, eval_every=30, patience=50, lr=1e-2, soft_weight=0.0, **conditioning)
+    cfg = TrainConfig(
+        num_heads=2,
+        proposal_tokens=0,
+        batch_size=64,
+        epochs=30,
+        eval_every=30,
+        patience=50,
+        lr=1e-2,
+        soft_weight=0.0,
+        **conditioning,
+    )
     out = tmp_path / "-".join(f"{k}={v}" for k, v in conditioning.items())
     last = train_heads(model, train, held, heads, cfg, out=out, log=lambda m: None)["history"][-1]
     return last, load_heads(out, model=model)
@@ -170,7 +200,10 @@ def test_init_heads_seeds_root_conditioned_and_deeper_heads_with_plain_ones_and_
     own = random_heads(3, shared=False, hidden=64, vocab=320)
     own.save(tmp_path / "own")
     with pytest.raises(SystemExit, match=r"another layout than this run \(missing: heads.0.1.linear.weight"):
-        start_from(MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=2, shared_lm_head=False)), tmp_path / "own")  # own projections sit after the blocks
+        start_from(
+            MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_layers=2, shared_lm_head=False)),
+            tmp_path / "own",
+        )  # own projections sit after the blocks
     pruned = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=64))
     with pytest.raises(SystemExit, match="not in this run|missing: proposal_ids"):
         start_from(pruned, tmp_path / "plain")
@@ -180,7 +213,9 @@ def test_init_heads_seeds_root_conditioned_and_deeper_heads_with_plain_ones_and_
     for r in zero.root:
         torch.nn.init.normal_(r.weight)
     zero.save(tmp_path / "root")
-    path = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True))
+    path = MedusaHeads(
+        HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, root_conditioned=True, path_conditioned=True)
+    )
     start_from(path, tmp_path / "root")
     e, branch = torch.randn(4, 64), torch.randn(4, 2, 64)
     assert torch.equal(path.hidden(h, root_emb=e, path_emb=branch), zero.hidden(h, root_emb=e))
@@ -193,5 +228,3 @@ def test_train_cli_refuses_an_unknown_save_dtype(tmp_path):
 
     with pytest.raises(SystemExit, match="--save-dtype must be float32 or bfloat16 \\(got 'int8'\\)"):
         main(["--save-dtype", "int8", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
-
-

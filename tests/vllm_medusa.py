@@ -20,7 +20,11 @@ import time
 def metric_totals(llm) -> dict:
     """vLLM's speculative-decoding counters (Prometheus, summed over labels)."""
     out: dict = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
-    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens", "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    names = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+    }
     for m in llm.get_metrics():
         if m.name in names:
             out[names[m.name]] += int(m.value)
@@ -47,7 +51,11 @@ def main(request_path: str, result_path: str) -> None:
         enforce_eager=True,
         seed=0,
         disable_log_stats=False,  # the spec-decode counters
-        speculative_config={"method": "medusa", "model": req["heads"], "num_speculative_tokens": req["num_speculative_tokens"]},
+        speculative_config={
+            "method": "medusa",
+            "model": req["heads"],
+            "num_speculative_tokens": req["num_speculative_tokens"],
+        },
     )
     if req.get("workaround", True):
         kwargs["model_loader_extra_config"] = {"enable_weights_track": False}
@@ -63,7 +71,13 @@ def main(request_path: str, result_path: str) -> None:
     t1 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": ids} for ids in req["prompts"]], params, use_tqdm=False)
     gen = time.perf_counter() - t1
-    result = {"ok": True, "tokens": [list(o.outputs[0].token_ids) for o in outs], "start_seconds": start, "generate_seconds": gen, **metric_totals(llm)}
+    result = {
+        "ok": True,
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "start_seconds": start,
+        "generate_seconds": gen,
+        **metric_totals(llm),
+    }
     open(result_path, "w").write(json.dumps(result))
 
 

@@ -16,7 +16,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from medusa_lib.core.model import device_label, input_device
-from medusa_lib.present import EAGLE_BUDGETS, MAX_RUN_SECONDS, BudgetPoint, Playground, RunStopped, any_of, deadline, eagle_budgets
+from medusa_lib.present import (
+    EAGLE_BUDGETS,
+    MAX_RUN_SECONDS,
+    BudgetPoint,
+    Playground,
+    RunStopped,
+    any_of,
+    deadline,
+    eagle_budgets,
+)
 
 from .figures import _layout, empty_figure
 from .handlers import DeviceTurn, caller_gone, cannot_run, on_gpu
@@ -24,31 +33,75 @@ from .handlers import DeviceTurn, caller_gone, cannot_run, on_gpu
 SPEEDUP, PER_STEP, DEFAULT = "#D55E00", "#0072B2", "#009E73"  # Okabe-Ito
 
 
-def budget_figure(points: list[BudgetPoint] | None, *, default_nodes: int | None, device: str, prompt_tokens: int | None = None) -> go.Figure:
+def budget_figure(
+    points: list[BudgetPoint] | None, *, default_nodes: int | None, device: str, prompt_tokens: int | None = None
+) -> go.Figure:
     """Measured speed-up over plain greedy (left axis) and tokens per step (right axis) against EAGLE's node budget."""
     title = f"EAGLE: node budget vs speed-up, measured on this device ({device})"
     if not points:
-        return empty_figure(f"Press Measure EAGLE's node budgets to time EAGLE greedy with {', '.join(map(str, EAGLE_BUDGETS))} nodes against plain greedy "
-                            "on the comparison's prompt, here.", title=title, height=360)
+        return empty_figure(
+            f"Press Measure EAGLE's node budgets to time EAGLE greedy with {', '.join(map(str, EAGLE_BUDGETS))} nodes against plain greedy "
+            "on the comparison's prompt, here.",
+            title=title,
+            height=360,
+        )
     x = [p.nodes for p in points]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=x, y=[p.speedup for p in points], mode="lines+markers", name="speed-up over plain greedy (measured)",
-                             line=dict(color=SPEEDUP, width=3), marker=dict(size=10)), secondary_y=False)
-    fig.add_trace(go.Scatter(x=x, y=[p.tokens_per_step for p in points], mode="lines+markers", name="tokens per step (measured)",
-                             line=dict(color=PER_STEP, width=2, dash="dot"), marker=dict(size=8)), secondary_y=True)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p.speedup for p in points],
+            mode="lines+markers",
+            name="speed-up over plain greedy (measured)",
+            line=dict(color=SPEEDUP, width=3),
+            marker=dict(size=10),
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[p.tokens_per_step for p in points],
+            mode="lines+markers",
+            name="tokens per step (measured)",
+            line=dict(color=PER_STEP, width=2, dash="dot"),
+            marker=dict(size=8),
+        ),
+        secondary_y=True,
+    )
     if default_nodes in x:
         p = points[x.index(default_nodes)]
-        fig.add_trace(go.Scatter(x=[p.nodes], y=[p.speedup], mode="markers", name=f"the head's default ({default_nodes} nodes)",
-                                 marker=dict(color=DEFAULT, size=16, symbol="star", line=dict(color="#fff", width=1))), secondary_y=False)
+        fig.add_trace(
+            go.Scatter(
+                x=[p.nodes],
+                y=[p.speedup],
+                mode="markers",
+                name=f"the head's default ({default_nodes} nodes)",
+                marker=dict(color=DEFAULT, size=16, symbol="star", line=dict(color="#fff", width=1)),
+            ),
+            secondary_y=False,
+        )
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dash"), secondary_y=False)
     fig.update_xaxes(title_text="nodes verified per step (besides the root)", rangemode="tozero")
     fig.update_yaxes(title_text="\u00d7 plain greedy's tokens/s", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="tokens per step", rangemode="tozero", secondary_y=True)
-    return _layout(fig, title=title, height=400, legend=dict(orientation="h", y=-0.25, x=0, yanchor="top"), margin=dict(l=10, r=10, t=48, b=10))
+    return _layout(
+        fig,
+        title=title,
+        height=400,
+        legend=dict(orientation="h", y=-0.25, x=0, yanchor="top"),
+        margin=dict(l=10, r=10, t=48, b=10),
+    )
 
 
 class EagleLabHandlers:
-    def __init__(self, playground: Playground, *, device: DeviceTurn | None = None, max_run_seconds: float | None = MAX_RUN_SECONDS):
+    def __init__(
+        self,
+        playground: Playground,
+        *,
+        device: DeviceTurn | None = None,
+        max_run_seconds: float | None = MAX_RUN_SECONDS,
+    ):
         self.pg = playground
         self.device = device or DeviceTurn()
         self.max_run_seconds = max_run_seconds
@@ -62,24 +115,50 @@ class EagleLabHandlers:
         def step(done: int, total: int) -> None:
             if why := stop():
                 raise RunStopped(why)
-            progress(done / total, desc=f"Run {done} of {total} done (plain greedy, then EAGLE with {', '.join(map(str, EAGLE_BUDGETS))} nodes)")
+            progress(
+                done / total,
+                desc=f"Run {done} of {total} done (plain greedy, then EAGLE with {', '.join(map(str, EAGLE_BUDGETS))} nodes)",
+            )
 
         try:
             progress(0, desc=f"Run 1 of {total}: plain greedy")
             with self.device.turn():
-                points = eagle_budgets(self.pg, prompt, max_new_tokens=max_new_tokens, chat_template=bool(chat_template), numerics=numerics or None, stop=stop, progress=step)
+                points = eagle_budgets(
+                    self.pg,
+                    prompt,
+                    max_new_tokens=max_new_tokens,
+                    chat_template=bool(chat_template),
+                    numerics=numerics or None,
+                    stop=stop,
+                    progress=step,
+                )
         except Exception as e:
             return gr.skip(), f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}"
         tree = self.pg.drafters.tree
         best = max((p for p in points if p.speedup is not None), key=lambda p: p.speedup, default=None)
-        rows = "; ".join(f"{p.nodes} nodes: {p.tokens_per_step:.2f} tokens/step, " + (f"{p.speedup:.2f}\u00d7" if p.speedup is not None else "\u2014") for p in points)
-        status = (f"Measured on this prompt, on {html.escape(self.label)}, {int(max_new_tokens)} new tokens a run: {rows}."
-                  + (f" Fastest here: {best.nodes} nodes." if best else "") + (f" The head's default is {tree.num_nodes}." if tree else ""))
+        rows = "; ".join(
+            f"{p.nodes} nodes: {p.tokens_per_step:.2f} tokens/step, "
+            + (f"{p.speedup:.2f}\u00d7" if p.speedup is not None else "\u2014")
+            for p in points
+        )
+        status = (
+            f"Measured on this prompt, on {html.escape(self.label)}, {int(max_new_tokens)} new tokens a run: {rows}."
+            + (f" Fastest here: {best.nodes} nodes." if best else "")
+            + (f" The head's default is {tree.num_nodes}." if tree else "")
+        )
         return budget_figure(points, default_nodes=tree.num_nodes if tree else None, device=self.label), status
 
 
-def build_eagle_lab(pg: Playground, *, prompt: gr.Textbox, max_new: gr.Slider, chat: gr.Checkbox, numerics: gr.Radio, device: DeviceTurn | None = None,
-                    max_run_seconds: float | None = MAX_RUN_SECONDS) -> EagleLabHandlers | None:
+def build_eagle_lab(
+    pg: Playground,
+    *,
+    prompt: gr.Textbox,
+    max_new: gr.Slider,
+    chat: gr.Checkbox,
+    numerics: gr.Radio,
+    device: DeviceTurn | None = None,
+    max_run_seconds: float | None = MAX_RUN_SECONDS,
+) -> EagleLabHandlers | None:
     """The section's components (inside the lab tab) and its event; a line saying why there is none without an EAGLE head."""
     gr.Markdown("## EAGLE's node budget: measured speed-up on this device", elem_id="eagle-lab-title")
     tree = pg.drafters.tree
@@ -87,15 +166,30 @@ def build_eagle_lab(pg: Playground, *, prompt: gr.Textbox, max_new: gr.Slider, c
         gr.Markdown(pg.drafters.note or "This server has no EAGLE head.", elem_id="eagle-lab-note")
         return None
     h = EagleLabHandlers(pg, device=device, max_run_seconds=max_run_seconds)
-    gr.Markdown(f"The EAGLE head grows its own tree every step (top-k {tree.top_k}, depth {tree.depth}), so the editor above does not apply to it; "
-                f"its knob is the node budget (default {tree.num_nodes}). **Measure** runs plain greedy, then EAGLE greedy with "
-                f"{', '.join(map(str, EAGLE_BUDGETS))} nodes (no lookup branch), on the comparison's prompt with its Max new tokens and numerics.", elem_id="eagle-lab-note")
+    gr.Markdown(
+        f"The EAGLE head grows its own tree every step (top-k {tree.top_k}, depth {tree.depth}), so the editor above does not apply to it; "
+        f"its knob is the node budget (default {tree.num_nodes}). **Measure** runs plain greedy, then EAGLE greedy with "
+        f"{', '.join(map(str, EAGLE_BUDGETS))} nodes (no lookup branch), on the comparison's prompt with its Max new tokens and numerics.",
+        elem_id="eagle-lab-note",
+    )
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=240):
             btn = gr.Button("Measure EAGLE's node budgets", variant="primary", elem_id="eagle-lab-measure")
             status = gr.Markdown("Not measured yet.", elem_id="eagle-lab-status")
         with gr.Column(scale=3):
-            plot = gr.Plot(budget_figure(None, default_nodes=tree.num_nodes, device=h.label), show_label=False, elem_id="eagle-lab-plot")
-    btn.click(on_gpu(h.measure), inputs=[prompt, max_new, chat, numerics], outputs=[plot, status], concurrency_id="device", concurrency_limit=1,
-              api_visibility="private", show_progress="full", show_progress_on=[plot])
+            plot = gr.Plot(
+                budget_figure(None, default_nodes=tree.num_nodes, device=h.label),
+                show_label=False,
+                elem_id="eagle-lab-plot",
+            )
+    btn.click(
+        on_gpu(h.measure),
+        inputs=[prompt, max_new, chat, numerics],
+        outputs=[plot, status],
+        concurrency_id="device",
+        concurrency_limit=1,
+        api_visibility="private",
+        show_progress="full",
+        show_progress_on=[plot],
+    )
     return h

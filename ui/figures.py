@@ -24,7 +24,9 @@ NODE = "#0072B2"  # Okabe-Ito blue: a node of a tree not run yet (the tree lab's
 
 def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
     kw.setdefault("margin", dict(l=10, r=10, t=48, b=10))
-    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=17)), height=height, font=FONT, template="plotly_white", **kw)
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=17)), height=height, font=FONT, template="plotly_white", **kw
+    )
     return fig
 
 
@@ -32,13 +34,17 @@ def empty_figure(message: str, *, height: int = 300, title: str = "", width_char
     """A blank plot that says why it is blank; the message is wrapped (plotly does not wrap annotations)."""
     fig = go.Figure()
     text = "<br>".join(html.escape(line) for line in textwrap.wrap(message, width_chars))
-    fig.add_annotation(text=text, showarrow=False, font=dict(size=16, color="#777"), x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.add_annotation(
+        text=text, showarrow=False, font=dict(size=16, color="#777"), x=0.5, y=0.5, xref="paper", yref="paper"
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _layout(fig, title=title, height=height)
 
 
-def timeline_figure(records: Mapping[str, RunRecord], *, upto: float | None = None, x_max: float | None = None) -> go.Figure:
+def timeline_figure(
+    records: Mapping[str, RunRecord], *, upto: float | None = None, x_max: float | None = None
+) -> go.Figure:
     """Tokens generated against time for each method (prefill included, device-synchronised step
     times). ``upto`` cuts every run at that time (race replay) and draws the clock."""
     fig = go.Figure()
@@ -50,10 +56,20 @@ def timeline_figure(records: Mapping[str, RunRecord], *, upto: float | None = No
             n += len(v.step.tokens)
             xs.append(v.elapsed)
             ys.append(n)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=METHOD_COLORS[method], width=3, shape="hv"), name=LABELS[method]))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                line=dict(color=METHOD_COLORS[method], width=3, shape="hv"),
+                name=LABELS[method],
+            )
+        )
     if upto is not None:
         fig.add_vline(x=upto, line=dict(color="#999", dash="dot"))
-    fig.update_xaxes(title_text="seconds since the run started", range=[0, x_max] if x_max else None, rangemode="tozero")
+    fig.update_xaxes(
+        title_text="seconds since the run started", range=[0, x_max] if x_max else None, rangemode="tozero"
+    )
     fig.update_yaxes(title_text="tokens generated", rangemode="tozero")
     return _layout(fig, title="Tokens against time", height=360, legend=dict(orientation="h", y=-0.25, x=0))
 
@@ -61,10 +77,20 @@ def timeline_figure(records: Mapping[str, RunRecord], *, upto: float | None = No
 def threshold_figure(*, epsilon: float, delta: float, vocab_size: int) -> go.Figure:
     """Typical acceptance: a candidate x passes iff p(x) > min(epsilon, delta * exp(-H))."""
     h, thr = threshold_curve(epsilon=epsilon, delta=delta, vocab_size=vocab_size)
-    fig = go.Figure(go.Scatter(x=h, y=thr, mode="lines", line=dict(color=METHOD_COLORS["medusa-typical"], width=3), name="threshold"))
+    fig = go.Figure(
+        go.Scatter(
+            x=h, y=thr, mode="lines", line=dict(color=METHOD_COLORS["medusa-typical"], width=3), name="threshold"
+        )
+    )
     fig.update_xaxes(title_text="entropy H (nats)")
     fig.update_yaxes(title_text="accept if p(x) >", rangemode="tozero")
-    return _layout(fig, title="min(\u03b5, \u03b4\u00b7e<sup>\u2212H</sup>)", height=230, showlegend=False, margin=dict(l=10, r=10, t=40, b=10))
+    return _layout(
+        fig,
+        title="min(\u03b5, \u03b4\u00b7e<sup>\u2212H</sup>)",
+        height=230,
+        showlegend=False,
+        margin=dict(l=10, r=10, t=40, b=10),
+    )
 
 
 def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
@@ -80,43 +106,94 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
             if p is not None and (n["accepted"] and p["accepted"]) == accepted:
                 xs += [p["depth"], n["depth"], None]
                 ys += [-p["y"], -n["y"], None]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line=dict(color=ACCEPTED if accepted else "#D0D0D0", width=4 if accepted else 1.5)))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                hoverinfo="skip",
+                showlegend=False,
+                line=dict(color=ACCEPTED if accepted else "#D0D0D0", width=4 if accepted else 1.5),
+            )
+        )
     groups = [
         ("rejected candidate", lambda n: n["kind"] == "candidate" and not n["accepted"], REJECTED, 11, "circle", 0.8),
         ("accepted candidate", lambda n: n["kind"] == "candidate" and n["accepted"], ACCEPTED, 16, "circle", 1.0),
         ("root (base model's token)", lambda n: n["kind"] == "root", ROOT, 16, "square", 1.0),
         ("node (head k, rank r)", lambda n: n["kind"] == "node", NODE, 13, "circle", 1.0),
         ("bonus (base model's next token)", lambda n: n["kind"] == "bonus", BONUS, 15, "diamond-open", 1.0),
-        ("lookup branch, rejected", lambda n: n["kind"] == "lookup" and not n["accepted"], LOOKUP, 11, "triangle-right-open", 0.8),
-        ("lookup branch, accepted", lambda n: n["kind"] == "lookup" and n["accepted"], ACCEPTED, 16, "triangle-right", 1.0),
+        (
+            "lookup branch, rejected",
+            lambda n: n["kind"] == "lookup" and not n["accepted"],
+            LOOKUP,
+            11,
+            "triangle-right-open",
+            0.8,
+        ),
+        (
+            "lookup branch, accepted",
+            lambda n: n["kind"] == "lookup" and n["accepted"],
+            ACCEPTED,
+            16,
+            "triangle-right",
+            1.0,
+        ),
     ]
     for name, pick, color, size, symbol, opacity in groups:
         sel = [n for n in nodes if pick(n)]
         if not sel:
             continue
-        fig.add_trace(go.Scatter(
-            x=[n["depth"] for n in sel], y=[-n["y"] for n in sel], mode="markers+text", name=name, opacity=opacity,
-            marker=dict(color=color, size=size, symbol=symbol, line=dict(color=color, width=2)),
-            text=[html.escape(n["label"]) for n in sel], textposition="middle right",
-            textfont=dict(size=16 if opacity == 1.0 else 14, color="#111" if opacity == 1.0 else "#8A8A8A"),
-            hovertext=[_hover(n) for n in sel], hoverinfo="text",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=[n["depth"] for n in sel],
+                y=[-n["y"] for n in sel],
+                mode="markers+text",
+                name=name,
+                opacity=opacity,
+                marker=dict(color=color, size=size, symbol=symbol, line=dict(color=color, width=2)),
+                text=[html.escape(n["label"]) for n in sel],
+                textposition="middle right",
+                textfont=dict(size=16 if opacity == 1.0 else 14, color="#111" if opacity == 1.0 else "#8A8A8A"),
+                hovertext=[_hover(n) for n in sel],
+                hoverinfo="text",
+            )
+        )
     depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
-    level = "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"  # the lookup branch and EAGLE's drafts are no head's
-    fig.update_xaxes(tickvals=list(range(depth + 1)), ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
-                     range=[-0.3, x_max + 0.9], showgrid=False, zeroline=False, side="top")
+    level = (
+        "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"
+    )  # the lookup branch and EAGLE's drafts are no head's
+    fig.update_xaxes(
+        tickvals=list(range(depth + 1)),
+        ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
+        range=[-0.3, x_max + 0.9],
+        showgrid=False,
+        zeroline=False,
+        side="top",
+    )
     fig.update_yaxes(visible=False, range=[-leaves + 0.4, 0.6])
-    return _layout(fig, title=title, height=int(min(900, max(340, 28 * leaves + 120))), legend=dict(orientation="h", y=-0.02, x=0, yanchor="top"))
+    return _layout(
+        fig,
+        title=title,
+        height=int(min(900, max(340, 28 * leaves + 120))),
+        legend=dict(orientation="h", y=-0.02, x=0, yanchor="top"),
+    )
 
 
 def _hover(n: dict) -> str:
     if n["kind"] == "node":
         return f"node {n['node']}: head {n['depth']}, rank {n['rank']}"
-    drafted = f"EAGLE draft, depth {n['depth']}, rank {n['rank']} among its siblings" if n.get("drafter") == "eagle" else f"head {n['depth']}, rank {n['rank']}"
-    where = {"root": "root", "bonus": "bonus token", "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}"}.get(n["kind"], drafted)
+    drafted = (
+        f"EAGLE draft, depth {n['depth']}, rank {n['rank']} among its siblings"
+        if n.get("drafter") == "eagle"
+        else f"head {n['depth']}, rank {n['rank']}"
+    )
+    where = {
+        "root": "root",
+        "bonus": "bonus token",
+        "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}",
+    }.get(n["kind"], drafted)
     return f"node {n['node']}: {html.escape(n['label'])} (id {n['token_id']})<br>{where}"
 
 
@@ -125,10 +202,36 @@ def mask_figure(z: list[list[int]], cols: list[str], rows: list[str], *, title: 
     if not z:
         return empty_figure("No tree in this step.", title=title)
     L = len(rows)
-    colorscale = [[0, "#F4F4F4"], [0.33, "#F4F4F4"], [0.34, "#8FB8DE"], [0.66, "#8FB8DE"], [0.67, ACCEPTED], [1, ACCEPTED]]
-    hover = [[f"{html.escape(r)} sees {html.escape(c)}" if v else f"{html.escape(r)} cannot see {html.escape(c)}" for c, v in zip(cols, row)] for r, row in zip(rows, z)]
-    fig = go.Figure(go.Heatmap(z=z, x=[html.escape(c) for c in cols], y=[html.escape(r) for r in rows], zmin=0, zmax=2, colorscale=colorscale,
-                               showscale=False, xgap=1, ygap=1, hovertext=hover, hoverinfo="text"))
+    colorscale = [
+        [0, "#F4F4F4"],
+        [0.33, "#F4F4F4"],
+        [0.34, "#8FB8DE"],
+        [0.66, "#8FB8DE"],
+        [0.67, ACCEPTED],
+        [1, ACCEPTED],
+    ]
+    hover = [
+        [
+            f"{html.escape(r)} sees {html.escape(c)}" if v else f"{html.escape(r)} cannot see {html.escape(c)}"
+            for c, v in zip(cols, row)
+        ]
+        for r, row in zip(rows, z)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[html.escape(c) for c in cols],
+            y=[html.escape(r) for r in rows],
+            zmin=0,
+            zmax=2,
+            colorscale=colorscale,
+            showscale=False,
+            xgap=1,
+            ygap=1,
+            hovertext=hover,
+            hoverinfo="text",
+        )
+    )
     tick = 13 if L <= 20 else 10 if L <= 40 else 8
     fig.update_xaxes(side="bottom", tickangle=-60, tickfont=dict(size=tick), type="category")
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=tick), type="category")

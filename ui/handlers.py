@@ -36,9 +36,9 @@ from medusa_lib.present import (
     RunRecord,
     any_of,
     deadline,
-    sample_of_mode,
     mask_data,
     path_rows,
+    sample_of_mode,
     summary_rows,
     tree_nodes,
     untimed_note,
@@ -54,20 +54,47 @@ try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
 
     on_gpu: Callable = spaces.GPU
 except ImportError:
+
     def on_gpu(fn: Callable) -> Callable:
         return fn
 
-COLUMN = {"plain": "col_plain", "plain-sample": "col_plain", "medusa-greedy": "col_greedy", "medusa-sample": "col_greedy", "medusa-typical": "col_typical"}
-RUN_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline", "badge", "summary", "sampling", "session", "insp_step", "tree_plot", "mask_plot", "path_table"]
+
+COLUMN = {
+    "plain": "col_plain",
+    "plain-sample": "col_plain",
+    "medusa-greedy": "col_greedy",
+    "medusa-sample": "col_greedy",
+    "medusa-typical": "col_typical",
+}
+RUN_OUTPUTS = [
+    "status",
+    "col_plain",
+    "col_greedy",
+    "col_typical",
+    "timeline",
+    "badge",
+    "summary",
+    "sampling",
+    "session",
+    "insp_step",
+    "tree_plot",
+    "mask_plot",
+    "path_table",
+]
 REPLAY_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline"]
 INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
-INSPECTED = {"Medusa greedy / exact sampling": ("medusa-greedy", "medusa-sample"), LABELS["medusa-typical"]: ("medusa-typical",)}  # the inspector's choice -> the views it shows
+INSPECTED = {
+    "Medusa greedy / exact sampling": ("medusa-greedy", "medusa-sample"),
+    LABELS["medusa-typical"]: ("medusa-typical",),
+}  # the inspector's choice -> the views it shows
 INSPECT_CHOICES = list(INSPECTED)
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
 UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the details and keeps serving: try other settings, and please report it."
-DEVICE_WAIT = 10.0  # seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
+DEVICE_WAIT = (
+    10.0  # seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
+)
 CANCELLED = "The call was cancelled, so its run stopped."
 GONE = "The caller closed its connection, so its run stopped."
 log = logging.getLogger("medusa_playground")
@@ -125,7 +152,9 @@ class DeviceTurn:
 def out_of_memory(e: Exception) -> bool:
     """CUDA raises torch.OutOfMemoryError; the CPU allocator raises a RuntimeError that says so."""
     text = str(e).lower()
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text))
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )
 
 
 def cannot_run(e: Exception) -> str:
@@ -245,8 +274,13 @@ class Handlers:
         i = min(max(int(step or 1), 1), len(rec.views) - 1)
         view = rec.views[i]
         s = view.step
-        by = f", drafted by the {DRAFTER_NAMES[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""  # EAGLE's tree is a new shape every step
-        tree = tree_figure(tree_nodes(view, self.pg.tokenizer), title=f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)")
+        by = (
+            f", drafted by the {DRAFTER_NAMES[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""
+        )  # EAGLE's tree is a new shape every step
+        tree = tree_figure(
+            tree_nodes(view, self.pg.tokenizer),
+            title=f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)",
+        )
         z, cols, rows = mask_data(view, self.pg.tokenizer)
         mask = mask_figure(z, cols, rows, title=f"Tree attention mask, step {i} (row attends to column)")
         return tree, mask, pd.DataFrame(path_rows(rec, self.pg.tokenizer), columns=PATH_COLUMNS)
@@ -256,38 +290,109 @@ class Handlers:
         n = max(len(rec.views) - 1, 1) if rec else 1
         step = best_step(rec) if rec else 1
         tree, mask, table = self.inspector(records, label, step)
-        return {"insp_step": gr.Slider(minimum=1, maximum=max(n, 2), value=step, step=1, interactive=n > 1), "tree_plot": tree, "mask_plot": mask, "path_table": table}
+        return {
+            "insp_step": gr.Slider(minimum=1, maximum=max(n, 2), value=step, step=1, interactive=n > 1),
+            "tree_plot": tree,
+            "mask_plot": mask,
+            "path_table": table,
+        }
 
     def switch_inspector(self, records: dict | None, label: str) -> tuple:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode="greedy",
-            drafter=None, request: gr.Request = None) -> Iterator[tuple]:
+    def run(
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        epsilon,
+        delta,
+        tree,
+        custom_tree,
+        chat_template,
+        lookup_branch,
+        seed,
+        numerics,
+        insp_label,
+        mode="greedy",
+        drafter=None,
+        request: gr.Request = None,
+    ) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode, drafter)
+        frames = self._run(
+            prompt,
+            max_new_tokens,
+            temperature,
+            epsilon,
+            delta,
+            tree,
+            custom_tree,
+            chat_template,
+            lookup_branch,
+            seed,
+            numerics,
+            insp_label,
+            mode,
+            drafter,
+        )
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, seed, numerics, insp_label, mode, drafter=None) -> Iterator[tuple]:
+    def _run(
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        epsilon,
+        delta,
+        tree,
+        custom_tree,
+        chat_template,
+        lookup_branch,
+        seed,
+        numerics,
+        insp_label,
+        mode,
+        drafter=None,
+    ) -> Iterator[tuple]:
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
             sample = sample_of_mode(mode)
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics,
-                                        drafter=drafter)
+            settings = self.pg.settings(
+                max_new_tokens,
+                temperature,
+                epsilon,
+                delta,
+                tree,
+                custom_tree,
+                chat_template,
+                lookup_branch,
+                sample=sample,
+                seed=seed,
+                numerics=numerics,
+                drafter=drafter,
+            )
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
             return
         records: dict[str, RunRecord] = {}
         views = settings.views
-        yield out(status="Starting&hellip;", **{COLUMN[v]: column_html(v, None) for v in views}, timeline=timeline_figure({}), badge=badge_html(None),
-                  summary=empty_summary(), sampling=sampling_html(None), session=None)
+        yield out(
+            status="Starting&hellip;",
+            **{COLUMN[v]: column_html(v, None) for v in views},
+            timeline=timeline_figure({}),
+            badge=badge_html(None),
+            summary=empty_summary(),
+            sampling=sampling_html(None),
+            session=None,
+        )
         last = 0.0
         try:
             with self.device.turn():  # the page's turn on the device, as an API call's
@@ -298,11 +403,21 @@ class Handlers:
                         continue
                     last = now
                     state = "done" if ev.kind == "end" else "running"
-                    upd: dict[str, Any] = {COLUMN[ev.method]: column_html(ev.method, ev.record, state=state, reference=reference_of(records, ev.method)),
-                                           "timeline": timeline_figure(records)}  # plain runs first: it has finished by then
+                    upd: dict[str, Any] = {
+                        COLUMN[ev.method]: column_html(
+                            ev.method, ev.record, state=state, reference=reference_of(records, ev.method)
+                        ),
+                        "timeline": timeline_figure(records),
+                    }  # plain runs first: it has finished by then
                     if ev.kind == "start":
-                        by = f", drafted by the {DRAFTER_NAMES[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
-                        upd["status"] = f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                        by = (
+                            f", drafted by the {DRAFTER_NAMES[ev.record.drafter]}"
+                            if ev.record.drafter in DRAFTER_NAMES
+                            else ""
+                        )
+                        upd["status"] = (
+                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                        )
                     if ev.kind == "end" and ev.method == method_of(insp_label, records):
                         upd.update(self.inspector_update(records, insp_label))
                     yield out(**upd)
@@ -311,18 +426,39 @@ class Handlers:
                 rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
                 note = untimed_note(records)
                 t, seed = settings.temperature, settings.seed
-                done = (f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. " if settings.sample
-                        else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. " if t > 0 else "")
-                if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:  # the server offers a choice: say which ran
+                done = (
+                    f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
+                    if settings.sample
+                    else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. "
+                    if t > 0
+                    else ""
+                )
+                if (
+                    medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1
+                ):  # the server offers a choice: say which ran
                     done = f"Medusa columns drafted by the {DRAFTER_NAMES[medusa.drafter]}. " + done
                 final = out(
-                    status="Done. " + done + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
+                    status="Done. "
+                    + done
+                    + (
+                        note
+                        if note
+                        else "Press **Race replay** to watch the three runs side by side at their measured speed."
+                    ),
                     badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
-                    summary=summary_frame(records), sampling=sampling_html(rows, temperature=float(settings.temperature)), session=records,
+                    summary=summary_frame(records),
+                    sampling=sampling_html(rows, temperature=float(settings.temperature)),
+                    session=records,
                     **self.inspector_update(records, insp_label),
                 )
-        except Exception as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
-            cut = {COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m)) for m, r in records.items() if not r.done}
+        except (
+            Exception
+        ) as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
+            cut = {
+                COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m))
+                for m, r in records.items()
+                if not r.done
+            }
             yield out(status=self.refuse(e), **cut)
             return
         yield final
@@ -331,14 +467,21 @@ class Handlers:
     def refuse(e: Exception) -> str:
         """Status line (and toast) for a run that cannot go on."""
         msg = cannot_run(e)
-        gr.Warning(html.escape(msg, quote=False))  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
+        gr.Warning(
+            html.escape(msg, quote=False)
+        )  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
         return f"**Cannot run:** {html.escape(msg, quote=False)}"
 
     def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
         """Stop: the event's ``cancels`` end the session's run or replay; this waits until it has ended
         (its last frame is sent by then) and shows the columns it last sent, those still running as stopped."""
-        shown = self.live.last_columns(request, {"col_plain": col_plain, "col_greedy": col_greedy, "col_typical": col_typical})
-        return ("Stopped. Press **Run** to start again.", *(stopped_column(shown[n]) for n in ("col_plain", "col_greedy", "col_typical")))
+        shown = self.live.last_columns(
+            request, {"col_plain": col_plain, "col_greedy": col_greedy, "col_typical": col_typical}
+        )
+        return (
+            "Stopped. Press **Run** to start again.",
+            *(stopped_column(shown[n]) for n in ("col_plain", "col_greedy", "col_typical")),
+        )
 
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
@@ -360,14 +503,22 @@ class Handlers:
                 for m, rec in records.items():
                     k = visible_steps(rec, t)
                     part = replace(rec, views=rec.views[:k], done=k == len(rec.views))
-                    cols[COLUMN[m]] = column_html(m, part, state="done" if part.done else "replay", reference=reference_of(records, m))
+                    cols[COLUMN[m]] = column_html(
+                        m, part, state="done" if part.done else "replay", reference=reference_of(records, m)
+                    )
                 # The status is written on the first and the last frame only: a frame still in flight
                 # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
                 status = {}
                 if t == 0 or t >= total:
                     drafter = next((r.drafter for r in records.values() if r.drafter in DRAFTER_NAMES), None)
-                    by = f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})" if drafter and len(self.pg.drafters.available) > 1 else ""
-                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs{by}" + (" (done)." if t >= total else f", shown in {total / factor:.1f} s.")
+                    by = (
+                        f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})"
+                        if drafter and len(self.pg.drafters.available) > 1
+                        else ""
+                    )
+                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs{by}" + (
+                        " (done)." if t >= total else f", shown in {total / factor:.1f} s."
+                    )
                 yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
                 if t >= total:
                     break
@@ -377,12 +528,39 @@ class Handlers:
             yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
-    def compare(self, prompt, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=False, seed=0, numerics=None, drafter=None) -> dict:
+    def compare(
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        epsilon,
+        delta,
+        tree,
+        custom_tree,
+        chat_template,
+        lookup_branch,
+        sample=False,
+        seed=0,
+        numerics=None,
+        drafter=None,
+    ) -> dict:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         stop = self.api_stop()  # first: the bound counts from the call's start
         try:
-            settings = self.pg.settings(max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch, sample=sample, seed=seed, numerics=numerics,
-                                        drafter=drafter)
+            settings = self.pg.settings(
+                max_new_tokens,
+                temperature,
+                epsilon,
+                delta,
+                tree,
+                custom_tree,
+                chat_template,
+                lookup_branch,
+                sample=sample,
+                seed=seed,
+                numerics=numerics,
+                drafter=drafter,
+            )
             with self.device.turn():
                 return self.pg.compare(prompt, settings, stop=stop)
         except Exception as e:
@@ -398,4 +576,6 @@ def reference_of(records: dict[str, RunRecord], method: str) -> RunRecord | None
 def no_step_message(record: RunRecord) -> str:
     """The inspector's text for a run that ended at its prefill: there is no Medusa step to show."""
     advice = " Raise Max new tokens and run again." if record.result.finish_reason == "length" else ""
-    return f"This run ended after the prefill's first token ({why_it_ended(record)}): no Medusa step to inspect.{advice}"
+    return (
+        f"This run ended after the prefill's first token ({why_it_ended(record)}): no Medusa step to inspect.{advice}"
+    )

@@ -11,9 +11,21 @@ from typing import Sequence
 
 from medusa_lib.present import DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
 
-METHOD_COLORS = {"plain": "#555555", "medusa-greedy": "#0072B2", "medusa-typical": "#D55E00", "plain-sample": "#555555", "medusa-sample": "#0072B2"}  # Okabe-Ito, by column
+METHOD_COLORS = {
+    "plain": "#555555",
+    "medusa-greedy": "#0072B2",
+    "medusa-typical": "#D55E00",
+    "plain-sample": "#555555",
+    "medusa-sample": "#0072B2",
+}  # Okabe-Ito, by column
 CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
-STATE_BADGES = {"waiting": "waiting", "running": "running&hellip;", "done": "done", "replay": "replay", "stopped": "stopped"}  # top right of a column
+STATE_BADGES = {
+    "waiting": "waiting",
+    "running": "running&hellip;",
+    "done": "done",
+    "replay": "replay",
+    "stopped": "stopped",
+}  # top right of a column
 
 
 def tokens_html(pieces: Sequence[Piece]) -> str:
@@ -24,7 +36,10 @@ def tokens_html(pieces: Sequence[Piece]) -> str:
         if not p.text:
             continue
         cls = {"head": f"tok head h{p.step % 2}", "lookup": f"tok lookup l{p.step % 2}"}.get(p.origin, "tok base")
-        what = {"head": "accepted head proposal", "lookup": "accepted lookup-branch token (n-gram from the context)"}.get(p.origin, "base model's own token")
+        what = {
+            "head": "accepted head proposal",
+            "lookup": "accepted lookup-branch token (n-gram from the context)",
+        }.get(p.origin, "base model's own token")
         out.append(f'<span class="{cls}" title="step {p.step}: {what} (id {p.token_id})">{html.escape(p.text)}</span>')
     return "".join(out)
 
@@ -42,12 +57,19 @@ def stats_line(record: RunRecord | None, *, reference: RunRecord | None = None) 
         x = r.tokens_per_second / reference.result.tokens_per_second
         speed = f'<span class="speedup" data-speedup="{x:.2f}"><b>{x:.2f}&times;</b> plain</span> &middot; '
     return (
-        f'{speed}<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; '
+        f"{speed}<b>{tps}</b> tokens/s &middot; <b>{tpstep}</b> tokens/step &middot; "
         f"{len(r.tokens)} token{'' if len(r.tokens) == 1 else 's'} in {record.elapsed:.2f} s"
     )
 
 
-def column_html(method: str, record: RunRecord | None, *, state: str = "waiting", pieces: Sequence[Piece] | None = None, reference: RunRecord | None = None) -> str:
+def column_html(
+    method: str,
+    record: RunRecord | None,
+    *,
+    state: str = "waiting",
+    pieces: Sequence[Piece] | None = None,
+    reference: RunRecord | None = None,
+) -> str:
     """A method's column: title, live statistics (the speed-up over ``reference``, the finished plain
     run, when given), the run's note, then its text. state: waiting | running | done | replay | stopped."""
     if pieces is None:
@@ -57,7 +79,11 @@ def column_html(method: str, record: RunRecord | None, *, state: str = "waiting"
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
     note = f'<div class="method-note">{html.escape(record.note)}</div>' if record is not None and record.note else ""
     drafter = record.drafter if record is not None else None  # who drafted this column's trees (Medusa columns only)
-    tag = f'<span class="method-drafter" data-drafter="{drafter}">drafted by the {DRAFTER_NAMES[drafter]}</span>' if drafter in DRAFTER_NAMES else ""
+    tag = (
+        f'<span class="method-drafter" data-drafter="{drafter}">drafted by the {DRAFTER_NAMES[drafter]}</span>'
+        if drafter in DRAFTER_NAMES
+        else ""
+    )
     return (
         f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
         f'<div class="method-head"><span class="method-name">{LABELS[method]}</span>{tag}<span class="method-state">{badge}</span></div>'
@@ -76,18 +102,24 @@ def stopped_column(col: str | None) -> str | None:
         marker = f'data-state="{state}"'
         if marker in col:
             badge = f'<span class="method-state">{STATE_BADGES[state]}</span>'
-            col = col.replace(marker, 'data-state="stopped"', 1).replace(badge, f'<span class="method-state">{STATE_BADGES["stopped"]}</span>', 1)
+            col = col.replace(marker, 'data-state="stopped"', 1).replace(
+                badge, f'<span class="method-state">{STATE_BADGES["stopped"]}</span>', 1
+            )
             return col.replace(CURSOR, "")
     return col
 
 
-def badge_html(check: GreedyCheck | None, *, plain: RunRecord | None = None, medusa: RunRecord | None = None, tokenizer=None) -> str:
+def badge_html(
+    check: GreedyCheck | None, *, plain: RunRecord | None = None, medusa: RunRecord | None = None, tokenizer=None
+) -> str:
     """Green when Medusa greedy (exact sampling) reproduced plain greedy (sampling, same seed) token for
     token; else the first differing position, amber when the base model's choice there was a
     floating-point tie, red otherwise. ``numerics`` (e.g. "bfloat16") is said in the badge."""
     if check is None:
-        return ('<div class="badge badge-wait" data-equal="unknown">Exactness check: compares the tokens of the first two columns '
-                "(Medusa greedy against plain greedy, or Medusa exact sampling against plain sampling with the same seed).</div>")
+        return (
+            '<div class="badge badge-wait" data-equal="unknown">Exactness check: compares the tokens of the first two columns '
+            "(Medusa greedy against plain greedy, or Medusa exact sampling against plain sampling with the same seed).</div>"
+        )
     sampled = f' data-sampled="{str(check.sampled).lower()}"'
     if check.equal:
         return f'<div class="badge badge-ok" data-equal="true"{sampled}>&#10004; {html.escape(check.message)}</div>'
@@ -98,9 +130,13 @@ def badge_html(check: GreedyCheck | None, *, plain: RunRecord | None = None, med
         b = medusa.tokens[i : i + 1]
         show = lambda ids: repr(tokenizer.decode(ids)) if ids else "(end)"  # noqa: E731
         detail = f" Plain has {html.escape(show(a))}, {check.names[0]} has {html.escape(show(b))}."
-    kind, mark = ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")  # a floating-point tie is amber, a real difference red
-    return (f'<div class="badge {kind}" data-equal="false"{sampled} data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
-            f"{mark} {html.escape(check.headline)}{detail} {html.escape(check.reason)}</div>")
+    kind, mark = (
+        ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")
+    )  # a floating-point tie is amber, a real difference red
+    return (
+        f'<div class="badge {kind}" data-equal="false"{sampled} data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
+        f"{mark} {html.escape(check.headline)}{detail} {html.escape(check.reason)}</div>"
+    )
 
 
 LEGEND_HTML = (
@@ -118,11 +154,21 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
     """The panel "what typical acceptance costs": the sampled runs' speed and how their tokens score
     under the model at T (``present.sample_rows``); a pointer to it when the runs were greedy."""
     if not rows:
-        return ('<div class="sampling-panel" data-rows="0"><b>Sampling:</b> set Temperature above 0 and run to compare plain sampling, '
-                "Medusa exact sampling and typical acceptance at that temperature, with the same seed.</div>")
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy"))
+        return (
+            '<div class="sampling-panel" data-rows="0"><b>Sampling:</b> set Temperature above 0 and run to compare plain sampling, '
+            "Medusa exact sampling and typical acceptance at that temperature, with the same seed.</div>"
+        )
+    head = "".join(
+        f"<th>{html.escape(c)}</th>"
+        for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy")
+    )
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(NOT_TIMED if r[c] is None else r[c]))}</td>" for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy")) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(NOT_TIMED if r[c] is None else r[c]))}</td>"
+            for c in ("method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy")
+        )
+        + "</tr>"
         for r in rows
     )
     t = f" at T = {temperature:g}" if temperature is not None else ""
@@ -138,7 +184,9 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
     )
 
 
-def info_html(*, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = (), engine: str = "") -> str:
+def info_html(
+    *, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = (), engine: str = ""
+) -> str:
     warn = "untrained" in heads_note
     note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
     more = [n for n in numerics if n != dtype]

@@ -74,9 +74,11 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
     never quotes numbers that a recalibration made stale. ``calibration`` is the record the page's
     tree comes from (``HeadsDefaults.calibration``: this device kind's, or the one borrowed from
     another kind, whose device the paragraph names)."""
-    why = ("**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a "
-           "one-token step, and more for bigger trees. Medusa wins when the heads are accurate enough that the "
-           "extra tokens per step outweigh the extra cost per step.")
+    why = (
+        "**Why is Medusa not always faster here?** A step that verifies a tree of guesses costs more than a "
+        "one-token step, and more for bigger trees. Medusa wins when the heads are accurate enough that the "
+        "extra tokens per step outweigh the extra cost per step."
+    )
     calibration = calibration or {}
     tree = (calibration.get("trees") or {}).get(default_tree or "")
     if tree and tree.get("speedup") and tree.get("measured_tokens_per_step"):
@@ -87,14 +89,28 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
         heads_only = tree.get("heads_only_simulated_tokens_per_step")
         alone = f" ({heads_only:.1f} from the heads alone, simulated)" if heads_only else ""
         dtype = str(calibration.get("dtype", "")).replace("torch.", "")
-        where = f"{dtype + ', ' if dtype else ''}on {calibration.get('device') or 'the machine they were calibrated on'}"
-        why += (f" When these heads were calibrated ({where}), "
-                f"a step of their default tree ({default_tree}{nodes}{branch}) cost about {per_step / speedup:.1f}x "
-                f"a one-token step and made {per_step:.1f} tokens a step{alone}: {speedup:.2f}x plain decoding's speed.")
-    return why + (" With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat.")
+        where = (
+            f"{dtype + ', ' if dtype else ''}on {calibration.get('device') or 'the machine they were calibrated on'}"
+        )
+        why += (
+            f" When these heads were calibrated ({where}), "
+            f"a step of their default tree ({default_tree}{nodes}{branch}) cost about {per_step / speedup:.1f}x "
+            f"a one-token step and made {per_step:.1f} tokens a step{alone}: {speedup:.2f}x plain decoding's speed."
+        )
+    return why + (
+        " With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat."
+    )
 
 
-def explain(calibration: dict | None = None, *, default_tree: str | None = None, lookup: int | None = None, drafter_note: str = "") -> str:
+def explain(
+    calibration: dict | None = None,
+    *,
+    default_tree: str | None = None,
+    lookup: int | None = None,
+    drafter_note: str = "",
+) -> str:
     """How to read the page, for students (figures from the heads' calibration, if any; ``drafter_note``:
     why the Drafter choice starts where it does, ``Playground.drafters.note``)."""
-    return EXPLAIN.format(why=why_faster(calibration, default_tree=default_tree, lookup=lookup), drafter_note=drafter_note)
+    return EXPLAIN.format(
+        why=why_faster(calibration, default_tree=default_tree, lookup=lookup), drafter_note=drafter_note
+    )

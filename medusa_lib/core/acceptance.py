@@ -37,7 +37,11 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     divided as a float32 tensor on the logits' device: CUDA divides by a Python number as a multiply
     by its reciprocal (one bit off), and the static engine's step divides by its device scalar."""
     z = logits.float()
-    t = temperature if isinstance(temperature, torch.Tensor) else torch.full((), float(temperature), dtype=torch.float32, device=z.device)
+    t = (
+        temperature
+        if isinstance(temperature, torch.Tensor)
+        else torch.full((), float(temperature), dtype=torch.float32, device=z.device)
+    )
     return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / t, dim=-1)
 
 
@@ -63,7 +67,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def race_noise(seed: int | torch.Tensor, positions: int | torch.Tensor, vocab: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+def race_noise(
+    seed: int | torch.Tensor, positions: int | torch.Tensor, vocab: int, *, device: torch.device | str | None = None
+) -> torch.Tensor:
     """E ~ Exp(1) i.i.d. [..., vocab] for the draws of the tokens at ``positions`` [...] (absolute
     positions in the sequence), keyed by ``seed`` only: a pure function, so the same (seed,
     position) gives the same noise on every call, in eager code and inside a captured graph."""
@@ -76,7 +82,14 @@ def race_noise(seed: int | torch.Tensor, positions: int | torch.Tensor, vocab: i
     return -torch.log(u)
 
 
-def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, seed: int | torch.Tensor = 0, position: int | torch.Tensor = 0) -> torch.Tensor:
+def sample_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    seed: int | torch.Tensor = 0,
+    position: int | torch.Tensor = 0,
+) -> torch.Tensor:
     """argmax at T=0; else one draw from ``sampling_probs``, made by the exponential race
     argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p), with the noise of the token at
     ``position`` under ``seed`` (``race_noise``): plain sampling and exact Medusa sampling draw the
@@ -88,7 +101,14 @@ def sample_token(logits: torch.Tensor, *, temperature: float, top_p: float, seed
 
 
 def sample_walk(
-    logits: torch.Tensor, tokens: Sequence[int], children: Sequence[Sequence[int]], *, temperature: float, top_p: float, seed: int = 0, position: int = 0
+    logits: torch.Tensor,
+    tokens: Sequence[int],
+    children: Sequence[Sequence[int]],
+    *,
+    temperature: float,
+    top_p: float,
+    seed: int = 0,
+    position: int = 0,
 ) -> tuple[list[int], int]:
     """Exact speculative sampling over a tree of deterministic candidates.
 
@@ -100,7 +120,11 @@ def sample_walk(
     draw at depth d is the token at ``position`` + d."""
     node, path = 0, [0]
     while True:
-        y = int(sample_token(logits[node], temperature=temperature, top_p=top_p, seed=seed, position=position + len(path) - 1))
+        y = int(
+            sample_token(
+                logits[node], temperature=temperature, top_p=top_p, seed=seed, position=position + len(path) - 1
+            )
+        )
         child = next((c for c in children[node] if tokens[c] == y), None)
         if child is None:
             return path, y
@@ -108,20 +132,36 @@ def sample_walk(
         node = child
 
 
-def greedy_accept(logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, argmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(
+    logits: torch.Tensor,
+    path_tokens: torch.Tensor,
+    ri: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    argmax: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per path: candidate at depth k passes iff it equals the argmax at depth k-1 of the same path.
 
     logits [L, V] (or their ``argmax`` [L], when the caller has it); path_tokens/ri/valid [P, D+1].
     Returns (accept_length [P], score [P]).
     """
-    pred = (greedy_tokens(logits) if argmax is None else argmax)[ri[:, :-1]]  # [P, D] base model's choice after each path prefix
+    pred = (greedy_tokens(logits) if argmax is None else argmax)[
+        ri[:, :-1]
+    ]  # [P, D] base model's choice after each path prefix
     passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]  # padded slots never pass
     accept_length = passed.long().cumprod(dim=1).sum(dim=1)
     return accept_length, accept_length.float()
 
 
 def typical_accept(
-    logits: torch.Tensor, path_tokens: torch.Tensor, ri: torch.Tensor, valid: torch.Tensor, *, temperature: float, epsilon: float, delta: float
+    logits: torch.Tensor,
+    path_tokens: torch.Tensor,
+    ri: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    temperature: float,
+    epsilon: float,
+    delta: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Typical acceptance: p(x) > min(epsilon, delta * exp(-H(p))), p = softmax(logits / T) at the parent.
 
@@ -153,4 +193,15 @@ def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> t
     return typical_threshold_of_entropy(entropy, epsilon=epsilon, delta=delta)
 
 
-__all__ = ["greedy_accept", "greedy_tokens", "race_noise", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept", "typical_threshold", "typical_threshold_of_entropy"]
+__all__ = [
+    "greedy_accept",
+    "greedy_tokens",
+    "race_noise",
+    "sample_token",
+    "sample_walk",
+    "sampling_probs",
+    "tempered_probs",
+    "typical_accept",
+    "typical_threshold",
+    "typical_threshold_of_entropy",
+]

@@ -31,8 +31,17 @@ from torch import nn
 NAME = "sdpa_packed_gqa"  # the attn_implementation name this module registers
 
 
-def packed_gqa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-                         dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def packed_gqa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """query [B, H, L, D], key/value [B, H_kv, K, D], mask [B, 1 or H, L, K] or None -> ([B, L, H, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -47,10 +56,15 @@ def packed_gqa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         and kwargs.get("cache") is None
         and kwargs.get("softcap") is None
         and key.shape[1] * n_rep == H
-        and (mask is None or (mask.dim() == 4 and mask.shape[1] in (1, H) and mask.shape[2] == L and mask.shape[3] == key.shape[2]))
+        and (
+            mask is None
+            or (mask.dim() == 4 and mask.shape[1] in (1, H) and mask.shape[2] == L and mask.shape[3] == key.shape[2])
+        )
     )
     if not foldable:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     H_kv = H // n_rep
     # Query head h = g * n_rep + r uses KV head g (repeat_kv's order): row r * L + l of group g.
     q = query.reshape(B, H_kv, n_rep * L, D)

@@ -58,11 +58,22 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from .acceptance import greedy_accept, greedy_tokens, race_noise, sample_token, sample_walk, sampling_probs, tempered_probs, typical_accept, typical_threshold, typical_threshold_of_entropy
+from .acceptance import (
+    greedy_accept,
+    greedy_tokens,
+    race_noise,
+    sample_token,
+    sample_walk,
+    sampling_probs,
+    tempered_probs,
+    typical_accept,
+    typical_threshold,
+    typical_threshold_of_entropy,
+)
 from .dynamic_tree import DynamicTreeConfig, as_medusa_tree
 from .eagle import EagleHead, EagleRun
-from .heads import MedusaHeads
 from .fused import fused_steps, ready
+from .heads import MedusaHeads
 from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .lookup import MAX_LOOKUP, ngram_proposal
 from .lookup import is_length as is_lookup_length
@@ -100,14 +111,17 @@ class DecodeConfig:
         if not (0 < self.top_p <= 1):
             raise DecodeError(f"top_p must be in (0, 1] (got {self.top_p}).")
         if not (0 <= self.posterior_threshold <= 1):
-            raise DecodeError(f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold}).")
+            raise DecodeError(
+                f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold})."
+            )
         if not (0 <= self.posterior_alpha <= 1):
             raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
         if not is_lookup_length(self.lookup):
-            raise DecodeError(f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup}).")
+            raise DecodeError(
+                f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup})."
+            )
         if self.cache not in CACHES:
             raise DecodeError(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r}).")
-
 
 
 class Proposal(NamedTuple):
@@ -116,7 +130,9 @@ class Proposal(NamedTuple):
     buffers: TreeBuffers  # the tree (the full one, one with a lookup branch, or the root alone)
     tokens: torch.Tensor  # [L] token id of each tree node, on the input device
     lookup: int  # trailing nodes that came from the lookup branch (0: none)
-    matched: int = 0  # of those, the first ``matched`` hold the context's n-gram match (the rest: guesses, static steps only)
+    matched: int = (
+        0  # of those, the first ``matched`` hold the context's n-gram match (the rest: guesses, static steps only)
+    )
 
 
 class EagleInput(NamedTuple):
@@ -146,8 +162,17 @@ class Decoder:
     ``note`` says why a static run uses the dynamic cache instead (a model the static path refuses).
     """
 
-    def __init__(self, model: nn.Module, *, method: str = "plain", heads: MedusaHeads | None = None, tree: MedusaTree | DynamicTreeConfig | None = None,
-                 config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None, eagle: EagleHead | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        method: str = "plain",
+        heads: MedusaHeads | None = None,
+        tree: MedusaTree | DynamicTreeConfig | None = None,
+        config: DecodeConfig = DecodeConfig(),
+        static_kv: StaticKV | None = None,
+        eagle: EagleHead | None = None,
+    ):
         if method not in METHODS:
             raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         config.check()
@@ -168,7 +193,9 @@ class Decoder:
         self.static_kv = static_kv
         where = {"device": self.device, "out_device": self.out_device, "dtype": self.dtype}
         self.tree: TreeBuffers | None = None  # the tree every Medusa step verifies
-        self.root_tree = TreeBuffers.build(root_only_tree(), **where)  # the root alone: a plain step (and Medusa's near the context limit)
+        self.root_tree = TreeBuffers.build(
+            root_only_tree(), **where
+        )  # the root alone: a plain step (and Medusa's near the context limit)
         self.lookup_trees: dict[int, TreeBuffers] = {}  # the tree plus a lookup branch of each length
         self.top1_nodes: list[int] = []  # tree positions of the heads' top-1 chain [0], [0, 0], ...
         self.dynamic: DynamicTreeConfig | None = None  # the EAGLE drafter's tree settings
@@ -181,10 +208,14 @@ class Decoder:
                 raise DecodeError(f"{method} needs Medusa heads and a tree.")
             heads.check_fits(model)
             if tree.depth > heads.num_heads:
-                raise DecodeError(f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}.")
+                raise DecodeError(
+                    f"The tree is {tree.depth} levels deep but the heads only predict {heads.num_heads} tokens ahead; use a tree of depth <= {heads.num_heads}."
+                )
             self.tree = TreeBuffers.build(tree, **where)
             # Every possible length: the proposal may be shorter than config.lookup (static steps always use the full one).
-            self.lookup_trees = {c: TreeBuffers.build(with_lookup(tree, c), **where) for c in range(1, config.lookup + 1)}
+            self.lookup_trees = {
+                c: TreeBuffers.build(with_lookup(tree, c), **where) for c in range(1, config.lookup + 1)
+            }
             position = {c: j + 1 for j, c in enumerate(tree.choices)}
             self.top1_nodes = [position[(0,) * d] for d in range(1, tree.depth + 1) if (0,) * d in position]
 
@@ -193,7 +224,10 @@ class Decoder:
         """Every tree a step of this decoder may verify (the fixed shapes of the static path)."""
         if self.method == "plain" or self.eagle is not None:
             return [self.root_tree]
-        return [self.root_tree, self.lookup_trees[self.config.lookup] if self.static and self.config.lookup else self.tree]
+        return [
+            self.root_tree,
+            self.lookup_trees[self.config.lookup] if self.static and self.config.lookup else self.tree,
+        ]
 
     # ------------------------------------------------------------------ helpers
     def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -201,7 +235,11 @@ class Decoder:
         if ids.numel() == 0:
             raise DecodeError("The prompt is empty; type some text first.")
         if ids.numel() >= self.info.context_limit:
-            why = f" (its sliding-window attention of {self.info.sliding_window} tokens limits tree attention)" if self.info.sliding_window else ""
+            why = (
+                f" (its sliding-window attention of {self.info.sliding_window} tokens limits tree attention)"
+                if self.info.sliding_window
+                else ""
+            )
             raise DecodeError(
                 f"The prompt has {ids.numel()} tokens but the model's context holds {self.info.context_limit}{why}; shorten the prompt."
             )
@@ -230,19 +268,36 @@ class Decoder:
         dynamic one: eager static steps cost more there than dynamic ones)."""
         if not self.static:
             return DynamicKV(self.model)
-        need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(b.num_nodes for b in self.step_trees)
+        need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(
+            b.num_nodes for b in self.step_trees
+        )
         shared = self.static_kv
-        if shared is not None and shared.max_len >= need and shared.claim(wait=0.2 if self.device.type == "cuda" else 0.0):
+        if (
+            shared is not None
+            and shared.max_len >= need
+            and shared.claim(wait=0.2 if self.device.type == "cuda" else 0.0)
+        ):
             shared.start()
             return shared
-        if self.device.type == "cuda" and shared is not None:  # busy or too small: uncaptured static steps cost more than dynamic ones on a GPU
+        if (
+            self.device.type == "cuda" and shared is not None
+        ):  # busy or too small: uncaptured static steps cost more than dynamic ones on a GPU
             return DynamicKV(self.model)
         return StaticKV(self.model, max_len=need)
 
-    def _prefill_step(self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV, engine: str | None = None) -> Step:
+    def _prefill_step(
+        self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV, engine: str | None = None
+    ) -> Step:
         """Step 0, timed from t0 to now: the prompt's forward and the first new token."""
         t1 = _sync(self.device)
-        return Step(0, tuple(new), t1 - t0, MappingProxyType({"prefill": t1 - t0}), finish_reason=reason, engine=engine or kv.engine(b.num_nodes for b in self.step_trees))
+        return Step(
+            0,
+            tuple(new),
+            t1 - t0,
+            MappingProxyType({"prefill": t1 - t0}),
+            finish_reason=reason,
+            engine=engine or kv.engine(b.num_nodes for b in self.step_trees),
+        )
 
     # ------------------------------------------------------------------ entry
     @torch.inference_mode()
@@ -275,7 +330,13 @@ class Decoder:
         draw = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
         seq_len = ids.shape[1]
         t0 = _sync(dev)
-        logits = self.model(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = self.model(
+            input_ids=ids,
+            position_ids=torch.arange(seq_len, device=dev)[None],
+            past_key_values=kv.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[0, -1]
         token = sample_token(logits, position=seq_len, **draw)
         new, reason = self._finish([int(token)], 0, seq_len)
         yield self._prefill_step(new, reason, t0, kv)
@@ -283,19 +344,30 @@ class Decoder:
         while reason is None:
             t0 = _sync(dev)
             pos = torch.tensor([[seq_len - 1]], device=dev)  # the stock call, as model.generate makes it
-            logits = self.model(input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True).logits[0, -1]
+            logits = self.model(
+                input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True
+            ).logits[0, -1]
             t1 = _sync(dev)
             token = sample_token(logits, position=seq_len, **draw)
             new, reason = self._finish([int(token)], produced, seq_len)
             t2 = _sync(dev)
-            yield Step(index, tuple(new), t2 - t0, MappingProxyType({"verify": t1 - t0, "accept": t2 - t1}), accept_length=0, finish_reason=reason)
+            yield Step(
+                index,
+                tuple(new),
+                t2 - t0,
+                MappingProxyType({"verify": t1 - t0, "accept": t2 - t1}),
+                accept_length=0,
+                finish_reason=reason,
+            )
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
     # ------------------------------------------------------------------ medusa
     @property
     def _samples_root(self) -> bool:
         cfg = self.config
-        return cfg.temperature > 0 and (self.method == "medusa-sample" or (self.method == "medusa-typical" and cfg.sample_root))
+        return cfg.temperature > 0 and (
+            self.method == "medusa-sample" or (self.method == "medusa-typical" and cfg.sample_root)
+        )
 
     def _pick_root(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """The token at ``position``: a draw (seed and position key its noise), or the argmax."""
@@ -318,12 +390,21 @@ class Decoder:
         if seq_len + self.tree.depth + 1 > limit:
             return Proposal(self.root_tree, root.view(1).to(dev), 0)
         if cfg.lookup:
-            chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]  # the chain's last node must fit in the context too
+            chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[
+                : max(0, limit - seq_len - 1)
+            ]  # the chain's last node must fit in the context too
             if chain.numel():
-                return Proposal(self.lookup_trees[chain.numel()], torch.cat([drafted.to(dev), chain.to(dev)]), chain.numel(), chain.numel())
+                return Proposal(
+                    self.lookup_trees[chain.numel()],
+                    torch.cat([drafted.to(dev), chain.to(dev)]),
+                    chain.numel(),
+                    chain.numel(),
+                )
         return Proposal(self.tree, drafted.to(dev), 0)
 
-    def _propose_eagle(self, drafted: EagleInput, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Proposal:
+    def _propose_eagle(
+        self, drafted: EagleInput, root: torch.Tensor, *, history: torch.Tensor, seq_len: int
+    ) -> Proposal:
         """The EAGLE drafter reads the verified features of the last accepted path (its cache then
         holds every committed position), then drafts this step's dynamic tree [+ a lookup branch]."""
         cfg, dev, limit = self.config, self.device, self.info.context_limit
@@ -336,10 +417,18 @@ class Decoder:
         if cfg.lookup:
             chain = ngram_proposal(history[:seq_len], length=cfg.lookup)[: max(0, limit - seq_len - 1)]
             if chain.numel():
-                shape, tokens, lookup = with_lookup(shape, chain.numel()), torch.cat([tokens, chain.to(dev)]), chain.numel()
-        return Proposal(TreeBuffers.build(shape, device=dev, out_device=self.out_device, dtype=self.dtype), tokens, lookup, lookup)
+                shape, tokens, lookup = (
+                    with_lookup(shape, chain.numel()),
+                    torch.cat([tokens, chain.to(dev)]),
+                    chain.numel(),
+                )
+        return Proposal(
+            TreeBuffers.build(shape, device=dev, out_device=self.out_device, dtype=self.dtype), tokens, lookup, lookup
+        )
 
-    def verify(self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(
+        self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of all tree tokens after the ``prefix_len`` cached ones, every node seeing the
         prefix, the root, its ancestors and itself: (logits [L, V], hidden states [L, d])."""
         return kv.forward(proposal.tokens, proposal.buffers, prefix_len)
@@ -356,7 +445,15 @@ class Decoder:
         ri = ri.clamp(min=0)
         path_tokens = proposal.tokens.to(logits.device)[ri]  # [P, D+1] token ids along every path
         if self.method == "medusa-typical" and cfg.temperature > 0:
-            accept_length, score = typical_accept(logits, path_tokens, ri, valid, temperature=cfg.temperature, epsilon=cfg.posterior_threshold, delta=cfg.posterior_alpha)
+            accept_length, score = typical_accept(
+                logits,
+                path_tokens,
+                ri,
+                valid,
+                temperature=cfg.temperature,
+                epsilon=cfg.posterior_threshold,
+                delta=cfg.posterior_alpha,
+            )
         else:
             accept_length, score = greedy_accept(logits, path_tokens, ri, valid, argmax=argmax)
         best = int(score.argmax())  # first best path on ties
@@ -370,14 +467,30 @@ class Decoder:
         """``sample_walk`` over the proposal's tree (its first draw is the token at ``seq_len``); the
         accepted path is reported as the first root-to-leaf row of the tree that starts with it."""
         cfg, tree = self.config, proposal.buffers.cpu
-        path, bonus = sample_walk(logits, proposal.tokens.tolist(), tree.children, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=seq_len)
+        path, bonus = sample_walk(
+            logits,
+            proposal.tokens.tolist(),
+            tree.children,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            position=seq_len,
+        )
         nodes = torch.tensor(path, dtype=torch.long)
         rows = tree.retrieve_indices[:, : len(path)]
         best = int((rows == nodes).all(dim=1).long().argmax())  # every node lies on some root-to-leaf row
         return Verdict(best, len(path) - 1, nodes, torch.tensor(bonus, device=logits.device))
 
     def commit(
-        self, proposal: Proposal, verdict: Verdict, *, hidden: torch.Tensor, kv: DynamicKV | StaticKV, history: torch.Tensor, seq_len: int, produced: int,
+        self,
+        proposal: Proposal,
+        verdict: Verdict,
+        *,
+        hidden: torch.Tensor,
+        kv: DynamicKV | StaticKV,
+        history: torch.Tensor,
+        seq_len: int,
+        produced: int,
         eagle_run: EagleRun | None = None,
     ) -> tuple[list[int], str | None, torch.Tensor, torch.Tensor | EagleInput | None]:
         """Keep the accepted nodes' KV, commit accepted + bonus tokens (cut at the limits), draft the next tree
@@ -392,11 +505,32 @@ class Decoder:
         new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
         history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
         if reason is None and eagle_run is not None:  # pairs (f_t, x_{t+1}) along the accepted path, the bonus last
-            return new, reason, bonus, EagleInput(eagle_run, hidden[nodes.to(hidden.device)], torch.tensor(accepted + [int(bonus)], device=self.device), seq_len - 1)
-        drafted = self._draft(hidden[last], bonus) if reason is None else None  # seeded by the last accepted node's hidden state
+            return (
+                new,
+                reason,
+                bonus,
+                EagleInput(
+                    eagle_run,
+                    hidden[nodes.to(hidden.device)],
+                    torch.tensor(accepted + [int(bonus)], device=self.device),
+                    seq_len - 1,
+                ),
+            )
+        drafted = (
+            self._draft(hidden[last], bonus) if reason is None else None
+        )  # seeded by the last accepted node's hidden state
         return new, reason, bonus, drafted
 
-    def _decode_step(self, index: int, new: list[int], reason: str | None, proposal: Proposal, verdict: Verdict, *, times: tuple[float, ...]) -> Step:
+    def _decode_step(
+        self,
+        index: int,
+        new: list[int],
+        reason: str | None,
+        proposal: Proposal,
+        verdict: Verdict,
+        *,
+        times: tuple[float, ...],
+    ) -> Step:
         """The record of one Medusa step; ``times`` are the synced timestamps around its four phases."""
         t0, t1, t2, t3, t4 = times
         detail = self.config.record_detail
@@ -406,9 +540,18 @@ class Decoder:
             tuple(new),
             t4 - t0,
             MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
-            accept_length=min(verdict.accept_length, len(new) - 1) if new else 0,  # the cut may drop accepted candidates
+            accept_length=min(verdict.accept_length, len(new) - 1)
+            if new
+            else 0,  # the cut may drop accepted candidates
             # only nodes that hold the context's match count as lookup tokens (a static step's guesses do not)
-            lookup_accepted=min(int(((verdict.nodes[1:] >= lookup_start) & (verdict.nodes[1:] < lookup_start + proposal.matched)).sum()), len(new) - 1) if proposal.matched and new else 0,
+            lookup_accepted=min(
+                int(
+                    ((verdict.nodes[1:] >= lookup_start) & (verdict.nodes[1:] < lookup_start + proposal.matched)).sum()
+                ),
+                len(new) - 1,
+            )
+            if proposal.matched and new
+            else 0,
             tree=proposal.buffers.cpu if detail else None,
             tree_tokens=proposal.tokens if detail else None,
             best_path=verdict.best if detail else None,
@@ -419,17 +562,28 @@ class Decoder:
     def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
         cfg, dev = self.config, self.device
         seq_len = ids.shape[1]
-        history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens, for the lookup branch
+        history = torch.empty(
+            seq_len + cfg.max_new_tokens + 1, dtype=torch.long
+        )  # prompt + committed tokens, for the lookup branch
         history[:seq_len] = ids[0].cpu()
 
         # Prefill: the prompt's KV, the root (first new token) and the heads' first draft of the tree
         # (EAGLE: the prompt's features and next tokens, which the drafter reads in the first propose).
         t0 = _sync(dev)
-        features = self.body(input_ids=ids, position_ids=torch.arange(seq_len, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0]
+        features = self.body(
+            input_ids=ids,
+            position_ids=torch.arange(seq_len, device=dev)[None],
+            past_key_values=kv.cache,
+            use_cache=True,
+        ).last_hidden_state[0]
         hidden = features[-1]
         root = self._pick_root(self.lm_head(hidden), seq_len)
         eagle_run = EagleRun(self.eagle, self.dynamic) if self.eagle is not None else None
-        drafted = EagleInput(eagle_run, features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0) if eagle_run else self._draft(hidden, root)
+        drafted = (
+            EagleInput(eagle_run, features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0)
+            if eagle_run
+            else self._draft(hidden, root)
+        )
         new, reason = self._finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
         yield self._prefill_step(new, reason, t0, kv)
@@ -443,19 +597,62 @@ class Decoder:
             t2 = _sync(dev)
             verdict = self.accept(logits, proposal, seq_len)
             t3 = _sync(dev)
-            new, reason, root, drafted = self.commit(proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced, eagle_run=eagle_run)
+            new, reason, root, drafted = self.commit(
+                proposal,
+                verdict,
+                hidden=hidden,
+                kv=kv,
+                history=history,
+                seq_len=seq_len,
+                produced=produced,
+                eagle_run=eagle_run,
+            )
             t4 = _sync(dev)
             yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
-def run_method(model, prompt_ids, *, method: str, heads=None, tree=None, config: DecodeConfig = DecodeConfig(), static_kv: StaticKV | None = None, eagle: EagleHead | None = None) -> RunResult:
+def run_method(
+    model,
+    prompt_ids,
+    *,
+    method: str,
+    heads=None,
+    tree=None,
+    config: DecodeConfig = DecodeConfig(),
+    static_kv: StaticKV | None = None,
+    eagle: EagleHead | None = None,
+) -> RunResult:
     """Convenience: build a Decoder and collect its whole run."""
-    return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv, eagle=eagle).run(prompt_ids)
+    return Decoder(model, method=method, heads=heads, tree=tree, config=config, static_kv=static_kv, eagle=eagle).run(
+        prompt_ids
+    )
 
 
 # Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers
 # that build or read a run import them from here, beside the Decoder that uses them.
-__all__ = ["Decoder", "DecodeConfig", "DecodeError", "METHODS", "ModelError", "RunResult", "Step", "StaticKV", "compact_cache", "first_difference", "greedy_accept",
-           "greedy_tokens", "model_info", "new_cache", "race_noise", "run_method", "sample_token", "sample_walk", "sampling_probs", "tempered_probs", "typical_accept",
-           "typical_threshold", "typical_threshold_of_entropy"]
+__all__ = [
+    "Decoder",
+    "DecodeConfig",
+    "DecodeError",
+    "METHODS",
+    "ModelError",
+    "RunResult",
+    "Step",
+    "StaticKV",
+    "compact_cache",
+    "first_difference",
+    "greedy_accept",
+    "greedy_tokens",
+    "model_info",
+    "new_cache",
+    "race_noise",
+    "run_method",
+    "sample_token",
+    "sample_walk",
+    "sampling_probs",
+    "tempered_probs",
+    "typical_accept",
+    "typical_threshold",
+    "typical_threshold_of_entropy",
+]

@@ -32,7 +32,9 @@ class HeadsDefaults:
     tree: str  # preset name: the heads' calibrated default, else FALLBACK_TREE, else chain-<depth>
     lookup: int  # the lookup branch's length when it is on
     lookup_on: bool  # on unless the heads were calibrated without it
-    calibration: dict | None = None  # the calibration record the tree comes from (its measured figures), None if not calibrated
+    calibration: dict | None = (
+        None  # the calibration record the tree comes from (its measured figures), None if not calibrated
+    )
     note: str | None = None  # one sentence when that record was made on another kind of device than this one
 
     @property
@@ -76,8 +78,10 @@ def heads_defaults(heads, device: torch.device | str | None = None) -> HeadsDefa
         other = next(iter(found))
         record, calibrated, lookup = found[other]
         where = record.get("device") or KIND_NAMES.get(other, other)
-        note = (f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; using the tree calibrated on {where} "
-                "(run python -m medusa_lib.pipeline.calibrate --write on this device for one).")
+        note = (
+            f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; using the tree calibrated on {where} "
+            "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
+        )
     else:  # no calibration record: what config.json says at the top level, if anything
         record, calibrated, lookup = None, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)
     known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
@@ -86,4 +90,6 @@ def heads_defaults(heads, device: torch.device | str | None = None) -> HeadsDefa
     else:  # no tree named, or one trees.json lacks: no calibration applies to the tree we pick
         record = note = None
         tree = FALLBACK_TREE if get_tree(FALLBACK_TREE).depth <= heads.num_heads else f"chain-{min(heads.num_heads, 4)}"
-    return HeadsDefaults(tree=tree, lookup=lookup or DEFAULT_LOOKUP, lookup_on=lookup != 0, calibration=record, note=note)
+    return HeadsDefaults(
+        tree=tree, lookup=lookup or DEFAULT_LOOKUP, lookup_on=lookup != 0, calibration=record, note=note
+    )

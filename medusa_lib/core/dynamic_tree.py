@@ -47,13 +47,15 @@ class DynamicTreeConfig:
             raise DynamicTreeError(f"The dynamic tree's top-k must be between 1 and 32 (got {self.top_k}).")
         if not (1 <= self.depth <= 12):
             raise DynamicTreeError(f"The dynamic tree's depth must be between 1 and 12 (got {self.depth}).")
-        most = self.top_k + (self.depth - 1) * self.top_k ** 2
+        most = self.top_k + (self.depth - 1) * self.top_k**2
         if not (1 <= self.num_nodes <= min(most, 128)):
-            raise DynamicTreeError(f"The dynamic tree keeps between 1 and {min(most, 128)} nodes with top-k {self.top_k} and depth {self.depth} (got {self.num_nodes}).")
+            raise DynamicTreeError(
+                f"The dynamic tree keeps between 1 and {min(most, 128)} nodes with top-k {self.top_k} and depth {self.depth} (got {self.num_nodes})."
+            )
 
     @property
     def num_candidates(self) -> int:
-        return self.top_k + (self.depth - 1) * self.top_k ** 2
+        return self.top_k + (self.depth - 1) * self.top_k**2
 
 
 class Candidates(NamedTuple):
@@ -75,7 +77,9 @@ class DynamicTree(NamedTuple):
     retrieve_indices: torch.Tensor  # [L, depth + 1] path from the root to every node, -1 padded
 
 
-def expand_level(scores: torch.Tensor, logp: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def expand_level(
+    scores: torch.Tensor, logp: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One level of EAGLE-2's expansion: frontier values ``scores`` [k] and the drafter's log-probs
     [k, V] after each frontier node -> (children columns [k*k], children values [k*k], chosen [k]:
     the k best children (indices into the k*k), row of each chosen child's parent [k])."""
@@ -93,7 +97,9 @@ def select_tree(root: torch.Tensor, cand: Candidates, *, num_nodes: int, depth: 
     kept = torch.sort(torch.topk(key, num_nodes).indices).values  # level order: parents before children
     parent_cand = cand.parents[kept]
     # tree position of each kept node's parent: 1 + its rank among the kept, 0 for the root
-    parent_pos = torch.where(parent_cand >= 0, torch.searchsorted(kept, parent_cand.clamp(min=0)) + 1, torch.zeros_like(parent_cand))
+    parent_pos = torch.where(
+        parent_cand >= 0, torch.searchsorted(kept, parent_cand.clamp(min=0)) + 1, torch.zeros_like(parent_cand)
+    )
     L = num_nodes + 1
     parents = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parent_pos])
     seen = torch.eye(L, dtype=torch.bool, device=dev)

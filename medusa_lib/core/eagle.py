@@ -104,17 +104,33 @@ class EagleHead(nn.Module):
     def check_fits(self, model: nn.Module) -> None:
         d, V = hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0]
         if self.config.hidden_size != d or self.config.vocab_size != V:
-            raise EagleError(f"This EAGLE head was made for hidden size {self.config.hidden_size} and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
-                             f"load an EAGLE head trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}.")
+            raise EagleError(
+                f"This EAGLE head was made for hidden size {self.config.hidden_size} and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
+                f"load an EAGLE head trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}."
+            )
 
     # ------------------------------------------------------------------ the maths
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                cache: DynamicCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
         """g [B, T, d] from features f [B, T, d] and the next tokens x [B, T] (x_{t+1} beside f_t)."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([self._embed(tokens).to(dtype), features.to(dtype)], dim=-1))
         pe = self.rotary(x, position_ids)
-        return self.layer(x, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache, use_cache=cache is not None, position_embeddings=pe)
+        return self.layer(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=pe,
+        )
 
     def projection_weight(self) -> torch.Tensor:
         """[V', d] lm_head rows of the proposal tokens (all rows without a proposal vocabulary)."""
@@ -142,7 +158,9 @@ class EagleHead(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        cast = lambda v: v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()  # noqa: E731
+        cast = lambda v: (
+            v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()
+        )  # noqa: E731
         state = {k: cast(v) for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         tmp = folder / (EAGLE_FILE + ".tmp")
         save_file(state, str(tmp), metadata={"format": "pt"})
@@ -152,11 +170,24 @@ class EagleHead(nn.Module):
         return folder
 
 
-def new_eagle_head(model: nn.Module, *, proposal_ids: torch.Tensor | None = None, base_model: str | None = None, tree: DynamicTreeConfig = DynamicTreeConfig()) -> EagleHead:
+def new_eagle_head(
+    model: nn.Module,
+    *,
+    proposal_ids: torch.Tensor | None = None,
+    base_model: str | None = None,
+    tree: DynamicTreeConfig = DynamicTreeConfig(),
+) -> EagleHead:
     """A fresh (random) EAGLE head for ``model``, in float32 on the CPU."""
-    cfg = EagleConfig(hidden_size=hidden_size_of(model.config), vocab_size=model.get_output_embeddings().weight.shape[0],
-                      num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None, base_model=base_model,
-                      model_type=getattr(model.config, "model_type", None), top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes)
+    cfg = EagleConfig(
+        hidden_size=hidden_size_of(model.config),
+        vocab_size=model.get_output_embeddings().weight.shape[0],
+        num_proposal_tokens=int(proposal_ids.numel()) if proposal_ids is not None else None,
+        base_model=base_model,
+        model_type=getattr(model.config, "model_type", None),
+        top_k=tree.top_k,
+        depth=tree.depth,
+        num_nodes=tree.num_nodes,
+    )
     head = EagleHead(model, cfg).float()
     if proposal_ids is not None:
         head.proposal_ids.copy_(proposal_ids)
@@ -176,11 +207,15 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
         raise EagleError(f"No EAGLE head at {str(folder)!r}: give a folder with {EAGLE_FILE} and {CONFIG_FILE}.")
     meta = json.loads((folder / CONFIG_FILE).read_text())
     if meta.get("format") != FORMAT:
-        raise EagleError(f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project (format {meta.get('format')!r}, expected {FORMAT!r}).")
+        raise EagleError(
+            f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project (format {meta.get('format')!r}, expected {FORMAT!r})."
+        )
     fields = {k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta}
     cfg = EagleConfig(**fields)
     if cfg.model_type and getattr(model.config, "model_type", None) != cfg.model_type:
-        raise EagleError(f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; load an EAGLE head trained for this model.")
+        raise EagleError(
+            f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; load an EAGLE head trained for this model."
+        )
     head = EagleHead(model, cfg)
     head.check_fits(model)
     state = load_file(str(folder / EAGLE_FILE))
@@ -216,7 +251,9 @@ class EagleRun:
         self.min = torch.finfo(self.dtype).min
         k = tree.top_k
         self.eye = torch.eye(k, dtype=torch.bool, device=dev)
-        self.level_depths = torch.cat([torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)])
+        self.level_depths = torch.cat(
+            [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)]
+        )
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
@@ -231,7 +268,13 @@ class EagleRun:
         n = features.shape[0]
         pos = torch.arange(start, start + n, device=self.device)[None]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        g = self.head(features[None].to(self.device), tokens[None].to(self.device), pos, attention_mask=self._mask(causal), cache=self.cache)[0]
+        g = self.head(
+            features[None].to(self.device),
+            tokens[None].to(self.device),
+            pos,
+            attention_mask=self._mask(causal),
+            cache=self.cache,
+        )[0]
         self.stable += n
         self.last, self.next_pos = g[-1], start + n
 

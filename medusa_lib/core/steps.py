@@ -30,7 +30,9 @@ class Step:
     best_path: int | None = None  # row of tree.retrieve_indices that was accepted
     finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
     engine: str | None = None  # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
-    drafter: str | None = None  # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
+    drafter: str | None = (
+        None  # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
+    )
 
     @property
     def kind(self) -> str:

@@ -84,7 +84,9 @@ class MedusaTree:
     @property
     def depth(self) -> int:
         """Deepest node = number of Medusa heads the tree needs."""
-        return max([0] + [len(c) for c in self.choices])  # a list, not a generator with default=: torch.compile traces it
+        return max(
+            [0] + [len(c) for c in self.choices]
+        )  # a list, not a generator with default=: torch.compile traces it
 
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
@@ -108,7 +110,9 @@ class MedusaTree:
             row = {p: i for i, p in enumerate(parents)}
             out.append(
                 TreeLevel(
-                    ancestors=torch.tensor([[index[p[:d]] for d in range(1, k)] for p in parents], dtype=torch.long, device=dev).view(len(parents), k - 1),
+                    ancestors=torch.tensor(
+                        [[index[p[:d]] for d in range(1, k)] for p in parents], dtype=torch.long, device=dev
+                    ).view(len(parents), k - 1),
                     nodes=torch.tensor([index[c] for c in level], dtype=torch.long, device=dev),
                     rows=torch.tensor([row[c[:-1]] for c in level], dtype=torch.long, device=dev),
                     ranks=torch.tensor([c[-1] for c in level], dtype=torch.long, device=dev),
@@ -136,7 +140,9 @@ class MedusaTree:
 
 def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
     """[L, L] additive mask: 0 where a node may attend, dtype-min elsewhere (float, never bool)."""
-    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(tree.attn_mask == 0, torch.finfo(dtype).min)
+    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(
+        tree.attn_mask == 0, torch.finfo(dtype).min
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,9 +161,13 @@ class TreeBuffers:
     bias: torch.Tensor
 
     @classmethod
-    def build(cls, tree: MedusaTree, *, device: torch.device | str, out_device: torch.device | str, dtype: torch.dtype) -> TreeBuffers:
+    def build(
+        cls, tree: MedusaTree, *, device: torch.device | str, out_device: torch.device | str, dtype: torch.dtype
+    ) -> TreeBuffers:
         on_device = tree.to(device)
-        return cls(tree=on_device, out=tree.to(out_device), cpu=tree.to("cpu"), bias=tree_attention_bias(on_device, dtype))
+        return cls(
+            tree=on_device, out=tree.to(out_device), cpu=tree.to("cpu"), bias=tree_attention_bias(on_device, dtype)
+        )
 
     @cached_property
     def num_nodes(self) -> int:
@@ -169,7 +179,9 @@ class TreeBuffers:
         return self.tree.depth
 
 
-def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK) -> list[list[int]]:
+def validate_choices(
+    choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK
+) -> list[list[int]]:
     """Check a tree and return it as a list of int lists; raise TreeError with one clear sentence."""
     if choices is None or len(choices) == 0:
         raise TreeError("The tree is empty: give at least one node such as [[0]] (head-1's top token).")
@@ -189,17 +201,23 @@ def validate_choices(choices: Sequence[Sequence[int]], *, num_heads: int | None 
     for c in out:
         bad = [r for r in c if r < 0 or r >= topk]
         if bad:
-            raise TreeError(f"Tree node {shown(c)} uses rank {shown(bad[0])}, but ranks must be between 0 and {topk - 1} (top-{topk} per head).")
+            raise TreeError(
+                f"Tree node {shown(c)} uses rank {shown(bad[0])}, but ranks must be between 0 and {topk - 1} (top-{topk} per head)."
+            )
     for c in out:
         if len(c) > 1 and tuple(c[:-1]) not in seen:
             raise TreeError(f"Tree node {shown(c)} has no parent: add {shown(c[:-1])} to the tree.")
     depth = max(len(c) for c in out)
     if num_heads is not None and depth > num_heads:
-        raise TreeError(f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; use a tree of depth <= {num_heads}.")
+        raise TreeError(
+            f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; use a tree of depth <= {num_heads}."
+        )
     return out
 
 
-def build_tree(choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK, name: str = "custom") -> MedusaTree:
+def build_tree(
+    choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK, name: str = "custom"
+) -> MedusaTree:
     """Build the tree-attention buffers for ``choices`` (reference ``generate_medusa_buffers``)."""
     checked = validate_choices(choices, num_heads=num_heads, topk=topk)
     nodes = sorted(checked, key=lambda x: (len(x), x))
@@ -281,7 +299,9 @@ def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
     retrieve[-1, 1 : length + 1] = chain.to(ri.device)
     return MedusaTree(
         choices=tree.choices + tuple((LOOKUP_RANK,) * d for d in range(1, length + 1)),
-        tree_indices=torch.cat([tree.tree_indices, torch.zeros(length, dtype=torch.long, device=tree.tree_indices.device)]),
+        tree_indices=torch.cat(
+            [tree.tree_indices, torch.zeros(length, dtype=torch.long, device=tree.tree_indices.device)]
+        ),
         position_ids=torch.cat([tree.position_ids, torch.arange(1, length + 1, device=tree.position_ids.device)]),
         retrieve_indices=retrieve,
         attn_mask=attn_mask,
@@ -388,7 +408,9 @@ def preset_choices(name: str, extra: Mapping[str, Sequence[Sequence[int]]] | Non
     raise TreeError(f"Unknown tree preset {name!r}; choose one of: {', '.join(list(extra or ()) + preset_names())}.")
 
 
-def get_tree(name: str, *, num_heads: int | None = None, extra: Mapping[str, Sequence[Sequence[int]]] | None = None) -> MedusaTree:
+def get_tree(
+    name: str, *, num_heads: int | None = None, extra: Mapping[str, Sequence[Sequence[int]]] | None = None
+) -> MedusaTree:
     """Build a named preset, checked against the number of heads."""
     return build_tree(preset_choices(name, extra), num_heads=num_heads, name=name)
 
@@ -421,7 +443,9 @@ def parse_choices(text: str) -> list[list[int]]:
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
-        raise TreeError(f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]].") from None
+        raise TreeError(
+            f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]]."
+        ) from None
     if not isinstance(value, list):
         raise TreeError("The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].")
     return validate_choices(value)

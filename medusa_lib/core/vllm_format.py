@@ -37,15 +37,23 @@ def vllm_refusal(heads) -> str | None:
     cfg = heads.config
     if not cfg.shared_lm_head and cfg.num_proposal_tokens and not (heads.root_conditioned or heads.path_conditioned):
         # vLLM 0.32 sizes per-head projections to the full vocabulary; only its one shared head is truncated by token_map
-        return (f"These heads have their own projections onto a {cfg.num_proposal_tokens}-token proposal vocabulary, which vLLM's Medusa "
-                f"cannot load (it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
-                f"(the default: {TRAIN_PLAIN}) or with full-vocabulary projections (--proposal-tokens 0), and export those.")
+        return (
+            f"These heads have their own projections onto a {cfg.num_proposal_tokens}-token proposal vocabulary, which vLLM's Medusa "
+            f"cannot load (it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+            f"(the default: {TRAIN_PLAIN}) or with full-vocabulary projections (--proposal-tokens 0), and export those."
+        )
     if not (heads.root_conditioned or heads.path_conditioned):
         return None
-    kind = "path-conditioned (each head also reads the tree's root and its own branch)" if heads.path_conditioned else "root-conditioned (they also read the tree's root token)"
-    return (f"These heads are {kind}, which vLLM's Medusa cannot run: it feeds its heads the hidden state only; "
-            f"only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without "
-            f"--root-conditioned or --path-conditioned ({TRAIN_PLAIN}) and export those.")
+    kind = (
+        "path-conditioned (each head also reads the tree's root and its own branch)"
+        if heads.path_conditioned
+        else "root-conditioned (they also read the tree's root token)"
+    )
+    return (
+        f"These heads are {kind}, which vLLM's Medusa cannot run: it feeds its heads the hidden state only; "
+        f"only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without "
+        f"--root-conditioned or --path-conditioned ({TRAIN_PLAIN}) and export those."
+    )
 
 
 def export_command(folder: str | Path | None, out: str = "OUT") -> str:
@@ -53,7 +61,9 @@ def export_command(folder: str | Path | None, out: str = "OUT") -> str:
     return f"python -m medusa_lib.pipeline.export --heads {folder or 'DIR'} --to vllm --out {out}"
 
 
-def to_vllm_medusa(heads, lm_head_weight: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], dict]:
+def to_vllm_medusa(
+    heads, lm_head_weight: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32
+) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, config.json) of ``heads`` (a ``heads.MedusaHeads``) in vLLM's Medusa layout. Heads that share the base
     model's lm_head need its weight [V, d]: its rows at ``proposal_ids`` become the one shared head."""
     why = vllm_refusal(heads)
@@ -72,8 +82,14 @@ def to_vllm_medusa(heads, lm_head_weight: torch.Tensor | None = None, *, dtype: 
         if lm_head_weight is None:
             raise HeadsError("These heads share the base model's lm_head; pass its weight to export them.")
         if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
-            raise HeadsError(f"The lm_head given is {tuple(lm_head_weight.shape)}, but the heads need [{cfg.vocab_size}, {cfg.hidden_size}]; export with the model they were trained for.")
-        w = lm_head_weight if heads.proposal_ids is None else lm_head_weight[heads.proposal_ids.to(lm_head_weight.device)]
+            raise HeadsError(
+                f"The lm_head given is {tuple(lm_head_weight.shape)}, but the heads need [{cfg.vocab_size}, {cfg.hidden_size}]; export with the model they were trained for."
+            )
+        w = (
+            lm_head_weight
+            if heads.proposal_ids is None
+            else lm_head_weight[heads.proposal_ids.to(lm_head_weight.device)]
+        )
         state["lm_heads.0.weight"] = cast(w)  # the rows of the proposal tokens only: V' x d, not V x d
     if heads.proposal_ids is not None:
         state["token_map"] = heads.proposal_ids.detach().to("cpu", torch.int64).contiguous()
@@ -109,20 +125,28 @@ def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     L = int(next((v for k, v in config.items() if "num" in k and "layers" in k), 0))
     V = int(config.get("vocab_size") or 0)
     if not (K and L and V):
-        raise HeadsError(f"{folder}/config.json lacks the number of heads, of layers or the vocabulary size; is this a vLLM Medusa folder?")
+        raise HeadsError(
+            f"{folder}/config.json lacks the number of heads, of layers or the vocabulary size; is this a vLLM Medusa folder?"
+        )
     token_map = raw.pop("token_map", None)
     truncated = int(config.get("truncated_vocab_size") or V)
     if truncated < V and token_map is None:
-        raise HeadsError(f"{folder} has truncated_vocab_size {truncated} < vocab_size {V} but no token_map tensor; the export is incomplete.")
+        raise HeadsError(
+            f"{folder} has truncated_vocab_size {truncated} < vocab_size {V} but no token_map tensor; the export is incomplete."
+        )
     state: dict[str, torch.Tensor] = {}
     for i in range(K):
         for j in range(L):
-            w = raw.get(f"blocks.{i}.layers.{j}.weight", raw.get(f"{i}.{j}.linear.weight"))  # vLLM renames the old keys too
+            w = raw.get(
+                f"blocks.{i}.layers.{j}.weight", raw.get(f"{i}.{j}.linear.weight")
+            )  # vLLM renames the old keys too
             if w is None:
                 raise HeadsError(f"{folder} has no tensor for ResBlock {j} of head {i}; the export is incomplete.")
             b = raw.get(f"blocks.{i}.layers.{j}.bias", raw.get(f"{i}.{j}.linear.bias"))
             state[f"{i}.{j}.linear.weight"] = w
-            state[f"{i}.{j}.linear.bias"] = b if b is not None and config.get("medusa_fc_bias") else torch.zeros(w.shape[0], dtype=w.dtype)
+            state[f"{i}.{j}.linear.bias"] = (
+                b if b is not None and config.get("medusa_fc_bias") else torch.zeros(w.shape[0], dtype=w.dtype)
+            )
         proj = raw.get("lm_heads.0.weight" if config.get("original_lm_head") else f"lm_heads.{i}.weight")
         if proj is None:
             raise HeadsError(f"{folder} has no projection for head {i}; the export is incomplete.")
@@ -131,5 +155,10 @@ def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         state[f"{i}.{L}.weight"] = proj
     if token_map is not None and truncated < V:
         state["proposal_ids"] = token_map.long()
-    ours = {"vocab_size": V, "medusa_num_heads": K, "medusa_num_layers": L, "base_model_name_or_path": config.get("base_model_name_or_path")}
+    ours = {
+        "vocab_size": V,
+        "medusa_num_heads": K,
+        "medusa_num_layers": L,
+        "base_model_name_or_path": config.get("base_model_name_or_path"),
+    }
     return state, ours

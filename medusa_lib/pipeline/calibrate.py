@@ -66,7 +66,9 @@ def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torc
 
 
 @torch.inference_mode()
-def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK, states: list | None = None) -> torch.Tensor:
+def head_accuracy(
+    model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK, states: list | None = None
+) -> torch.Tensor:
     """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
     _, lm_head = body_and_lm_head(model)
     device = input_device(model)
@@ -78,8 +80,18 @@ def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int =
         after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)  # x_{t+1}, x_{t+2}, ... after each h_t
         n_pos = h.shape[0]
         roots = after[:n_pos]  # the root x_{t+1} (root-conditioned heads)
-        path = torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1) if heads.path_conditioned and K > 1 else None  # [n, K-1]: the true branch (teacher forcing)
-        ids = heads.propose(h, lm_head, topk=topk, root_emb=heads.root_embedding(embed, roots), path_emb=None if path is None else embed.weight[path]).cpu()  # [n, K, topk]
+        path = (
+            torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1)
+            if heads.path_conditioned and K > 1
+            else None
+        )  # [n, K-1]: the true branch (teacher forcing)
+        ids = heads.propose(
+            h,
+            lm_head,
+            topk=topk,
+            root_emb=heads.root_embedding(embed, roots),
+            path_emb=None if path is None else embed.weight[path],
+        ).cpu()  # [n, K, topk]
         for k in range(1, K + 1):
             n = len(seq) - start - k - 1  # positions t with a target x_{t+k+1}
             if n <= 0:
@@ -92,7 +104,9 @@ def head_accuracy(model, heads: MedusaHeads, records: list[dict], *, topk: int =
 
 
 @torch.inference_mode()
-def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0) -> dict[str, list[torch.Tensor]]:
+def simulated_accepts(
+    model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0
+) -> dict[str, list[torch.Tensor]]:
     """Per tree, per record: the candidates greedy verification would accept at every answer position.
 
     At position t (root x_{t+1}, the answer's next token) the heads draft the tree from h_t, and a
@@ -112,7 +126,9 @@ def simulated_accepts(model, heads: MedusaHeads, trees: dict, records: list[dict
             chains.append(lookup_accepts(seq, start, lookup))
         for name, tree in trees.items():
             D = tree.depth
-            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]  # [n, D]: x_{t+2} .. x_{t+D+1}
+            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[
+                1 : n + 1
+            ]  # [n, D]: x_{t+2} .. x_{t+D+1}
             tokens = heads.draft(h[:n], lm_head, tree, answer.to(h.device), embed).cpu()  # [n, L]
             ri = tree.retrieve_indices.cpu()
             path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
@@ -141,7 +157,9 @@ def lookup_accepts(seq: list[int], start: int, length: int) -> torch.Tensor:
     return out
 
 
-def simulated_tokens_per_step(model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0) -> dict[str, float]:
+def simulated_tokens_per_step(
+    model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0
+) -> dict[str, float]:
     """Tokens/step of greedy Medusa on the answers, simulated: walk each answer as decoding would
     (the prefill gives its first token; a step rooted at answer position i accepts
     :func:`simulated_accepts` [i] candidates plus the bonus token, and the next step is rooted
@@ -165,17 +183,34 @@ def walked_tokens_per_step(accepts: dict[str, list[torch.Tensor]]) -> dict[str, 
     return out
 
 
-def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_tokens: int, repeats: int = 1, lookup: int = 0, engine: Engine | None = None) -> dict:
+def measure(
+    model,
+    heads,
+    trees: dict,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    repeats: int = 1,
+    lookup: int = 0,
+    engine: Engine | None = None,
+) -> dict:
     """Per decoder (plain and each tree): median tokens/s, mean tokens/step, and ``speedup``, the
     median over runs of its tokens/s over plain's on the same prompt in the same round. The pairing
     keeps out what differs between prompts (answer length, how predictable) and slow drifts of a
     shared machine, which a ratio of medians over different prompts keeps in. ``engine``: the
     cache and captured steps the playground runs on this device (``prepare_engine``), so the
     trees are timed as they will run."""
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup, cache=engine.cache if engine else "dynamic")
+    cfg = DecodeConfig(
+        max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup, cache=engine.cache if engine else "dynamic"
+    )
     shared = engine.static_kv if engine else None
     decoders = {"plain": Decoder(model, method="plain", config=cfg, static_kv=shared)}
-    decoders.update({name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared) for name, t in trees.items()})
+    decoders.update(
+        {
+            name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared)
+            for name, t in trees.items()
+        }
+    )
     decoders["plain"].run(prompt_ids[0][:16])  # warm-up
     rates: dict[str, list[float]] = {n: [] for n in decoders}
     tps: dict[str, list[float]] = {n: [] for n in decoders}
@@ -186,7 +221,11 @@ def measure(model, heads, trees: dict, prompt_ids: list[list[int]], *, max_new_t
                 rates[name].append(res.tokens_per_second)
                 tps[name].append(res.tokens_per_step)
     return {
-        n: {"tok_s": statistics.median(rates[n]), "tokens_per_step": statistics.fmean(tps[n]), "speedup": statistics.median(r / p for r, p in zip(rates[n], rates["plain"]))}
+        n: {
+            "tok_s": statistics.median(rates[n]),
+            "tokens_per_step": statistics.fmean(tps[n]),
+            "speedup": statistics.median(r / p for r, p in zip(rates[n], rates["plain"])),
+        }
         for n in decoders
     }
 
@@ -207,7 +246,9 @@ def split_prompts(prompts: list, n_acc: int, n_speed: int) -> tuple[list, list]:
     accuracy prompts would cover the first categories and the speed prompts the last ones)."""
     n = len(prompts)
     n_speed = min(n_speed, n)
-    speed_idx = [(2 * i + 1) * n // (2 * n_speed) for i in range(n_speed)]  # the middle of each of n_speed equal stretches
+    speed_idx = [
+        (2 * i + 1) * n // (2 * n_speed) for i in range(n_speed)
+    ]  # the middle of each of n_speed equal stretches
     taken = set(speed_idx)
     rest = [i for i in range(n) if i not in taken]
     n_acc = min(n_acc, len(rest))
@@ -224,13 +265,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--acc-prompts", type=int, default=200, help="prompts used to measure head accuracy")
     ap.add_argument("--speed-prompts", type=int, default=8, help="prompts used for wall-clock speed")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP, help="length of the lookup branch verified with every tree (0 = heads only)")
+    ap.add_argument(
+        "--lookup",
+        type=int,
+        default=DEFAULT_LOOKUP,
+        help="length of the lookup branch verified with every tree (0 = heads only)",
+    )
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--repeats", type=int, default=1, help="runs of each speed prompt per tree (median over all)")
-    ap.add_argument("--tie", type=float, default=0.02, help="trees within this fraction of the fastest count as a tie; the smallest of them is the default")
+    ap.add_argument(
+        "--tie",
+        type=float,
+        default=0.02,
+        help="trees within this fraction of the fastest count as a tie; the smallest of them is the default",
+    )
     ap.add_argument("--write", action="store_true", help="write trees.json and the default tree beside the heads")
-    ap.add_argument("--cache", default="auto", choices=["auto", "dynamic", "static"], help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, dynamic on a CPU)")
-    ap.add_argument("--capture", default="auto", choices=["auto", "none", "compile", "cuda-graph"], help="with the static cache, the capture (auto: CUDA graphs on CUDA); every tree size is captured before timing")
+    ap.add_argument(
+        "--cache",
+        default="auto",
+        choices=["auto", "dynamic", "static"],
+        help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, dynamic on a CPU)",
+    )
+    ap.add_argument(
+        "--capture",
+        default="auto",
+        choices=["auto", "none", "compile", "cuda-graph"],
+        help="with the static cache, the capture (auto: CUDA graphs on CUDA); every tree size is captured before timing",
+    )
     args = ap.parse_args(argv)
 
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
@@ -246,7 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     acc = head_accuracy(model, heads, records, states=states)
     print(f"head accuracy on {len(records)} held-out answers (rank 0..4):")
     for k in range(acc.shape[0]):
-        print(f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks {[round(x, 3) for x in acc[k, :5].tolist()]}")
+        print(
+            f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks {[round(x, 3) for x in acc[k, :5].tolist()]}"
+        )
 
     trees, expected = {}, {}
     for n in [int(s) for s in args.sizes.split(",")]:
@@ -254,7 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
-    alone = simulated_accepts(model, heads, built, records, states=states)  # the heads draft once; the branch is merged in
+    alone = simulated_accepts(
+        model, heads, built, records, states=states
+    )  # the heads draft once; the branch is merged in
     heads_only = walked_tokens_per_step(alone)
     chains = [lookup_accepts(seq, start, args.lookup) for seq, start, _ in states] if args.lookup else []
     simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
@@ -262,19 +327,37 @@ def main(argv: list[str] | None = None) -> None:
     device = input_device(model)
     steps = [with_lookup(t, args.lookup) for t in built.values()]  # the tree steps the timed runs verify
     try:
-        engine = prepare_engine(model, cache=args.cache, capture=args.capture,
-                                max_len=max(map(len, speed_ids)) + args.max_new_tokens + max(t.num_nodes for t in steps), say=print)
+        engine = prepare_engine(
+            model,
+            cache=args.cache,
+            capture=args.capture,
+            max_len=max(map(len, speed_ids)) + args.max_new_tokens + max(t.num_nodes for t in steps),
+            say=print,
+        )
     except InputError as e:
         raise SystemExit(str(e)) from None
-    results = measure(model, heads, built, speed_ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats, lookup=args.lookup, engine=engine)
+    results = measure(
+        model,
+        heads,
+        built,
+        speed_ids,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        lookup=args.lookup,
+        engine=engine,
+    )
     plain = results["plain"]["tok_s"]
     branch = f" + lookup-{args.lookup}" if args.lookup else ""
     print(f"\ntrees{branch}; expected and heads-only: the heads' tree alone; simulated and measured: as decoded")
-    print(f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}")
+    print(
+        f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}"
+    )
     print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>12.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
     for name, t in built.items():
         r = results[name]
-        print(f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{heads_only[name]:>12.2f}{simulated[name]:>11.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['speedup']:>9.2f}x")
+        print(
+            f"{name:<16}{t.num_nodes:>6}{expected[name]:>19.2f}{heads_only[name]:>12.2f}{simulated[name]:>11.2f}{r['tokens_per_step']:>19.2f}{r['tok_s']:>8.1f}{r['speedup']:>9.2f}x"
+        )
     print("(vs plain: median over runs of tokens/s over plain's on the same prompt)")
     fastest = max(built, key=lambda n: results[n]["speedup"])
     best = pick_default({n: results[n]["speedup"] for n in built}, {n: t.num_nodes for n, t in built.items()}, args.tie)
@@ -285,7 +368,18 @@ def main(argv: list[str] | None = None) -> None:
             "accuracy_top1": [round(x, 4) for x in acc[:, 0].tolist()],
             "accuracy_top5": [round(x, 4) for x in acc[:, :5].sum(1).tolist()],
             "accuracy": [[round(x, 4) for x in row] for row in acc.tolist()],
-            "trees": {n: {"nodes": built[n].num_nodes, "expected_tokens_per_step": round(expected[n], 3), "heads_only_simulated_tokens_per_step": round(heads_only[n], 3), "simulated_tokens_per_step": round(simulated[n], 3), "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3), "tok_s": round(results[n]["tok_s"], 2), "speedup": round(results[n]["speedup"], 3)} for n in built},
+            "trees": {
+                n: {
+                    "nodes": built[n].num_nodes,
+                    "expected_tokens_per_step": round(expected[n], 3),
+                    "heads_only_simulated_tokens_per_step": round(heads_only[n], 3),
+                    "simulated_tokens_per_step": round(simulated[n], 3),
+                    "measured_tokens_per_step": round(results[n]["tokens_per_step"], 3),
+                    "tok_s": round(results[n]["tok_s"], 2),
+                    "speedup": round(results[n]["speedup"], 3),
+                }
+                for n in built
+            },
             "plain_tok_s": round(plain, 2),
             "speed_prompts": len(speed_ids),
             "repeats": args.repeats,
@@ -313,7 +407,9 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     trees_path, config_path = folder / TREES_FILE, folder / CONFIG_FILE
     stored = json.loads(trees_path.read_text()) if trees_path.exists() else {}
     changed = [n for n in trees if n in stored and stored[n] != trees[n]]
-    merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))  # smallest first, as the tree menu lists them
+    merged = dict(
+        sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1]))
+    )  # smallest first, as the tree menu lists them
     cfg = json.loads(config_path.read_text())
     kind, top = record["device_kind"], cfg.get("calibration")
     others = dict(cfg.get("calibrations") or {})
@@ -331,10 +427,14 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     _replace_file(trees_path, json.dumps(merged, indent=None) + "\n")
     _replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
     if changed:
-        say(f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; kept this one's "
-            "(figures recorded for them on another device were measured with the old ones: recalibrate there too)")
-    say(f"wrote {trees_path}, default_tree={record['default_tree']} and lookup={record['lookup']} "
-        f"({KIND_NAMES.get(kind, kind)} calibration: {where})")
+        say(
+            f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; kept this one's "
+            "(figures recorded for them on another device were measured with the old ones: recalibrate there too)"
+        )
+    say(
+        f"wrote {trees_path}, default_tree={record['default_tree']} and lookup={record['lookup']} "
+        f"({KIND_NAMES.get(kind, kind)} calibration: {where})"
+    )
     return where
 
 
@@ -343,6 +443,7 @@ def _replace_file(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
 
 if __name__ == "__main__":
     main()

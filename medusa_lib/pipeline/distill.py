@@ -53,7 +53,16 @@ def batches(items: list, size: int) -> Iterator[list]:
 
 
 @torch.inference_mode()
-def generate_answers(model, tokenizer, prompts: Iterable[dict], *, max_new_tokens: int, batch_size: int, do_sample: bool = False, seed: int = 0) -> Iterator[dict]:
+def generate_answers(
+    model,
+    tokenizer,
+    prompts: Iterable[dict],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    do_sample: bool = False,
+    seed: int = 0,
+) -> Iterator[dict]:
     """Yield {"id", "category", "prompt_ids", "answer_ids"} for each prompt, generated in batches."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = set(eos_token_ids(model))
@@ -111,9 +120,22 @@ def clean_prompt(text: str, *, min_words: int = 4, max_chars: int = 600) -> str 
 
 
 @torch.inference_mode()
-def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, batch_size: int = 64, max_prompt_tokens: int = 48,
-                  exclude: list[str] = (), seed: int = 0, first: int = 1, known: Iterable[str] = (), stats: dict | None = None,
-                  temperature: float = 1.0, top_p: float = 0.95) -> Iterator[dict]:
+def self_instruct(
+    model,
+    tokenizer,
+    seeds: list[tuple[str, str]],
+    n: int,
+    *,
+    batch_size: int = 64,
+    max_prompt_tokens: int = 48,
+    exclude: list[str] = (),
+    seed: int = 0,
+    first: int = 1,
+    known: Iterable[str] = (),
+    stats: dict | None = None,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+) -> Iterator[dict]:
     """Yield up to n new prompts {"id", "category", "prompt"} sampled from the model's own user turn.
 
     Each starts with the opening words of a seed (picked uniformly) and goes on as the model
@@ -143,15 +165,31 @@ def self_instruct(model, tokenizer, seeds: list[tuple[str, str]], n: int, *, bat
         input_ids, attention = left_padded([prefix + ids for ids in starts], pad)
         width = input_ids.shape[1]
         torch.manual_seed(rng.randrange(2**62))
-        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_prompt_tokens,
-                             do_sample=True, temperature=temperature, top_p=top_p, top_k=None, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_prompt_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=None,
+            pad_token_id=pad,
+        )
         for (_, category), start, row in zip(group, starts, out[:, width:].tolist()):
             end = next((j for j, t in enumerate(row) if t in stop), None)
             if end is None:
                 stats["unfinished"] += 1  # ran past max_prompt_tokens: cut off mid-sentence
                 continue
             text = clean_prompt(tokenizer.decode(start + row[:end], skip_special_tokens=True))
-            why = "unclean" if text is None else "duplicate" if text.lower() in seen else "excluded" if any(b.search(text) for b in banned) else "kept"
+            why = (
+                "unclean"
+                if text is None
+                else "duplicate"
+                if text.lower() in seen
+                else "excluded"
+                if any(b.search(text) for b in banned)
+                else "kept"
+            )
             stats[why] += 1
             if why != "kept":
                 continue
@@ -175,8 +213,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy")
     ap.add_argument("--shard", default="0/1", help="i/n: only prompts i, i+n, i+2n, ... (run n processes side by side)")
     ap.add_argument("--skip-done", action="append", default=[], help="also skip prompts answered in this JSONL file")
-    ap.add_argument("--self-instruct", type=int, default=0, metavar="N", help="answer N prompts the model writes itself, started from the opening words of --prompts (--shard, --limit, --sample, --skip-done do not apply)")
-    ap.add_argument("--exclude-topics", default=None, help="prompts JSONL whose 'topic' phrases self-instruct prompts must not contain (the held-out set)")
+    ap.add_argument(
+        "--self-instruct",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer N prompts the model writes itself, started from the opening words of --prompts (--shard, --limit, --sample, --skip-done do not apply)",
+    )
+    ap.add_argument(
+        "--exclude-topics",
+        default=None,
+        help="prompts JSONL whose 'topic' phrases self-instruct prompts must not contain (the held-out set)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -195,7 +243,14 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     t0, n_tok, n = time.perf_counter(), 0, 0
     with open(out, "a", encoding="utf-8") as f:
-        for rec in generate_answers(model, tokenizer, todo, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample):
+        for rec in generate_answers(
+            model,
+            tokenizer,
+            todo,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            do_sample=args.sample,
+        ):
             f.write(json.dumps(rec) + "\n")
             n += 1
             n_tok += len(rec["answer_ids"])
@@ -221,24 +276,42 @@ def self_instruct_main(args) -> None:
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     t0, n_tok, n = time.perf_counter(), 0, 0
     stats: dict = {}
-    prompts = self_instruct(model, tokenizer, seeds, todo, batch_size=args.batch_size, exclude=exclude, seed=args.seed, first=len(done) + 1,
-                            known=[r["prompt"] for r in done if "prompt" in r], stats=stats)
+    prompts = self_instruct(
+        model,
+        tokenizer,
+        seeds,
+        todo,
+        batch_size=args.batch_size,
+        exclude=exclude,
+        seed=args.seed,
+        first=len(done) + 1,
+        known=[r["prompt"] for r in done if "prompt" in r],
+        stats=stats,
+    )
     with open(out, "a", encoding="utf-8") as f:
         while True:
             group = [p for _, p in zip(range(args.batch_size), prompts)]
             if not group:
                 break
             text = {p["id"]: p["prompt"] for p in group}
-            for rec in generate_answers(model, tokenizer, group, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size):
+            for rec in generate_answers(
+                model, tokenizer, group, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
+            ):
                 f.write(json.dumps({**rec, "prompt": text[rec["id"]]}) + "\n")
                 n += 1
                 n_tok += len(rec["answer_ids"])
             f.flush()
             dt = time.perf_counter() - t0
-            print(f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s (prompts included)", flush=True)
+            print(
+                f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s (prompts included)",
+                flush=True,
+            )
     print("sampled prompts: " + ", ".join(f"{v} {k}" for k, v in stats.items()), flush=True)
     if n < todo:
-        print(f"stopped short: the model wrote only {n} usable prompts of {todo} (most of its user turns were unusable; see the counts above)", flush=True)
+        print(
+            f"stopped short: the model wrote only {n} usable prompts of {todo} (most of its user turns were unusable; see the counts above)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from ..core.heads import HeadsError, load_heads
 from ..core.messages import InputError
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, default_model_folder, load_model
 from ..core.vllm_format import EXPORTED_BY, VLLM_WEIGHTS, to_vllm_medusa, vllm_refusal
-from .cli import add_model_arguments
 
 TARGETS = ("vllm",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -70,10 +69,20 @@ in a real vLLM and compares the tokens with its own greedy decoding (docs/servin
 """
 
 
-def export_vllm(heads_dir: Path, out: Path, *, model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True) -> Path:
+def export_vllm(
+    heads_dir: Path,
+    out: Path,
+    *,
+    model: str = DEFAULT_MODEL,
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = True,
+) -> Path:
     """Write ``heads_dir``'s heads in vLLM's Medusa format to ``out`` (replacing an earlier export there)."""
     if not heads_dir.is_dir():
-        raise HeadsError(f"No heads folder at {str(heads_dir)!r}; give the folder that holds medusa_lm_head.safetensors and config.json.")
+        raise HeadsError(
+            f"No heads folder at {str(heads_dir)!r}; give the folder that holds medusa_lm_head.safetensors and config.json."
+        )
     if dtype not in DTYPES:
         raise InputError(f"Unknown dtype {dtype!r} for the export; use float32 or bfloat16.")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and _exported_by(out) != EXPORTED_BY)):
@@ -85,7 +94,9 @@ def export_vllm(heads_dir: Path, out: Path, *, model: str = DEFAULT_MODEL, dtype
     except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file
         if isinstance(e, InputError):
             raise
-        raise HeadsError(f"Could not read the heads at {heads_dir} ({type(e).__name__}); check the files or train new heads.") from None
+        raise HeadsError(
+            f"Could not read the heads at {heads_dir} ({type(e).__name__}); check the files or train new heads."
+        ) from None
     why = vllm_refusal(heads)
     if why:
         bar.close()
@@ -136,10 +147,16 @@ def _write(out: Path, state: dict[str, torch.Tensor], config: dict, readme: str)
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--heads", required=True, help="the trained heads' folder (plain heads: not root- or path-conditioned)")
+    ap.add_argument(
+        "--heads", required=True, help="the trained heads' folder (plain heads: not root- or path-conditioned)"
+    )
     ap.add_argument("--to", required=True, help="the serving engine: vllm")
     ap.add_argument("--out", required=True, help="the folder to write (replaced if it holds an earlier export)")
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="the model the heads were trained for, whose lm_head they share ('default': SmolLM2-135M-Instruct, offline; or a local folder)")
+    ap.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="the model the heads were trained for, whose lm_head they share ('default': SmolLM2-135M-Instruct, offline; or a local folder)",
+    )
     ap.add_argument("--dtype", default="float32", help="float type of the exported weights: float32 or bfloat16")
     args = ap.parse_args(argv)
     if args.to not in TARGETS:

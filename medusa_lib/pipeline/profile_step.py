@@ -36,8 +36,12 @@ from ..core.tree import get_tree
 from .cli import add_model_arguments
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select"}
-CUDA_EVENTS = {"graph launches": ("cudaGraphLaunch",), "D2H copies": ("Memcpy DtoH",), "syncs": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
-               "eager kernels": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")}
+CUDA_EVENTS = {
+    "graph launches": ("cudaGraphLaunch",),
+    "D2H copies": ("Memcpy DtoH",),
+    "syncs": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
+    "eager kernels": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
+}
 
 
 class OpCounter(TorchDispatchMode):
@@ -49,7 +53,11 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if name == "index" and len(args) > 1 and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None):
+        if (
+            name == "index"
+            and len(args) > 1
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        ):
             name = "boolean-index"
         self.counts[("inside" if self.inside else "outside", name)] += 1
         return func(*args, **(kwargs or {}))
@@ -67,6 +75,7 @@ def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict
             original(self)
         finally:
             ops.inside = False
+
     fused.Program.step = watched
     try:
         it = decoder.steps(ids)
@@ -76,9 +85,17 @@ def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict
             steps = sum(1 for _ in it)
     finally:
         fused.Program.step = original
-    outside = sum(n for (where, name), n in ops.counts.items() if where == "outside" and name not in ("lift_fresh", "detach_"))
-    reads = sorted({name for (where, name) in ops.counts if where == "inside" and name in HOST_READS | {"boolean-index"}})
-    return {"steps": steps, "aten ops outside the step, per step": outside / max(steps, 1), "host reads inside the step": reads}
+    outside = sum(
+        n for (where, name), n in ops.counts.items() if where == "outside" and name not in ("lift_fresh", "detach_")
+    )
+    reads = sorted(
+        {name for (where, name) in ops.counts if where == "inside" and name in HOST_READS | {"boolean-index"}}
+    )
+    return {
+        "steps": steps,
+        "aten ops outside the step, per step": outside / max(steps, 1),
+        "host reads inside the step": reads,
+    }
 
 
 def cuda_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
@@ -89,7 +106,10 @@ def cuda_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
     for _ in range(skip + 1):
         next(it)
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+    ):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -99,8 +119,12 @@ def cuda_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
     names = Counter(e.name for e in prof.events())
     out = {"steps": steps}
     for label, keys in CUDA_EVENTS.items():
-        out[f"{label} per step"] = sum(n for name, n in names.items() if name.startswith(keys)) / max(steps, 1)  # "Memcpy DtoH (Device -> Pinned)"
-    out["sync warnings per step"] = sum("synchroniz" in str(w.message) for w in caught) / max(steps, 1)  # the result row's one intended sync warns too: 1 is the target
+        out[f"{label} per step"] = sum(n for name, n in names.items() if name.startswith(keys)) / max(
+            steps, 1
+        )  # "Memcpy DtoH (Device -> Pinned)"
+    out["sync warnings per step"] = sum("synchroniz" in str(w.message) for w in caught) / max(
+        steps, 1
+    )  # the result row's one intended sync warns too: 1 is the target
     return out
 
 
@@ -121,12 +145,28 @@ def main(argv=None) -> None:
     defaults = heads_defaults(heads, dev)
     tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     ids = chat_prompt_ids(tok, args.prompt)
-    engine = prepare_engine(model, cache=args.cache, capture=args.capture,
-                            max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length, say=print)
+    engine = prepare_engine(
+        model,
+        cache=args.cache,
+        capture=args.capture,
+        max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length,
+        say=print,
+    )
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, cache=engine.cache)
-    decoders = {"plain": Decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),
-                "medusa-greedy": Decoder(model, method="medusa-greedy", heads=heads, tree=tree, config=replace(cfg, lookup=defaults.lookup_length), static_kv=engine.static_kv)}
-    print(f"{args.model} on {dev} ({next(model.parameters()).dtype}), {engine.description}, tree {defaults.tree} + lookup {defaults.lookup_length}, {args.max_new_tokens} tokens")
+    decoders = {
+        "plain": Decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),
+        "medusa-greedy": Decoder(
+            model,
+            method="medusa-greedy",
+            heads=heads,
+            tree=tree,
+            config=replace(cfg, lookup=defaults.lookup_length),
+            static_kv=engine.static_kv,
+        ),
+    }
+    print(
+        f"{args.model} on {dev} ({next(model.parameters()).dtype}), {engine.description}, tree {defaults.tree} + lookup {defaults.lookup_length}, {args.max_new_tokens} tokens"
+    )
     for name, d in decoders.items():
         res = d.run(ids)  # warm-up: captures the step programs (not counted)
         row = {"engine": res.engine, "tokens/step": round(res.tokens_per_step, 2)}

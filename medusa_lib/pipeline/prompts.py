@@ -71,8 +71,10 @@ def load_seeds(path: str | Path = SEEDS_PATH) -> tuple[Category, ...]:
     def topic(t: str | dict) -> Topic:
         return Topic(t, t) if isinstance(t, str) else Topic(t["key"], t["text"], slots(t))
 
-    return tuple(Category(c["name"], tuple(c["templates"]), tuple(map(topic, c["topics"])), {"name": names, **slots(c)})
-                 for c in seeds["categories"])
+    return tuple(
+        Category(c["name"], tuple(c["templates"]), tuple(map(topic, c["topics"])), {"name": names, **slots(c)})
+        for c in seeds["categories"]
+    )
 
 
 def _fields(text: str) -> list[str]:
@@ -110,7 +112,9 @@ def compose_category(cat: Category, *, seed: int = 0, per_topic: int = PER_TOPIC
                 seen.add(prompt)
                 out.append({"category": cat.name, "topic": topic.key, "prompt": prompt})
         if len(seen) < per_topic:
-            raise ValueError(f"{cat.name}: topic {topic.key!r} gives only {len(seen)} distinct prompts; add templates or slot values")
+            raise ValueError(
+                f"{cat.name}: topic {topic.key!r} gives only {len(seen)} distinct prompts; add templates or slot values"
+            )
     rng.shuffle(out)  # so a prefix of the file still covers many topics
     return out
 
@@ -130,7 +134,9 @@ def key_pattern(key: str) -> re.Pattern:
     return re.compile(r"(?<!\w)" + re.escape(key) + r"(?!\w)", re.IGNORECASE)
 
 
-def split_prompts(prompts: list[dict], *, heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0) -> tuple[list[dict], list[dict]]:
+def split_prompts(
+    prompts: list[dict], *, heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0
+) -> tuple[list[dict], list[dict]]:
     """Split by topic: ``(train, heldout)``, with ids like ``train-writing-0001``.
 
     A share ``heldout_fraction`` of each category's topics (seeded pick) is held out; a held-out
@@ -159,7 +165,10 @@ def split_prompts(prompts: list[dict], *, heldout_fraction: float = HELDOUT_FRAC
     for cat, rows in by_cat.items():
         for split, bucket in (("train", train), ("heldout", heldout)):
             chosen = [p for p in rows if ((cat, p["topic"]) in held) == (split == "heldout")]
-            bucket.extend({"id": f"{split}-{cat}-{i:04d}", "category": cat, "topic": p["topic"], "prompt": p["prompt"]} for i, p in enumerate(chosen, 1))
+            bucket.extend(
+                {"id": f"{split}-{cat}-{i:04d}", "category": cat, "topic": p["topic"], "prompt": p["prompt"]}
+                for i, p in enumerate(chosen, 1)
+            )
     return train, heldout
 
 
@@ -170,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", type=Path, default=DATA_DIR)
     args = ap.parse_args(argv)
     try:
-        train, heldout = split_prompts(compose_prompts(args.seed), heldout_fraction=args.heldout_fraction, seed=args.seed)
+        train, heldout = split_prompts(
+            compose_prompts(args.seed), heldout_fraction=args.heldout_fraction, seed=args.seed
+        )
     except ValueError as e:
         raise SystemExit(str(e)) from None
     write_jsonl(args.out_dir / TRAIN_PATH.name, train)

@@ -32,7 +32,15 @@ import torch
 import torch.nn.functional as F
 
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
-from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, cpu_has_native_bf16, eos_token_ids, input_device, load_model
+from ..core.model import (
+    DEFAULT_HUB_ID,
+    DEFAULT_MODEL,
+    body_and_lm_head,
+    cpu_has_native_bf16,
+    eos_token_ids,
+    input_device,
+    load_model,
+)
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 
@@ -54,7 +62,9 @@ class TrainConfig:
     eval_every: int = 200  # steps
     seed: int = 0
     root_conditioned: bool = False  # heads also read the root token x_{t+1} (heads.py)
-    path_conditioned: bool = False  # head k also reads x_{t+2}..x_{t+k}, teacher-forced (Hydra; implies root_conditioned)
+    path_conditioned: bool = (
+        False  # head k also reads x_{t+2}..x_{t+k}, teacher-forced (Hydra; implies root_conditioned)
+    )
     save_dtype: str = "float32"  # float type of the saved weights: float32 or bfloat16 (half the size)
 
 
@@ -144,7 +154,11 @@ class HiddenCache:
         offsets = [0]
         for c in caches[:-1]:
             offsets.append(offsets[-1] + len(c))
-        return cls(torch.cat([c.hidden for c in caches]), torch.cat([c.next_ids for c in caches]), torch.cat([c.seq_end + o for c, o in zip(caches, offsets)]))
+        return cls(
+            torch.cat([c.hidden for c in caches]),
+            torch.cat([c.next_ids for c in caches]),
+            torch.cat([c.seq_end + o for c, o in zip(caches, offsets)]),
+        )
 
     def save(self, path: Path) -> None:
         torch.save({"hidden": self.hidden, "next_ids": self.next_ids, "seq_end": self.seq_end}, path)
@@ -176,10 +190,14 @@ class Trainer:
         self.model, self.heads, self.cfg = model, heads, cfg
         _, lm_head = body_and_lm_head(model)
         self.lm_head = lm_head
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # heads train on the GPU when there is one
+        self.device = torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu"
+        )  # heads train on the GPU when there is one
         heads.to(self.device)
         w = lm_head.weight.detach().float().cpu()
-        self.proj = (w if heads.proposal_ids is None else w[heads.proposal_ids.cpu()]).to(self.device)  # [V', d] frozen, shared
+        self.proj = (w if heads.proposal_ids is None else w[heads.proposal_ids.cpu()]).to(
+            self.device
+        )  # [V', d] frozen, shared
         # Column of each vocabulary id in the proposal set (-1 if outside it).
         self.column = torch.full((w.shape[0],), -1, dtype=torch.long)
         ids = torch.arange(w.shape[0]) if heads.proposal_ids is None else heads.proposal_ids
@@ -187,7 +205,9 @@ class Trainer:
         self.column = self.column.to(self.device)
         self.amp = dtype
         # Root-conditioned heads read these frozen input-embedding rows at each cache's x_{t+1} (HiddenCache.root_ids).
-        self.embed = model.get_input_embeddings().weight.detach().float().to(self.device) if heads.root_conditioned else None
+        self.embed = (
+            model.get_input_embeddings().weight.detach().float().to(self.device) if heads.root_conditioned else None
+        )
 
     def logits(self, z: torch.Tensor, own: bool, k: int | None = None) -> torch.Tensor:
         if own:
@@ -203,7 +223,9 @@ class Trainer:
         root_emb = self.embed[cache.root_ids(self.lm_head)[idx].to(dev)] if self.embed is not None else None
         # Path-conditioned heads read the true branch x_{t+2}..x_{t+K}: the targets of heads 1..K-1
         # (teacher forcing; -1 past a sequence's end, where the later heads have no target either).
-        path_emb = self.embed[cache.next_ids[idx, : K - 1].clamp(min=0).to(dev)] if self.heads.path_conditioned else None
+        path_emb = (
+            self.embed[cache.next_ids[idx, : K - 1].clamp(min=0).to(dev)] if self.heads.path_conditioned else None
+        )
         total = torch.zeros((), device=dev)
         hits = torch.zeros(K, 3)
         with torch.autocast(dev.type, dtype=self.amp, enabled=self.amp != torch.float32):
@@ -222,7 +244,9 @@ class Trainer:
                 if cfg.soft_weight > 0:
                     # Base distribution at t+k (predicts x_{t+k+1}) restricted to the proposal set.
                     with torch.no_grad():
-                        teacher = F.softmax((cache.hidden[idx[valid.cpu()] + k + 1].to(dev).float() @ self.proj.T).float(), -1)
+                        teacher = F.softmax(
+                            (cache.hidden[idx[valid.cpu()] + k + 1].to(dev).float() @ self.proj.T).float(), -1
+                        )
                     loss_k = loss_k + cfg.soft_weight * -(teacher * logq).sum(-1).mean()
                 total = total + DECAY ** (k + 1) * loss_k
                 with torch.no_grad():
@@ -249,7 +273,20 @@ class Trainer:
         return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
 
 
-def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, heads: MedusaHeads, cfg: TrainConfig, *, out: Path, state_path: Path | None = None, log=print, max_minutes: float | None = None, init: str | None = None, base_model: str | None = None) -> dict:
+def train_heads(
+    model,
+    train_cache: HiddenCache,
+    heldout_cache: HiddenCache,
+    heads: MedusaHeads,
+    cfg: TrainConfig,
+    *,
+    out: Path,
+    state_path: Path | None = None,
+    log=print,
+    max_minutes: float | None = None,
+    init: str | None = None,
+    base_model: str | None = None,
+) -> dict:
     """Train with AdamW + cosine decay; keep the heads with the best held-out loss (saved to ``out``).
 
     The optimiser state goes to ``state_path`` (default ``out/train_state.pt``) at every evaluation;
@@ -257,14 +294,20 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
     ``base_model`` (the Hub id or folder of ``model``) is written to the heads' config.
     """
     torch.manual_seed(cfg.seed)
-    amp = torch.bfloat16 if (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or cpu_has_native_bf16() else torch.float32
+    amp = (
+        torch.bfloat16
+        if (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or cpu_has_native_bf16()
+        else torch.float32
+    )
     trainer = Trainer(model, heads, cfg, dtype=amp)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_cache) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
     warmup = max(1, min(50, total_steps // 10))  # linear warm-up, then cosine decay to 0
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))
+    )
     state_path = Path(state_path) if state_path is not None else out / "train_state.pt"
     run_key = {"config": asdict(cfg), "train_positions": len(train_cache), "heldout_positions": len(heldout_cache)}
     if init:  # a run that started from other heads (--init-heads) is another run
@@ -298,12 +341,16 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
         step += 1
         if step % 20 == 0:
             el = time.perf_counter() - t0
-            log(f"step {step}/{total_steps} epoch {epoch + 1} loss {loss_value.item():.4f} lr {sched.get_last_lr()[0]:.2e} {el / 60:.1f} min")
+            log(
+                f"step {step}/{total_steps} epoch {epoch + 1} loss {loss_value.item():.4f} lr {sched.get_last_lr()[0]:.2e} {el / 60:.1f} min"
+            )
         if step % cfg.eval_every == 0 or step == total_steps:
             ev = trainer.evaluate(heldout_cache)
             ev.update(step=step, minutes=(time.perf_counter() - t0) / 60)
             history.append(ev)
-            log(f"held-out loss {ev['loss']:.4f} top1 {[round(x, 3) for x in ev['top1']]} top5 {[round(x, 3) for x in ev['top5']]}")
+            log(
+                f"held-out loss {ev['loss']:.4f} top1 {[round(x, 3) for x in ev['top1']]} top5 {[round(x, 3) for x in ev['top5']]}"
+            )
             if ev["loss"] < best - 1e-4:
                 best, bad = ev["loss"], 0
                 heads.save(out, base_model=base_model, dtype=getattr(torch, cfg.save_dtype))
@@ -313,7 +360,19 @@ def train_heads(model, train_cache: HiddenCache, heldout_cache: HiddenCache, hea
                     log("early stop: held-out loss stopped improving")
                     stop = True
             state_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"run": run_key, "heads": heads.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step, "best": best, "bad": bad, "history": history}, state_path)
+            torch.save(
+                {
+                    "run": run_key,
+                    "heads": heads.state_dict(),
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "step": step,
+                    "best": best,
+                    "bad": bad,
+                    "history": history,
+                },
+                state_path,
+            )
         if max_minutes and (time.perf_counter() - t0) / 60 > max_minutes:
             log("time budget reached")
             break
@@ -331,12 +390,22 @@ def start_from(heads: MedusaHeads, folder: str | Path) -> None:
         raise SystemExit(f"--init-heads: {e}") from None
     ours, theirs = heads.state_dict(), init.state_dict()
     n_layers = init.config.num_layers
-    deeper = lambda k: (m := re.fullmatch(r"heads\.\d+\.(\d+)\.linear\.(weight|bias)", k)) is not None and int(m[1]) >= n_layers  # noqa: E731
-    missing = [k for k in ours if k not in theirs and not k.startswith(("root.", "path.")) and not (heads.config.shared_lm_head and deeper(k))]
+    deeper = lambda k: (
+        (m := re.fullmatch(r"heads\.\d+\.(\d+)\.linear\.(weight|bias)", k)) is not None and int(m[1]) >= n_layers
+    )  # noqa: E731
+    missing = [
+        k
+        for k in ours
+        if k not in theirs and not k.startswith(("root.", "path.")) and not (heads.config.shared_lm_head and deeper(k))
+    ]
     extra = [k for k in theirs if k not in ours]
     shapes = [k for k in ours if k in theirs and ours[k].shape != theirs[k].shape]
     if missing or extra or shapes:
-        what = "; ".join(f"{name}: {', '.join(keys[:4])}" for name, keys in (("missing", missing), ("not in this run", extra), ("other shape", shapes)) if keys)
+        what = "; ".join(
+            f"{name}: {', '.join(keys[:4])}"
+            for name, keys in (("missing", missing), ("not in this run", extra), ("other shape", shapes))
+            if keys
+        )
         raise SystemExit(
             f"--init-heads {folder} has another layout than this run ({what}); match --num-heads, --num-layers, "
             "--shared-lm-head and --proposal-tokens to those heads (and --root-conditioned / --path-conditioned true if they read the root / their branch)."
@@ -388,14 +457,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="runs/train", help="answers, hidden-state caches, resume state")
     ap.add_argument("--train-prompts", default="assets/data/train_prompts.jsonl")
     ap.add_argument("--heldout-prompts", default="assets/data/heldout_prompts.jsonl")
-    ap.add_argument("--train-answers", nargs="+", default=None, help="answers JSONL(.gz) files (default: generate into --work)")
+    ap.add_argument(
+        "--train-answers", nargs="+", default=None, help="answers JSONL(.gz) files (default: generate into --work)"
+    )
     ap.add_argument("--heldout-answers", nargs="+", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--prepare-only", action="store_true", help="build the answers and hidden-state caches, then stop")
-    ap.add_argument("--init-heads", default=None, help="start from these trained heads (same layout, or more ResBlocks with a shared lm_head; root or branch projections and blocks they lack start at zero)")
+    ap.add_argument(
+        "--init-heads",
+        default=None,
+        help="start from these trained heads (same layout, or more ResBlocks with a shared lm_head; root or branch projections and blocks they lack start at zero)",
+    )
     for f, v in asdict(TrainConfig()).items():
-        ap.add_argument("--" + f.replace("_", "-"), type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"), default=v)
+        ap.add_argument(
+            "--" + f.replace("_", "-"),
+            type=type(v) if not isinstance(v, bool) else lambda s: s.lower() in ("1", "true", "yes"),
+            default=v,
+        )
     args = ap.parse_args(argv)
     cfg = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
     if cfg.save_dtype not in ("float32", "bfloat16"):
@@ -405,18 +484,41 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     answers, bounds = {}, {}
-    for split, prompts, given in (("train", args.train_prompts, args.train_answers), ("heldout", args.heldout_prompts, args.heldout_answers)):
+    for split, prompts, given in (
+        ("train", args.train_prompts, args.train_answers),
+        ("heldout", args.heldout_prompts, args.heldout_answers),
+    ):
         paths = [Path(g) for g in given] if given else [work / f"{split}_answers.jsonl"]
         if not given:
-            distill_main(["--prompts", prompts, "--out", str(paths[0]), "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--max-new-tokens", str(args.max_new_tokens)])
+            distill_main(
+                [
+                    "--prompts",
+                    prompts,
+                    "--out",
+                    str(paths[0]),
+                    "--model",
+                    args.model,
+                    "--device",
+                    args.device,
+                    "--dtype",
+                    args.dtype,
+                    "--max-new-tokens",
+                    str(args.max_new_tokens),
+                ]
+            )
         parts = [load_jsonl(p) for p in paths]
         answers[split] = [r for part in parts for r in part]
         bounds[split] = [sum(map(len, parts[: i + 1])) for i in range(len(parts))]  # record count after each file
-        print(f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens")
+        print(
+            f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens"
+        )
 
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     model.requires_grad_(False)
-    caches = {split: cached_hidden(model, answers[split], bounds[split], work, split, cfg.num_heads) for split in ("train", "heldout")}
+    caches = {
+        split: cached_hidden(model, answers[split], bounds[split], work, split, cfg.num_heads)
+        for split in ("train", "heldout")
+    }
     if args.prepare_only:
         print("caches ready: " + ", ".join(f"{s} {len(c)} positions" for s, c in caches.items()))
         return
@@ -439,15 +541,35 @@ def main(argv: list[str] | None = None) -> None:
         print(f"starting from the heads in {args.init_heads}")
     else:
         if cfg.proposal_tokens:
-            heads.proposal_ids.copy_(frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=list(eos_token_ids(model))))
-            coverage = sum(1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
+            heads.proposal_ids.copy_(
+                frequent_tokens(answers["train"], cfg.proposal_tokens, V, always=list(eos_token_ids(model)))
+            )
+            coverage = sum(
+                1 for r in answers["heldout"] for t in r["answer_ids"] if t in set(heads.proposal_ids.tolist())
+            ) / max(1, sum(len(r["answer_ids"]) for r in answers["heldout"]))
             print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
         heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
     tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
     init = str(Path(args.init_heads).resolve()) if args.init_heads else None
-    result = train_heads(model, caches["train"], caches["heldout"], heads, cfg, out=out, state_path=work / f"train_state-{tag}.pt", max_minutes=args.max_minutes, init=init, base_model=DEFAULT_HUB_ID if args.model == DEFAULT_MODEL else args.model)
-    summary = {"config": asdict(cfg), "train_positions": len(caches["train"]), "heldout_positions": len(caches["heldout"]), **result}
+    result = train_heads(
+        model,
+        caches["train"],
+        caches["heldout"],
+        heads,
+        cfg,
+        out=out,
+        state_path=work / f"train_state-{tag}.pt",
+        max_minutes=args.max_minutes,
+        init=init,
+        base_model=DEFAULT_HUB_ID if args.model == DEFAULT_MODEL else args.model,
+    )
+    summary = {
+        "config": asdict(cfg),
+        "train_positions": len(caches["train"]),
+        "heldout_positions": len(caches["heldout"]),
+        **result,
+    }
     (work / f"train_summary-{tag}.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
 

@@ -3,7 +3,9 @@
 Uses core/ only; never the offline pipeline. The page's UI (``ui/``) imports from here.
 """
 
+from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets, tree_note
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
+from .numerics import default_numerics, numerics_label, numerics_note
 from .page import (
     DRAFTER_NAMES,
     LABELS,
@@ -23,10 +25,34 @@ from .page import (
     visible_steps,
     why_it_ended,
 )
-from .playground import PROMPT_TOKENS, Playground, any_of, deadline, default_prompt_tokens, release_memory, untrained_heads
-from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets, tree_note
+from .playground import (
+    PROMPT_TOKENS,
+    Playground,
+    any_of,
+    deadline,
+    default_prompt_tokens,
+    release_memory,
+    untrained_heads,
+)
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
-from .numerics import default_numerics, numerics_label, numerics_note
-from .settings import GREEDY_VIEWS, MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, MAX_TREE_CHARS, MAX_TREE_NODES, MODES, SAMPLED_VIEWS, PlaygroundError, RunStopped, Settings, sample_of_mode
+from .settings import (
+    GREEDY_VIEWS,
+    MAX_NEW_TOKENS_LIMIT,
+    MAX_PROMPT_CHARS,
+    MAX_RUN_SECONDS,
+    MAX_TREE_CHARS,
+    MAX_TREE_NODES,
+    MODES,
+    SAMPLED_VIEWS,
+    PlaygroundError,
+    RunStopped,
+    Settings,
+    sample_of_mode,
+)
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("drafter", "inspector", "numerics", "page", "playground", "records", "settings")]
+__all__ = [
+    name
+    for name in dir()
+    if not name.startswith("_")
+    and name not in ("drafter", "inspector", "numerics", "page", "playground", "records", "settings")
+]

@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 from ..core.decoding import Decoder
 from ..core.defaults import device_kind, record_kind
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleError, EagleHead, is_eagle_folder, load_eagle
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
@@ -51,9 +51,13 @@ def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
     """Refuse, before any model loads, a named EAGLE folder that cannot be one: one sentence."""
     path = Path(folder).expanduser()
     if not path.is_dir():
-        raise EagleError(f"{flag} {str(folder)!r} is not a folder; give the folder of an EAGLE head (with {EAGLE_FILE} and {CONFIG_FILE}), 'auto' or 'none'.")
+        raise EagleError(
+            f"{flag} {str(folder)!r} is not a folder; give the folder of an EAGLE head (with {EAGLE_FILE} and {CONFIG_FILE}), 'auto' or 'none'."
+        )
     if not is_eagle_folder(path) or not (path / CONFIG_FILE).is_file():
-        raise EagleError(f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} (python -m medusa_lib.pipeline.train_eagle makes them).")
+        raise EagleError(
+            f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} (python -m medusa_lib.pipeline.train_eagle makes them)."
+        )
     import json
 
     try:
@@ -61,7 +65,9 @@ def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
     except (ValueError, OSError, AttributeError):
         fmt = None
     if fmt != FORMAT:
-        raise EagleError(f"{flag} {str(folder)!r}: its {CONFIG_FILE} is not an EAGLE head of this project (format {fmt!r}, expected {FORMAT!r}).")
+        raise EagleError(
+            f"{flag} {str(folder)!r}: its {CONFIG_FILE} is not an EAGLE head of this project (format {fmt!r}, expected {FORMAT!r})."
+        )
 
 
 def find_eagle(eagle: str | Path | None, *, heads: str | Path | None) -> tuple[Path | None, bool]:
@@ -81,7 +87,10 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
     A head the operator named must load (EagleError); one found beside the heads that does not fit
     this model is left out with the reason."""
     if folder is None:
-        return None, "No EAGLE head was found for this model (none beside the Medusa heads; --eagle names one), so the Medusa heads draft."
+        return (
+            None,
+            "No EAGLE head was found for this model (none beside the Medusa heads; --eagle names one), so the Medusa heads draft.",
+        )
     try:
         head = load_eagle(folder, model=model)
     except EagleError as e:
@@ -90,8 +99,13 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
         return None, f"The EAGLE head beside the Medusa heads does not fit this model ({e}), so the Medusa heads draft."
     except (ValueError, OSError, RuntimeError) as e:  # a damaged file: one sentence
         if named:
-            raise EagleError(f"Could not read the EAGLE head at {folder} ({cause(e, 200)}); check the files or train a new head.") from None
-        return None, f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), so the Medusa heads draft."
+            raise EagleError(
+                f"Could not read the EAGLE head at {folder} ({cause(e, 200)}); check the files or train a new head."
+            ) from None
+        return (
+            None,
+            f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), so the Medusa heads draft.",
+        )
     return head, ""
 
 
@@ -101,11 +115,16 @@ def untrained_heads(model, num_heads: int = 4) -> MedusaHeads:
     hidden = hidden_size_of(model.config)
     vocab = model.get_output_embeddings().weight.shape[0]
     p = model.get_output_embeddings().weight
-    return MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads)).to(device=p.device, dtype=p.dtype).eval()
+    return (
+        MedusaHeads(HeadsConfig(hidden_size=int(hidden), vocab_size=int(vocab), num_heads=num_heads))
+        .to(device=p.device, dtype=p.dtype)
+        .eval()
+    )
 
 
-
-def load_medusa(path: Path | None, model, *, default_heads: str | Path | None = None, shown: str = "") -> tuple[MedusaHeads, str]:
+def load_medusa(
+    path: Path | None, model, *, default_heads: str | Path | None = None, shown: str = ""
+) -> tuple[MedusaHeads, str]:
     """(the Medusa heads for ``model``, the line that says which). A missing *default* heads folder
     falls back to untrained heads (with a note); heads the user named must load (HeadsError)."""
     shown = shown or (str(path) if path else "")
@@ -114,15 +133,27 @@ def load_medusa(path: Path | None, model, *, default_heads: str | Path | None = 
             h = load_heads(path, model=model)
         except HeadsError:
             raise
-        except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
-            raise HeadsError(f"Could not read the Medusa heads at {shown} ({cause(e, 200)}); check the files or train new heads.") from None
+        except (
+            ValueError,
+            OSError,
+            RuntimeError,
+        ) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
+            raise HeadsError(
+                f"Could not read the Medusa heads at {shown} ({cause(e, 200)}); check the files or train new heads."
+            ) from None
         note = f"trained heads from {shown}" + (
-            " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)" if h.path_conditioned
-            else " (root-conditioned: they also read the tree's root token)" if h.root_conditioned
+            " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)"
+            if h.path_conditioned
+            else " (root-conditioned: they also read the tree's root token)"
+            if h.root_conditioned
             else ""
         )
         return h, note
-    return untrained_heads(model), "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (f" at {shown}" if path else "") + ")"
+    return untrained_heads(
+        model
+    ), "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (
+        f" at {shown}" if path else ""
+    ) + ")"
 
 
 # ---------------------------------------------------------------------- the default rule
@@ -158,12 +189,16 @@ def default_drafter(medusa: float | None, eagle: float | None) -> str:
 def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, device: str, source: str = "") -> str:
     """Why the default is what it is, in one sentence (shown under the choice). ``source``: where the
     two figures come from (one bench run, or two separate records)."""
-    figures = lambda: f"{source or 'recorded speed-ups'} on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"  # noqa: E731
+    figures = lambda: (
+        f"{source or 'recorded speed-ups'} on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"
+    )  # noqa: E731
     if chosen == "eagle":
         return f"The EAGLE head starts selected: it is the faster drafter here ({figures() if medusa else f'its recorded speed-up on {device}: {eagle:.2f}x plain'})."
     if eagle is None:
-        return (f"The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on {device} "
-                "(the Tree lab's EAGLE section measures it on your prompt).")
+        return (
+            f"The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on {device} "
+            "(the Tree lab's EAGLE section measures it on your prompt)."
+        )
     return f"The Medusa heads start selected: they are the faster drafter here ({figures()})."
 
 
@@ -191,18 +226,24 @@ class Drafters:
         if drafter is None or drafter == "":
             return self.default
         if not isinstance(drafter, str):
-            raise PlaygroundError(f"The drafter must be \"medusa\" or \"eagle\", not {kind(drafter)} (got {shown(drafter)}).")
+            raise PlaygroundError(
+                f'The drafter must be "medusa" or "eagle", not {kind(drafter)} (got {shown(drafter)}).'
+            )
         if drafter not in DRAFTERS:
-            raise PlaygroundError(f"The drafter must be \"medusa\" or \"eagle\" (got {shown(drafter)}).")
+            raise PlaygroundError(f'The drafter must be "medusa" or "eagle" (got {shown(drafter)}).')
         if drafter not in self.available:
-            raise PlaygroundError("This server has no EAGLE head for its model, so the drafter must be \"medusa\" (or left empty).")
+            raise PlaygroundError(
+                'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).'
+            )
         return drafter
 
     def head(self, drafter: str, numerics: str) -> EagleHead | None:
         if drafter != "eagle":
             return None
         if numerics not in self.eagles:
-            raise PlaygroundError(f"The EAGLE head is loaded for {', '.join(self.eagles)} only; pick that Numerics or the Medusa heads.")
+            raise PlaygroundError(
+                f"The EAGLE head is loaded for {', '.join(self.eagles)} only; pick that Numerics or the Medusa heads."
+            )
         return self.eagles[numerics]
 
 
@@ -230,8 +271,10 @@ def tree_note(tree: DynamicTreeConfig | None) -> str:
     """What the tree controls mean under the EAGLE drafter."""
     if tree is None:
         return ""
-    return (f"The EAGLE head grows its own dynamic tree every step (top-k {tree.top_k}, depth {tree.depth}, {tree.num_nodes} nodes besides the root): "
-            "the tree preset and the custom tree apply to the Medusa heads only; the lookup branch still sits beside it.")
+    return (
+        f"The EAGLE head grows its own dynamic tree every step (top-k {tree.top_k}, depth {tree.depth}, {tree.num_nodes} nodes besides the root): "
+        "the tree preset and the custom tree apply to the Medusa heads only; the lookup branch still sits beside it."
+    )
 
 
 # ---------------------------------------------------------------------- the Tree lab's sweep
@@ -243,17 +286,37 @@ class BudgetPoint:
     speedup: float | None  # tokens/s over plain greedy's, on the same prompt
 
 
-def eagle_budgets(pg, prompt: str, *, max_new_tokens: int, chat_template: bool = True, numerics: str | None = None, budgets: Sequence[int] = EAGLE_BUDGETS,
-                  stop=None, progress: Callable[[int, int], None] | None = None) -> list[BudgetPoint]:
+def eagle_budgets(
+    pg,
+    prompt: str,
+    *,
+    max_new_tokens: int,
+    chat_template: bool = True,
+    numerics: str | None = None,
+    budgets: Sequence[int] = EAGLE_BUDGETS,
+    stop=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[BudgetPoint]:
     """EAGLE greedy with each node budget (its top-k and depth kept), against plain greedy, on the
     prompt, one run after another on this device (the Playground's checks, warm-up and timing;
     no lookup branch, so the points show the drafter alone). ``progress(done, total)`` after each run."""
-    settings = pg.settings(max_new_tokens, 0.0, 0.09, 0.3, None, "", chat_template, False, numerics=numerics, drafter="eagle")
+    settings = pg.settings(
+        max_new_tokens, 0.0, 0.09, 0.3, None, "", chat_template, False, numerics=numerics, drafter="eagle"
+    )
     ids, decoders = pg.prepare(prompt, settings)
     plain, eagle = decoders["plain"], decoders["medusa-greedy"]
     base = eagle.dynamic
-    runs = {0: plain} | {n: Decoder(eagle.model, method="medusa-greedy", heads=eagle.heads, eagle=eagle.eagle, tree=replace(base, num_nodes=min(n, base.num_candidates)),
-                                    config=eagle.config) for n in budgets}
+    runs = {0: plain} | {
+        n: Decoder(
+            eagle.model,
+            method="medusa-greedy",
+            heads=eagle.heads,
+            eagle=eagle.eagle,
+            tree=replace(base, num_nodes=min(n, base.num_candidates)),
+            config=eagle.config,
+        )
+        for n in budgets
+    }
     pg.warmup(ids, [plain, eagle])
     results, total = {}, len(runs)
     for done, (n, dec) in enumerate(runs.items(), 1):
@@ -263,11 +326,40 @@ def eagle_budgets(pg, prompt: str, *, max_new_tokens: int, chat_template: bool =
             progress(done, total)
     ref = results.pop(0)
     if any(r.decode_steps == 0 for r in results.values()):
-        raise PlaygroundError("The run ended at its prefill, so there is no EAGLE step to measure; raise Max new tokens and measure again.")
+        raise PlaygroundError(
+            "The run ended at its prefill, so there is no EAGLE step to measure; raise Max new tokens and measure again."
+        )
     base_tps = ref.tokens_per_second if ref.decode_steps else 0.0
-    return [BudgetPoint(runs[n].dynamic.num_nodes, r.tokens_per_step, r.tokens_per_second, r.tokens_per_second / base_tps if base_tps > 0 else None)
-            for n, r in results.items()]
+    return [
+        BudgetPoint(
+            runs[n].dynamic.num_nodes,
+            r.tokens_per_step,
+            r.tokens_per_second,
+            r.tokens_per_second / base_tps if base_tps > 0 else None,
+        )
+        for n, r in results.items()
+    ]
 
 
-__all__ = ["BudgetPoint", "DRAFTERS", "DRAFTER_NAMES", "Drafters", "EAGLE_BUDGETS", "check_eagle_folder", "default_drafter", "default_reason", "drafter_label",
-           "eagle_beside", "eagle_budgets", "eagle_record", "eagle_speedup", "find_eagle", "load_eagle_for", "load_medusa", "make_drafters", "medusa_speedup", "tree_note", "untrained_heads"]
+__all__ = [
+    "BudgetPoint",
+    "DRAFTERS",
+    "DRAFTER_NAMES",
+    "Drafters",
+    "EAGLE_BUDGETS",
+    "check_eagle_folder",
+    "default_drafter",
+    "default_reason",
+    "drafter_label",
+    "eagle_beside",
+    "eagle_budgets",
+    "eagle_record",
+    "eagle_speedup",
+    "find_eagle",
+    "load_eagle_for",
+    "load_medusa",
+    "make_drafters",
+    "medusa_speedup",
+    "tree_note",
+    "untrained_heads",
+]

@@ -34,8 +34,10 @@ def export_hint(heads: MedusaHeads) -> str:
     folder = shown_folder(heads)
     if heads.path_conditioned or heads.root_conditioned:
         kind = "path-conditioned" if heads.path_conditioned else "root-conditioned"
-        return (f"**Serving in vLLM:** these {kind} heads cannot be exported (vLLM's Medusa reads the hidden state only); "
-                f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS}).")
+        return (
+            f"**Serving in vLLM:** these {kind} heads cannot be exported (vLLM's Medusa reads the hidden state only); "
+            f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS})."
+        )
     why = vllm_refusal(heads)
     if why:
         return f"**Serving in vLLM:** {why}"

@@ -13,6 +13,7 @@ from .page import DRAFTER_NAMES
 if TYPE_CHECKING:
     from .records import RunRecord, StepView
 
+
 def token_label(tokenizer, token_id: int) -> str:
     """A token as a short visible label: spaces, newlines and tabs made visible."""
     text = tokenizer.decode([int(token_id)], skip_special_tokens=False)
@@ -54,15 +55,37 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
         return "root" if j == 0 else "lookup" if j >= first_lookup else "candidate"
 
     nodes = [
-        {"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": ids[j],
-         "label": token_label(tokenizer, ids[j]), "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None, "accepted": j in accepted, "kind": kind(j), "drafter": step.drafter}
+        {
+            "node": j,
+            "depth": int(tree.position_ids[j]),
+            "y": y[j],
+            "parent": tree.parents[j],
+            "token_id": ids[j],
+            "label": token_label(tokenizer, ids[j]),
+            "rank": tree.choices[j - 1][-1] if 0 < j < first_lookup else None,
+            "accepted": j in accepted,
+            "kind": kind(j),
+            "drafter": step.drafter,
+        }
         for j in range(tree.num_nodes)
     ]
     if len(step.tokens) > step.accept_length and step.accepted_nodes:
         last = step.accepted_nodes[-1]
         bonus = step.tokens[step.accept_length]
-        nodes.append({"node": tree.num_nodes, "depth": nodes[last]["depth"] + 0.5, "y": y[last], "parent": last, "token_id": bonus,  # between columns
-                      "label": token_label(tokenizer, bonus), "rank": None, "accepted": True, "kind": "bonus", "drafter": step.drafter})
+        nodes.append(
+            {
+                "node": tree.num_nodes,
+                "depth": nodes[last]["depth"] + 0.5,
+                "y": y[last],
+                "parent": last,
+                "token_id": bonus,  # between columns
+                "label": token_label(tokenizer, bonus),
+                "rank": None,
+                "accepted": True,
+                "kind": "bonus",
+                "drafter": step.drafter,
+            }
+        )
     return nodes
 
 
@@ -76,7 +99,10 @@ def mask_data(view: StepView, tokenizer) -> tuple[list[list[int]], list[str], li
         return [], [], []
     mask, ids, acc = step.tree.attn_mask.tolist(), step.tree_token_ids, set(step.accepted_nodes)
     labels = [f"{j}:{token_label(tokenizer, t)}" for j, t in enumerate(ids)]
-    z = [[1] + [(2 if i in acc and j in acc else 1) if mask[i][j] else 0 for j in range(len(ids))] for i in range(len(ids))]
+    z = [
+        [1] + [(2 if i in acc and j in acc else 1) if mask[i][j] else 0 for j in range(len(ids))]
+        for i in range(len(ids))
+    ]
     return z, [f"prefix ({view.prefix_len} tokens)"] + labels, labels
 
 
@@ -89,8 +115,17 @@ def path_rows(record: RunRecord, tokenizer) -> list[dict]:
     for v in record.views[1:]:
         s = v.step
         ids = s.tree_token_ids
-        rows.append({"step": s.index, "root token": token_label(tokenizer, ids[0]) if ids else "",
-                     "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
-                     "drafted by": ("lookup" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", "heads")) if s.accept_length else "",
-                     "accept length": s.accept_length, "tokens": len(s.tokens), "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1)})
+        rows.append(
+            {
+                "step": s.index,
+                "root token": token_label(tokenizer, ids[0]) if ids else "",
+                "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
+                "drafted by": ("lookup" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", "heads"))
+                if s.accept_length
+                else "",
+                "accept length": s.accept_length,
+                "tokens": len(s.tokens),
+                "verify (ms)": round(1000 * s.phases.get("verify", 0.0), 1),
+            }
+        )
     return rows

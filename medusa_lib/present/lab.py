@@ -66,10 +66,14 @@ class TreeLab:
         if self.cost is None:
             return f"No cost figures for {self.device} yet: press Measure costs to time one verify step of each size on this machine."
         if self.cost.source == "calibration":
-            return (f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, from its measured trees); "
-                    "press Measure costs to time each size on this machine.")
-        return (f"Step costs measured on this machine ({self.cost.device or self.device}): the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), which leaves out "
-                "the heads' draft and the acceptance a real step adds, so they read lower than a calibration's.")
+            return (
+                f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, from its measured trees); "
+                "press Measure costs to time each size on this machine."
+            )
+        return (
+            f"Step costs measured on this machine ({self.cost.device or self.device}): the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), which leaves out "
+            "the heads' draft and the acceptance a real step adds, so they read lower than a calibration's."
+        )
 
     @property
     def gain_note(self) -> str:
@@ -87,12 +91,29 @@ def tree_lab(pg) -> TreeLab:
     kind = device_kind(pg.device)
     cost = None
     if record and record_kind(record) == kind and recorded_costs(record):
-        cost = CostCurve.of(recorded_costs(record), source="calibration", device=record.get("device") or KIND_NAMES.get(kind, kind))
+        cost = CostCurve.of(
+            recorded_costs(record), source="calibration", device=record.get("device") or KIND_NAMES.get(kind, kind)
+        )
     gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
-    return TreeLab(accuracy, record, cost, gain, int(pg.defaults.lookup), int(pg.heads.num_heads), device_name(input_device(pg.model)))
+    return TreeLab(
+        accuracy,
+        record,
+        cost,
+        gain,
+        int(pg.defaults.lookup),
+        int(pg.heads.num_heads),
+        device_name(input_device(pg.model)),
+    )
 
 
-def measure_costs(pg, lab: TreeLab, *, sizes: Sequence[int] = SIZES, repeats: int = 3, progress: Callable[[int, int], None] | None = None) -> TreeLab:
+def measure_costs(
+    pg,
+    lab: TreeLab,
+    *,
+    sizes: Sequence[int] = SIZES,
+    repeats: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+) -> TreeLab:
     """The lab with the cost curve measured on this machine (``core.lab.step_costs`` on the loaded model),
     through the engine its runs use: with a captured static engine, its replayed fixed-shape steps."""
     kv = pg.static_kv if pg.static_kv is not None and pg.static_kv.capture != "none" else None
@@ -132,7 +153,9 @@ def tree_point(lab: TreeLab, tree: MedusaTree, *, lookup_on: bool) -> TreePoint:
     if lab.accuracy is not None:
         gain = expected_tokens_per_step(tree.choices, lab.accuracy) + (lab.gain.lookup_gain_at(size) if lookup else 0.0)
     cost = lab.cost.at(size + lookup) if lab.cost is not None else None
-    speedup = predicted_speedup(gain, size, lab.cost, lookup=lookup) if gain is not None and lab.cost is not None else None
+    speedup = (
+        predicted_speedup(gain, size, lab.cost, lookup=lookup) if gain is not None and lab.cost is not None else None
+    )
     return TreePoint(size, size + lookup, gain, cost, speedup)
 
 
@@ -152,9 +175,21 @@ class Curves:
 
 def curves(lab: TreeLab) -> Curves:
     heads = speedup_curve(lab.gain, lab.cost) if lab.gain and lab.cost else None
-    both = speedup_curve(lab.gain, lab.cost, lookup=lab.lookup) if lab.gain and lab.cost and lab.gain.lookup_gain is not None else None
-    return Curves(SIZES, lab.cost, lab.gain, heads.speedup if heads else None, heads.optimum if heads else None,
-                  both.speedup if both else None, both.optimum if both else None, lab.lookup)
+    both = (
+        speedup_curve(lab.gain, lab.cost, lookup=lab.lookup)
+        if lab.gain and lab.cost and lab.gain.lookup_gain is not None
+        else None
+    )
+    return Curves(
+        SIZES,
+        lab.cost,
+        lab.gain,
+        heads.speedup if heads else None,
+        heads.optimum if heads else None,
+        both.speedup if both else None,
+        both.optimum if both else None,
+        lab.lookup,
+    )
 
 
 def node_label(choice: Sequence[int]) -> str:
@@ -165,9 +200,20 @@ def node_label(choice: Sequence[int]) -> str:
 def editor_nodes(tree: MedusaTree) -> list[dict]:
     """The nodes of a tree for the inspector's drawing (``inspector.tree_nodes``' fields), without tokens: kind "node"."""
     y = tree_layout(tree.parents)
-    return [{"node": j, "depth": int(tree.position_ids[j]), "y": y[j], "parent": tree.parents[j], "token_id": None,
-             "label": "root" if j == 0 else node_label(tree.choices[j - 1]), "rank": tree.choices[j - 1][-1] if j else None,
-             "accepted": False, "kind": "root" if j == 0 else "node"} for j in range(tree.num_nodes)]
+    return [
+        {
+            "node": j,
+            "depth": int(tree.position_ids[j]),
+            "y": y[j],
+            "parent": tree.parents[j],
+            "token_id": None,
+            "label": "root" if j == 0 else node_label(tree.choices[j - 1]),
+            "rank": tree.choices[j - 1][-1] if j else None,
+            "accepted": False,
+            "kind": "root" if j == 0 else "node",
+        }
+        for j in range(tree.num_nodes)
+    ]
 
 
 def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]]:
@@ -190,24 +236,65 @@ class Measured:
     plain: RunRecord
 
 
-def measure_tree(pg, prompt: str, text: str, *, max_new_tokens: int, chat_template: bool = True, lookup_on: bool = True, numerics: str | None = None,
-                 sample: bool = False, temperature: float = 0.0, seed: int = 0, stop=None) -> Measured:
+def measure_tree(
+    pg,
+    prompt: str,
+    text: str,
+    *,
+    max_new_tokens: int,
+    chat_template: bool = True,
+    lookup_on: bool = True,
+    numerics: str | None = None,
+    sample: bool = False,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop=None,
+) -> Measured:
     """Run plain greedy, then Medusa greedy with the tree of ``text``, on the prompt (the Playground's
     checks, warm-up and one-after-another timing); the measured point beside the predicted one.
     ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``.
     ``stop``: as ``Playground.run``'s, asked between steps."""
     tree = editor_tree(pg, text)
-    settings = pg.settings(max_new_tokens, temperature if sample else 0.0, Settings.posterior_threshold, Settings.posterior_alpha, pg.defaults.tree, text, chat_template,
-                           lookup_on, sample=sample, seed=seed, numerics=numerics, drafter="medusa")  # the edited tree is the Medusa heads'
+    settings = pg.settings(
+        max_new_tokens,
+        temperature if sample else 0.0,
+        Settings.posterior_threshold,
+        Settings.posterior_alpha,
+        pg.defaults.tree,
+        text,
+        chat_template,
+        lookup_on,
+        sample=sample,
+        seed=seed,
+        numerics=numerics,
+        drafter="medusa",
+    )  # the edited tree is the Medusa heads'
     ids, decoders = pg.prepare(prompt, settings)
     plain_view, medusa_view = settings.views[:2]
-    records = {ev.method: ev.record for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}, stop=stop) if ev.kind == "end"}
+    records = {
+        ev.method: ev.record
+        for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}, stop=stop)
+        if ev.kind == "end"
+    }
     plain, medusa = records[plain_view].result, records[medusa_view].result
     if medusa.decode_steps == 0:
-        raise PlaygroundError("The run ended at its prefill, so there is no Medusa step to measure; raise Max new tokens and measure again.")
-    speedup = medusa.tokens_per_second / plain.tokens_per_second if plain.decode_steps and plain.tokens_per_second > 0 else None
-    return Measured(medusa.tokens_per_step, speedup, medusa.tokens_per_step / speedup if speedup else None, tree.num_nodes,
-                    tree.num_nodes + settings.lookup, records[medusa_view], records[plain_view])
+        raise PlaygroundError(
+            "The run ended at its prefill, so there is no Medusa step to measure; raise Max new tokens and measure again."
+        )
+    speedup = (
+        medusa.tokens_per_second / plain.tokens_per_second
+        if plain.decode_steps and plain.tokens_per_second > 0
+        else None
+    )
+    return Measured(
+        medusa.tokens_per_step,
+        speedup,
+        medusa.tokens_per_step / speedup if speedup else None,
+        tree.num_nodes,
+        tree.num_nodes + settings.lookup,
+        records[medusa_view],
+        records[plain_view],
+    )
 
 
 def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -> HeadAcceptance | None:
@@ -217,5 +304,25 @@ def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -
     return head_acceptance((v.step for v in record.views), depth=depth, ranks=ranks)
 
 
-__all__ = ["MAX_SIZE", "add_best_node", "leaves", "preset_choices", "remove_leaf", "Curves", "Measured", "TreeLab", "TreePoint", "choices_text", "curves", "editor_mask", "editor_nodes", "editor_tree",
-           "measure_costs", "measure_tree", "node_label", "run_acceptance", "tree_lab", "tree_point"]
+__all__ = [
+    "MAX_SIZE",
+    "add_best_node",
+    "leaves",
+    "preset_choices",
+    "remove_leaf",
+    "Curves",
+    "Measured",
+    "TreeLab",
+    "TreePoint",
+    "choices_text",
+    "curves",
+    "editor_mask",
+    "editor_nodes",
+    "editor_tree",
+    "measure_costs",
+    "measure_tree",
+    "node_label",
+    "run_acceptance",
+    "tree_lab",
+    "tree_point",
+]

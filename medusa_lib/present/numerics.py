@@ -52,7 +52,10 @@ def decode_speeds(variants: Mapping[str, tuple], *, tokens: int = 12, repeats: i
     for name, (model, _) in variants.items():
         vocab = int(model.get_input_embeddings().weight.shape[0])
         ids = [(97 * i + 13) % (vocab - 3) + 3 for i in range(32)]  # fixed ids, no special tokens
-        decoders[name] = (Decoder(model, config=DecodeConfig(max_new_tokens=tokens, stop_on_eos=False, record_detail=False)), ids)
+        decoders[name] = (
+            Decoder(model, config=DecodeConfig(max_new_tokens=tokens, stop_on_eos=False, record_detail=False)),
+            ids,
+        )
         Decoder(model, config=DecodeConfig(max_new_tokens=2, stop_on_eos=False)).run(ids)
     for _ in range(repeats):
         for name, (decoder, ids) in decoders.items():
@@ -75,12 +78,18 @@ def numerics_note(speeds: Mapping[str, float], *, device: str) -> str:
     if len(speeds) < 2 or EXACT not in speeds or speeds[EXACT] <= 0:
         return ""
     fast = [(n, v / speeds[EXACT]) for n, v in speeds.items() if n != EXACT]
-    faster = "; ".join(f"{n} decodes {r:.1f}x as fast as float32 on this {device}" if r >= 1 else
-                       f"{n} decodes at {r:.1f}x float32's speed on this {device} (no native {n} here: float32 is the fast choice too)" for n, r in fast)
+    faster = "; ".join(
+        f"{n} decodes {r:.1f}x as fast as float32 on this {device}"
+        if r >= 1
+        else f"{n} decodes at {r:.1f}x float32's speed on this {device} (no native {n} here: float32 is the fast choice too)"
+        for n, r in fast
+    )
     names = " and ".join(n for n, _ in fast)
-    return (f"float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, on every prompt. {faster} "
-            f"(plain decoding, measured at start-up). In {names} a tree step and a one-token step round differently, so where the model's "
-            f"two best tokens nearly tie its Medusa output may differ from plain's (the badge shows where).")
+    return (
+        f"float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, on every prompt. {faster} "
+        f"(plain decoding, measured at start-up). In {names} a tree step and a one-token step round differently, so where the model's "
+        f"two best tokens nearly tie its Medusa output may differ from plain's (the badge shows where)."
+    )
 
 
 __all__ = ["EXACT", "decode_speeds", "default_numerics", "dtype_name", "free_memory", "numerics_label", "numerics_note"]

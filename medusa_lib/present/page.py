@@ -19,9 +19,17 @@ from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of
 from .records import RunRecord
 
 DRAFTER_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head"}  # how the page names each drafter (Step.drafter)
-LABELS = {"plain": "Plain (greedy)", "medusa-greedy": "Medusa greedy", "medusa-typical": "Medusa typical",
-          "plain-sample": "Plain (sampling)", "medusa-sample": "Medusa exact sampling"}
-PLAIN_VIEWS = ("plain", "plain-sample")  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
+LABELS = {
+    "plain": "Plain (greedy)",
+    "medusa-greedy": "Medusa greedy",
+    "medusa-typical": "Medusa typical",
+    "plain-sample": "Plain (sampling)",
+    "medusa-sample": "Medusa exact sampling",
+}
+PLAIN_VIEWS = (
+    "plain",
+    "plain-sample",
+)  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
 REFERENCE_NAMES = {"plain": "plain greedy", "plain-sample": "plain sampling"}  # how a sentence names the reference
 
 
@@ -31,10 +39,14 @@ class GreedyCheck:
     first_diff: int | None  # first token position (0-based) where the two outputs differ
     plain_tokens: int
     medusa_tokens: int
-    logit_gap: float | None = None  # at first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T (set by Playground.exact_check)
+    logit_gap: float | None = (
+        None  # at first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T (set by Playground.exact_check)
+    )
     tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
     sampled: bool = False  # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
-    numerics: str = ""  # the dtype the run used ("bfloat16", "float32"): only float32 keeps both identities through near-ties
+    numerics: str = (
+        ""  # the dtype the run used ("bfloat16", "float32"): only float32 keeps both identities through near-ties
+    )
     exact_available: bool = False  # a float32 copy is loaded, so a 16-bit tie can point to it
 
     @property
@@ -55,7 +67,9 @@ class GreedyCheck:
             return ""
         why = "a floating-point tie, not a bug" if self.tie else "more than floating-point noise: worth a bug report"
         if self.tie and self.numerics in ("bfloat16", "float16"):
-            why += f": {self.numerics} rounding" + (". Switch Numerics to float32 for the exact result" if self.exact_available else "")
+            why += f": {self.numerics} rounding" + (
+                ". Switch Numerics to float32 for the exact result" if self.exact_available else ""
+            )
         if self.sampled:  # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
             return f"There the draw's two best candidates were {self.logit_gap:.4f} apart (log p - log E, times T, in logit units): {why}."
         return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
@@ -72,7 +86,9 @@ def column_note(view: str, config: DecodeConfig, *, reference: str) -> str:
     t, seed = config.temperature, config.seed
     ref = REFERENCE_NAMES[reference]
     if view in PLAIN_VIEWS:
-        how = "one token per forward pass" + (f", drawn at T = {t:g} from seed {seed}" if t > 0 else ", the model's top choice")
+        how = "one token per forward pass" + (
+            f", drawn at T = {t:g} from seed {seed}" if t > 0 else ", the model's top choice"
+        )
         return f"{how}: the reference of the speed-ups."
     if view == "medusa-greedy":
         return "keeps a guess only where it is the model's own top choice: exactly plain greedy's text."
@@ -80,8 +96,10 @@ def column_note(view: str, config: DecodeConfig, *, reference: str) -> str:
         return f"draws at T = {t:g} from seed {seed} and keeps a guess only where the draw is that guess: exactly plain sampling's text."
     if t <= 0:
         return "at T = 0 typical acceptance is greedy: the same text as Medusa greedy."
-    return (f"samples at T = {t:g} from seed {seed} and keeps any guess the model finds likely enough: "
-            f"not {ref}'s text (not the same output); speed-up against {ref}.")
+    return (
+        f"samples at T = {t:g} from seed {seed} and keeps any guess the model finds likely enough: "
+        f"not {ref}'s text (not the same output); speed-up against {ref}."
+    )
 
 
 def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool = False) -> GreedyCheck:
@@ -90,12 +108,20 @@ def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool =
     return GreedyCheck(first is None, first, len(plain), len(medusa), sampled=sampled)
 
 
-SUMMARY_COLUMNS = ["method", "drafter", "tokens", "wall (s)", "prefill (s)", "tokens/s", "tokens/step", "steps", "speedup"]  # speedup: tokens/s over plain's
+SUMMARY_COLUMNS = [
+    "method",
+    "drafter",
+    "tokens",
+    "wall (s)",
+    "prefill (s)",
+    "tokens/s",
+    "tokens/step",
+    "steps",
+    "speedup",
+]  # speedup: tokens/s over plain's
 
 
 NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
-
-
 
 
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
@@ -128,7 +154,9 @@ def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
 SAMPLE_COLUMNS = ["method", "tokens/step", "tokens/s", "mean log p", "mean entropy", "log p + entropy"]
 
 
-def sample_rows(records: Mapping[str, RunRecord], scores: Mapping[str, tuple[float, float]], *, temperature: float) -> list[dict]:
+def sample_rows(
+    records: Mapping[str, RunRecord], scores: Mapping[str, tuple[float, float]], *, temperature: float
+) -> list[dict]:
     """What typical acceptance costs, measured on this prompt: per sampled run, its speed and how
     its tokens score under the model at T (``scores``: mean log p, mean entropy per token, from
     ``Playground.sample_scores``). For a true sample from the model, mean log p = -(mean entropy)
@@ -140,20 +168,26 @@ def sample_rows(records: Mapping[str, RunRecord], scores: Mapping[str, tuple[flo
             continue
         r, (logp, entropy) = rec.result, scores[method]
         timed = r.decode_steps > 0
-        rows.append({
-            "method": LABELS[method],
-            "tokens/step": round(r.tokens_per_step, 2) if timed else None,
-            "tokens/s": round(r.tokens_per_second, 1) if timed else None,
-            "mean log p": round(logp, 3),
-            "mean entropy": round(entropy, 3),
-            "log p + entropy": round(logp + entropy, 3),
-        })
+        rows.append(
+            {
+                "method": LABELS[method],
+                "tokens/step": round(r.tokens_per_step, 2) if timed else None,
+                "tokens/s": round(r.tokens_per_second, 1) if timed else None,
+                "mean log p": round(logp, 3),
+                "mean entropy": round(entropy, 3),
+                "log p + entropy": round(logp + entropy, 3),
+            }
+        )
     return rows
 
 
 def why_it_ended(record: RunRecord) -> str:
     """A run's finish reason in words (for runs that ended at their prefill, where budget = 1)."""
-    return {"length": "Max new tokens is 1", "eos": "the model ended its answer at once", "context": "the context is full"}.get(record.result.finish_reason, "it stopped")
+    return {
+        "length": "Max new tokens is 1",
+        "eos": "the model ended its answer at once",
+        "context": "the context is full",
+    }.get(record.result.finish_reason, "it stopped")
 
 
 def untimed_note(records: Mapping[str, RunRecord]) -> str:
@@ -163,9 +197,15 @@ def untimed_note(records: Mapping[str, RunRecord]) -> str:
         return ""
     reasons = sorted({why_it_ended(records[m]) for m in ended})
     names = ", ".join(LABELS[m] for m in ended)
-    advice = " Raise Max new tokens to 2 or more to measure them." if any(records[m].result.finish_reason == "length" for m in ended) else ""
-    return (f"{names} made only the prefill's token ({'; '.join(reasons)}), so there is no decode step to time: "
-            f"tokens/s, tokens/step and speedup show {NOT_TIMED}.{advice}")
+    advice = (
+        " Raise Max new tokens to 2 or more to measure them."
+        if any(records[m].result.finish_reason == "length" for m in ended)
+        else ""
+    )
+    return (
+        f"{names} made only the prefill's token ({'; '.join(reasons)}), so there is no decode step to time: "
+        f"tokens/s, tokens/step and speedup show {NOT_TIMED}.{advice}"
+    )
 
 
 def visible_steps(record: RunRecord, t: float) -> int:
@@ -173,7 +213,9 @@ def visible_steps(record: RunRecord, t: float) -> int:
     return bisect.bisect_right([v.elapsed for v in record.views], t)
 
 
-def threshold_curve(*, epsilon: float, delta: float, vocab_size: int, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+def threshold_curve(
+    *, epsilon: float, delta: float, vocab_size: int, points: int = 200
+) -> tuple[np.ndarray, np.ndarray]:
     """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V] (the decoders' formula)."""
     h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
     return h, typical_threshold_of_entropy(torch.from_numpy(h), epsilon=epsilon, delta=delta).numpy()
@@ -185,4 +227,8 @@ def load_examples(path: str | Path) -> list[dict]:
         items = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    return [e for e in items if isinstance(e, dict) and isinstance(e.get("prompt"), str)] if isinstance(items, list) else []
+    return (
+        [e for e in items if isinstance(e, dict) and isinstance(e.get("prompt"), str)]
+        if isinstance(items, list)
+        else []
+    )

@@ -28,8 +28,8 @@ import torch
 
 from ..core.acceptance import race_noise
 from ..core.decoding import Decoder, model_info, sampling_probs
-from ..core.fused import ready
 from ..core.defaults import heads_defaults
+from ..core.fused import ready
 from ..core.heads import MedusaHeads
 from ..core.kv import StaticKV, describe_engine, prepare_engine
 from ..core.lookup import MAX_LOOKUP
@@ -48,9 +48,9 @@ from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, s
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     DECODER_METHOD,
-    MAX_RUN_SECONDS,
     MAX_NEW_TOKENS_LIMIT,
     MAX_PROMPT_CHARS,
+    MAX_RUN_SECONDS,
     MAX_TREE_CHARS,
     MAX_TREE_NODES,
     PlaygroundError,
@@ -58,7 +58,9 @@ from .settings import (
     Settings,
 )
 
-StopCheck = Callable[[], "str | None"]  # between two decode steps: None to go on, or the sentence that ends the run (RunStopped)
+StopCheck = Callable[
+    [], "str | None"
+]  # between two decode steps: None to go on, or the sentence that ends the run (RunStopped)
 
 
 def deadline(seconds: float | None, *, start: float | None = None) -> StopCheck:
@@ -66,8 +68,10 @@ def deadline(seconds: float | None, *, start: float | None = None) -> StopCheck:
     if seconds is None:
         return lambda: None
     end = (time.perf_counter() if start is None else start) + seconds
-    why = (f"The run was stopped after {seconds:g} s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
-           "ask for fewer new tokens or send a shorter prompt.")
+    why = (
+        f"The run was stopped after {seconds:g} s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+        "ask for fewer new tokens or send a shorter prompt."
+    )
     return lambda: why if time.perf_counter() > end else None
 
 
@@ -77,7 +81,9 @@ def any_of(*checks: StopCheck | None) -> StopCheck:
     return lambda: next((why for why in (c() for c in live) if why), None)
 
 
-PROMPT_TOKENS = {"cpu": 2048}  # the longest prompt a server on this kind of device takes, unless its operator sets one; others: the model's context
+PROMPT_TOKENS = {
+    "cpu": 2048
+}  # the longest prompt a server on this kind of device takes, unless its operator sets one; others: the model's context
 LONG_RUN_TOKENS = 1024  # after a run whose prompt + budget reach this, freed memory goes back to the system
 
 
@@ -108,7 +114,9 @@ def release_memory(model, *, tokens: int, keep_device_cache: bool = False) -> No
     if tokens < LONG_RUN_TOKENS:
         return
     gc.collect()
-    if input_device(model).type == "cuda" and not keep_device_cache:  # with a captured engine, an emptied allocator would make the next run pay cudaMalloc
+    if (
+        input_device(model).type == "cuda" and not keep_device_cache
+    ):  # with a captured engine, an emptied allocator would make the next run pay cudaMalloc
         torch.cuda.empty_cache()
     elif _malloc_trim is not None:
         _malloc_trim(0)
@@ -139,48 +147,92 @@ def _static_length(model, max_prompt_tokens: int | None, max_new_tokens_limit: i
     """Slots of the shared static cache: the longest prompt this server takes plus the most new
     tokens, within the context, plus the widest step (a longer run gets a cache of its own)."""
     limit = model_info(model).context_limit
-    prompt = min(max_prompt_tokens or limit, SHARED_PROMPT_TOKENS)  # every step attends over the whole static length: keep it modest
+    prompt = min(
+        max_prompt_tokens or limit, SHARED_PROMPT_TOKENS
+    )  # every step attends over the whole static length: keep it modest
     return min(limit, prompt + max_new_tokens_limit) + MAX_TREE_NODES + 1 + MAX_LOOKUP
 
 
 class Playground:
     """Model, tokenizer and heads, created once and shared read-only; runs are independent."""
 
-    def __init__(self, model, tokenizer, heads: MedusaHeads, *, heads_note: str = "", max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
-                 max_prompt_chars: int = MAX_PROMPT_CHARS, max_prompt_tokens: int | None = None, prompt_limit_why: str = "the limit its operator set",
-                 variants: Mapping[str, tuple] | None = None, cache: str = "dynamic", static_kv: StaticKV | None = None, engine: str | None = None,
-                 numerics_speeds: Mapping[str, float] | None = None, eagles: Mapping | None = None, eagle_note: str = "", variant_kv: Mapping | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        heads: MedusaHeads,
+        *,
+        heads_note: str = "",
+        max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT,
+        max_prompt_chars: int = MAX_PROMPT_CHARS,
+        max_prompt_tokens: int | None = None,
+        prompt_limit_why: str = "the limit its operator set",
+        variants: Mapping[str, tuple] | None = None,
+        cache: str = "dynamic",
+        static_kv: StaticKV | None = None,
+        engine: str | None = None,
+        numerics_speeds: Mapping[str, float] | None = None,
+        eagles: Mapping | None = None,
+        eagle_note: str = "",
+        variant_kv: Mapping | None = None,
+    ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
         self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
-        self.variant_kv = dict(variant_kv or {})  # numerics -> the captured static cache of that copy (a float32 copy gets its own)
-        self.engine = engine or describe_engine(cache, static_kv.capture if static_kv else "none", shapes=static_kv.programs_captured if static_kv else 0,
-                                                seconds=static_kv.capture_seconds if static_kv else 0.0)
+        self.variant_kv = dict(
+            variant_kv or {}
+        )  # numerics -> the captured static cache of that copy (a float32 copy gets its own)
+        self.engine = engine or describe_engine(
+            cache,
+            static_kv.capture if static_kv else "none",
+            shapes=static_kv.programs_captured if static_kv else 0,
+            seconds=static_kv.capture_seconds if static_kv else 0.0,
+        )
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
-        self.max_prompt_tokens = max_prompt_tokens  # None: only the model's context limits the prompt (see default_prompt_tokens)
+        self.max_prompt_tokens = (
+            max_prompt_tokens  # None: only the model's context limits the prompt (see default_prompt_tokens)
+        )
         self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
-        self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})  # trees calibrated for these heads (load_heads)
-        self.defaults = heads_defaults(heads, input_device(model))  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
+        self.tree_presets: dict = dict(
+            getattr(heads, "tree_presets", None) or {}
+        )  # trees calibrated for these heads (load_heads)
+        self.defaults = heads_defaults(
+            heads, input_device(model)
+        )  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
         self.dtype = dtype_name(model)
         # numerics -> (model, heads): the loaded dtype first, then e.g. a float32 copy, so a page can
         # show the bfloat16 speed-up and the float32 exactness on one prompt (a run names its pair)
-        self.variants: dict[str, tuple] = {self.dtype: (model, heads), **{k: v for k, v in (variants or {}).items() if k != self.dtype}}
-        self.default_numerics = default_numerics(self.variants)  # what a run that names none uses: float32 where loaded (exact), numerics.py
+        self.variants: dict[str, tuple] = {
+            self.dtype: (model, heads),
+            **{k: v for k, v in (variants or {}).items() if k != self.dtype},
+        }
+        self.default_numerics = default_numerics(
+            self.variants
+        )  # what a run that names none uses: float32 where loaded (exact), numerics.py
         self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
-        self.numerics_note = numerics_note(self.numerics_speeds, device=device_name(input_device(model)))  # the line under the page's choice
+        self.numerics_note = numerics_note(
+            self.numerics_speeds, device=device_name(input_device(model))
+        )  # the line under the page's choice
         self._warm: set[tuple] = set()  # (numerics, drafter) already warmed up
         # the Drafter choice: the EAGLE head per numerics ({}: the Medusa heads only), the default and the line that says why (drafter.py)
-        self.drafters = make_drafters(dict(eagles or {}), defaults=self.defaults, device=input_device(model), device_label=device_name(input_device(model)))
+        self.drafters = make_drafters(
+            dict(eagles or {}),
+            defaults=self.defaults,
+            device=input_device(model),
+            device_label=device_name(input_device(model)),
+        )
         if eagle_note and not self.drafters.eagles:
             self.drafters = replace(self.drafters, note=eagle_note)
 
     def pair(self, settings: Settings | None) -> tuple:
         """The (model, heads) a run uses: its settings' numerics, or the default (float32 where loaded)."""
-        numerics = settings.numerics if settings is not None and settings.numerics is not None else self.default_numerics
+        numerics = (
+            settings.numerics if settings is not None and settings.numerics is not None else self.default_numerics
+        )
         return self.variants[numerics]
 
     def check_numerics(self, numerics) -> None:
@@ -188,14 +240,30 @@ class Playground:
             return
         names = ", ".join(self.variants)
         if not isinstance(numerics, str):
-            raise PlaygroundError(f"Numerics must be the name of one of: {names}, not {kind(numerics)} (got {shown(numerics)}).")
+            raise PlaygroundError(
+                f"Numerics must be the name of one of: {names}, not {kind(numerics)} (got {shown(numerics)})."
+            )
         if numerics not in self.variants:
             raise PlaygroundError(f"Numerics must be one of: {names} (got {shown(numerics)}).")
 
     @classmethod
-    def load(cls, *, model: str = "default", heads: str | Path | None = None, default_heads: str | Path | None = None, device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False, progress: Callable[[str], None] | None = None, max_prompt_tokens: int | str | None = "auto",
-             numerics_copy: bool = True, cache: str = "auto", capture: str = "auto", eagle: str | Path | None = "auto", **kwargs) -> "Playground":
+    def load(
+        cls,
+        *,
+        model: str = "default",
+        heads: str | Path | None = None,
+        default_heads: str | Path | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        progress: Callable[[str], None] | None = None,
+        max_prompt_tokens: int | str | None = "auto",
+        numerics_copy: bool = True,
+        cache: str = "auto",
+        capture: str = "auto",
+        eagle: str | Path | None = "auto",
+        **kwargs,
+    ) -> "Playground":
         """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
@@ -219,25 +287,47 @@ class Playground:
         if numerics_copy and loaded != "float32":
             need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
             if free_memory(input_device(m)) > need:
-                m32, _ = load_model(model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code)
-                h32 = load_medusa(path, m32, default_heads=default_heads)[0] if note.startswith("trained") else untrained_heads(m32)
+                m32, _ = load_model(
+                    model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code
+                )
+                h32 = (
+                    load_medusa(path, m32, default_heads=default_heads)[0]
+                    if note.startswith("trained")
+                    else untrained_heads(m32)
+                )
                 kwargs["variants"] = {"float32": (m32, h32)}
                 eagles.update({"float32": load_eagle_for(eagle_folder, m32, named=True)[0]} if e is not None else {})
                 kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
-                say(f"Numerics: float32 (exact, the comparison's default) and {loaded} ({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)")
+                say(
+                    f"Numerics: float32 (exact, the comparison's default) and {loaded} ({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)"
+                )
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         if max_prompt_tokens == "auto":
             max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
-        say(f"Prompts: up to {max_prompt_tokens:,} tokens" if max_prompt_tokens else "Prompts: up to the model's context")
+        say(
+            f"Prompts: up to {max_prompt_tokens:,} tokens"
+            if max_prompt_tokens
+            else "Prompts: up to the model's context"
+        )
         static_len = _static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT))
         engine = prepare_engine(m, cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
-        if engine.static_kv is not None and "variants" in kwargs:  # the float32 copy gets a captured engine of its own: both numerics time the same engine
-            kwargs["variant_kv"] = {k: prepare_engine(mv, cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len).static_kv
-                                    for k, (mv, hv) in kwargs["variants"].items()}
+        if (
+            engine.static_kv is not None and "variants" in kwargs
+        ):  # the float32 copy gets a captured engine of its own: both numerics time the same engine
+            kwargs["variant_kv"] = {
+                k: prepare_engine(
+                    mv, cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len
+                ).static_kv
+                for k, (mv, hv) in kwargs["variants"].items()
+            }
         pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
-        if engine.static_kv is not None and engine.static_kv.capture != "none" and not os.environ.get("SPACES_ZERO_GPU"):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
+        if (
+            engine.static_kv is not None
+            and engine.static_kv.capture != "none"
+            and not os.environ.get("SPACES_ZERO_GPU")
+        ):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
             say("Capturing the decode steps of the page's first view...")
             for numerics in pg.variants:
                 ids, decoders = pg.prepare("Hello", replace(Settings(), numerics=numerics, max_new_tokens=8))
@@ -257,7 +347,21 @@ class Playground:
     def tree_names(self) -> list[str]:
         return list(self.tree_presets) + [n for n in preset_names() if n not in self.tree_presets]
 
-    def settings(self, max_new_tokens, temperature, epsilon, delta, tree, custom_tree, chat_template, lookup_branch=True, sample=False, seed=0, numerics=None, drafter=None) -> Settings:
+    def settings(
+        self,
+        max_new_tokens,
+        temperature,
+        epsilon,
+        delta,
+        tree,
+        custom_tree,
+        chat_template,
+        lookup_branch=True,
+        sample=False,
+        seed=0,
+        numerics=None,
+        drafter=None,
+    ) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
         default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
         becomes the heads' branch length or 0. Only what these conversions need is checked here (the
@@ -266,26 +370,44 @@ class Playground:
             try:
                 custom_tree = json.dumps(custom_tree)
             except (TypeError, ValueError, RecursionError):  # nested too deep to write back as text
-                raise PlaygroundError("The custom tree is nested too deeply; send a flat list of paths like [[0], [0, 0], [1]].") from None
+                raise PlaygroundError(
+                    "The custom tree is nested too deeply; send a flat list of paths like [[0], [0, 0], [1]]."
+                ) from None
         if not isinstance(lookup_branch, bool):
             raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
-        return Settings(max_new_tokens=max_new_tokens, temperature=temperature, posterior_threshold=epsilon, posterior_alpha=delta,
-                        tree=tree if tree not in (None, "") else self.defaults.tree, custom_tree="" if custom_tree is None else custom_tree,
-                        chat_template=chat_template, lookup=self.defaults.lookup if lookup_branch else 0, sample=sample, seed=seed,
-                        numerics=numerics if numerics != "" else None, drafter=drafter if drafter != "" else None)
+        return Settings(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            posterior_threshold=epsilon,
+            posterior_alpha=delta,
+            tree=tree if tree not in (None, "") else self.defaults.tree,
+            custom_tree="" if custom_tree is None else custom_tree,
+            chat_template=chat_template,
+            lookup=self.defaults.lookup if lookup_branch else 0,
+            sample=sample,
+            seed=seed,
+            numerics=numerics if numerics != "" else None,
+            drafter=drafter if drafter != "" else None,
+        )
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
         K = self.heads.num_heads
         custom = settings.custom_tree
         if custom.strip():
             if len(custom) > MAX_TREE_CHARS:
-                raise PlaygroundError(f"The custom tree text has {len(custom):,} characters; the limit is {MAX_TREE_CHARS:,}: list fewer nodes.")
+                raise PlaygroundError(
+                    f"The custom tree text has {len(custom):,} characters; the limit is {MAX_TREE_CHARS:,}: list fewer nodes."
+                )
             choices = parse_choices(custom)
             if len(choices) > MAX_TREE_NODES:
-                raise PlaygroundError(f"The custom tree has {len(choices)} nodes; the limit is {MAX_TREE_NODES}: remove some nodes.")
+                raise PlaygroundError(
+                    f"The custom tree has {len(choices)} nodes; the limit is {MAX_TREE_NODES}: remove some nodes."
+                )
             return build_tree(choices, num_heads=K, name="custom")
         if settings.tree not in self.tree_names():
-            raise PlaygroundError(f"Unknown tree preset {shown(settings.tree)}; choose one of: {', '.join(self.tree_names())}.")
+            raise PlaygroundError(
+                f"Unknown tree preset {shown(settings.tree)}; choose one of: {', '.join(self.tree_names())}."
+            )
         return get_tree(settings.tree, num_heads=K, extra=self.tree_presets)
 
     def check_prompt(self, prompt: str) -> None:
@@ -295,10 +417,14 @@ class Playground:
         if not prompt or not prompt.strip():
             raise PlaygroundError("The prompt is empty; type a question or pick an example.")
         if len(prompt) > self.max_prompt_chars:
-            raise PlaygroundError(f"The prompt has {len(prompt):,} characters; the limit is {self.max_prompt_chars:,}: shorten it.")
+            raise PlaygroundError(
+                f"The prompt has {len(prompt):,} characters; the limit is {self.max_prompt_chars:,}: shorten it."
+            )
         bad = next((i for i, ch in enumerate(prompt) if "\ud800" <= ch <= "\udfff"), None)
         if bad is not None:  # half of a UTF-16 pair: no tokenizer can encode it
-            raise PlaygroundError(f"The prompt has an invalid character at position {bad + 1:,} (U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again.")
+            raise PlaygroundError(
+                f"The prompt has an invalid character at position {bad + 1:,} (U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again."
+            )
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
@@ -315,12 +441,30 @@ class Playground:
         tree = self.resolve_tree(settings) if eagle is None else None  # EAGLE grows its own tree (drafter.tree_note)
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         model, heads = self.pair(settings)
-        shared = self.static_kv if model is self.model else self.variant_kv.get(settings.numerics if settings.numerics is not None else self.default_numerics)
-        decoders = {v: Decoder(model, method=DECODER_METHOD.get(v, v), heads=heads, tree=tree, config=replace(settings.config(v), cache=self.cache), static_kv=shared, eagle=eagle)
-                    for v in settings.views}
-        next(iter(decoders.values()))._prompt_tensor(ids)  # the model's context first (DecodeError): the hard limit, whatever the server's
+        shared = (
+            self.static_kv
+            if model is self.model
+            else self.variant_kv.get(settings.numerics if settings.numerics is not None else self.default_numerics)
+        )
+        decoders = {
+            v: Decoder(
+                model,
+                method=DECODER_METHOD.get(v, v),
+                heads=heads,
+                tree=tree,
+                config=replace(settings.config(v), cache=self.cache),
+                static_kv=shared,
+                eagle=eagle,
+            )
+            for v in settings.views
+        }
+        next(iter(decoders.values()))._prompt_tensor(
+            ids
+        )  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            raise PlaygroundError(f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it.")
+            raise PlaygroundError(
+                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it."
+            )
         return ids, decoders
 
     def greedy_check(self, plain: RunRecord, medusa: RunRecord, settings: Settings | None = None) -> GreedyCheck:
@@ -331,19 +475,42 @@ class Playground:
         sampled = settings is not None and settings.sample
         model = self.pair(settings)[0]
         numerics = dtype_name(model)
-        check = replace(greedy_check(plain.tokens, medusa.tokens, sampled=sampled), numerics=numerics, exact_available="float32" in self.variants)
+        check = replace(
+            greedy_check(plain.tokens, medusa.tokens, sampled=sampled),
+            numerics=numerics,
+            exact_available="float32" in self.variants,
+        )
         k = check.first_diff
         if check.equal or k >= min(len(plain.tokens), len(medusa.tokens)):
             return check
         if sampled:
-            gap = self.draw_gap(plain.prompt_ids, plain.tokens[:k], plain.tokens[k], medusa.tokens[k], settings.config(medusa.method), draw=k, model=model)
+            gap = self.draw_gap(
+                plain.prompt_ids,
+                plain.tokens[:k],
+                plain.tokens[k],
+                medusa.tokens[k],
+                settings.config(medusa.method),
+                draw=k,
+                model=model,
+            )
         else:
             gap = self.logit_gap(plain.prompt_ids, plain.tokens[:k], model=model)
         tol = 1e-3 if numerics == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
         return replace(check, logit_gap=gap, tie=gap <= tol)
 
     @torch.inference_mode()
-    def draw_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], a: int, b: int, config, *, draw: int, signed: bool = False, model=None) -> float:
+    def draw_gap(
+        self,
+        prompt_ids: Sequence[int],
+        tokens: Sequence[int],
+        a: int,
+        b: int,
+        config,
+        *,
+        draw: int,
+        signed: bool = False,
+        model=None,
+    ) -> float:
         """How far apart tokens a and b were in draw number ``draw`` (0-based) of a seeded sampled run
         after prompt + tokens: T x |(log p_a - log E_a) - (log p_b - log E_b)|, in logit units, where
         the draw is argmax(p / E) (``sample_token``) and E is the noise of that position under the
@@ -352,7 +519,9 @@ class Playground:
         ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(model))
         logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
         probs = sampling_probs(logits, temperature=config.temperature, top_p=config.top_p)
-        race = race_noise(config.seed, len(prompt_ids) + draw, probs.shape[-1], device=probs.device)  # the token at that position
+        race = race_noise(
+            config.seed, len(prompt_ids) + draw, probs.shape[-1], device=probs.device
+        )  # the token at that position
         score = probs.log() - race.log()
         gap = float(config.temperature * (score[a] - score[b]))
         return gap if signed else abs(gap)
@@ -364,7 +533,9 @@ class Playground:
         minus the mean entropy, up to noise; tokens chosen for being likely score higher."""
         n, model = len(record.tokens), model or self.model
         ids = torch.tensor([list(record.prompt_ids) + list(record.tokens)], device=input_device(model))
-        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()  # the distribution each token was drawn from
+        logits = (
+            model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+        )  # the distribution each token was drawn from
         probs = sampling_probs(logits, temperature=temperature, top_p=1.0)
         logp = probs.gather(-1, torch.tensor(record.tokens, device=probs.device)[:, None]).clamp_min(1e-30).log()
         return float(logp.mean()), float(torch.special.entr(probs).sum(-1).mean())
@@ -373,7 +544,15 @@ class Playground:
         """The sampled comparison's cost panel (``page.sample_rows``); [] when the runs did not sample."""
         if not settings.sample:
             return []
-        return sample_rows(records, {v: self.sample_scores(r, temperature=float(settings.temperature), model=self.pair(settings)[0]) for v, r in records.items() if r.tokens}, temperature=float(settings.temperature))
+        return sample_rows(
+            records,
+            {
+                v: self.sample_scores(r, temperature=float(settings.temperature), model=self.pair(settings)[0])
+                for v, r in records.items()
+                if r.tokens
+            },
+            temperature=float(settings.temperature),
+        )
 
     @torch.inference_mode()
     def logit_gap(self, prompt_ids: Sequence[int], tokens: Sequence[int], *, model=None) -> float:
@@ -392,7 +571,11 @@ class Playground:
         so no column runs eagerly beside captured ones. A capture that fails is left to the run,
         which then takes the dynamic cache and says so (``Decoder.steps``)."""
         decoders = list(decoders)
-        for kv in {id(d.static_kv): d.static_kv for d in decoders if d.static and d.static_kv is not None and d.static_kv.capture != "none"}.values():
+        for kv in {
+            id(d.static_kv): d.static_kv
+            for d in decoders
+            if d.static and d.static_kv is not None and d.static_kv.capture != "none"
+        }.values():
             if kv.claim():  # never while another run holds it
                 try:
                     with torch.inference_mode():
@@ -406,18 +589,29 @@ class Playground:
         if key in self._warm:
             return
         for d in decoders:
-            Decoder(d.model, method=d.method, heads=d.heads, tree=d.tree.cpu if d.tree is not None else d.dynamic, config=replace(d.config, max_new_tokens=2), eagle=d.eagle,
-                    static_kv=d.static_kv).run(ids[:16])
+            Decoder(
+                d.model,
+                method=d.method,
+                heads=d.heads,
+                tree=d.tree.cpu if d.tree is not None else d.dynamic,
+                config=replace(d.config, max_new_tokens=2),
+                eagle=d.eagle,
+                static_kv=d.static_kv,
+            ).run(ids[:16])
         self._warm.add(key)
 
-    def run_method(self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None) -> Iterator[Event]:
+    def run_method(
+        self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None
+    ) -> Iterator[Event]:
         """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
         ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
         record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
-        with closing(decoder.steps(ids)) as steps:  # closed at once when this run stops early: a shared static cache is free again
+        with closing(
+            decoder.steps(ids)
+        ) as steps:  # closed at once when this run stops early: a shared static cache is free again
             for step in steps:
                 if stop is not None and (why := stop()):
                     raise RunStopped(why)
@@ -430,7 +624,9 @@ class Playground:
         record = replace(record, done=True)
         yield Event("end", view, record)
 
-    def run(self, ids: Sequence[int], decoders: Mapping[str, Decoder], *, stop: StopCheck | None = None) -> Iterator[Event]:
+    def run(
+        self, ids: Sequence[int], decoders: Mapping[str, Decoder], *, stop: StopCheck | None = None
+    ) -> Iterator[Event]:
         """Prepared decoders (``prepare``), one after another; an Event after every step. ``stop`` is
         asked between steps (a cancelled call, a client gone, a wall-time bound: ``deadline``) and a
         reason ends the run with RunStopped. When the run ends or is stopped, memory its caches held
@@ -439,9 +635,15 @@ class Playground:
             self.warmup(ids, decoders.values())
             reference = next(iter(decoders))  # plain greedy or plain sampling: the speed-ups' reference
             for view, decoder in decoders.items():
-                yield from self.run_method(view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop)
+                yield from self.run_method(
+                    view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop
+                )
         finally:
-            release_memory(next(iter(decoders.values())).model, tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()), keep_device_cache=self.static_kv is not None)
+            release_memory(
+                next(iter(decoders.values())).model,
+                tokens=len(ids) + max(d.config.max_new_tokens for d in decoders.values()),
+                keep_device_cache=self.static_kv is not None,
+            )
 
     def stream(self, prompt: str, settings: Settings = Settings(), *, stop: StopCheck | None = None) -> Iterator[Event]:
         """The three columns (``settings.views``), one after another; an Event after every step."""
@@ -460,15 +662,42 @@ class Playground:
         out = {
             "prompt": prompt,
             "drafter": drafter,
-            "tree": self.resolve_tree(settings).name if drafter == "medusa" else f"eagle-dynamic (top-k {dynamic.top_k}, depth {dynamic.depth}, {dynamic.num_nodes} nodes)",
+            "tree": self.resolve_tree(settings).name
+            if drafter == "medusa"
+            else f"eagle-dynamic (top-k {dynamic.top_k}, depth {dynamic.depth}, {dynamic.num_nodes} nodes)",
             "numerics": dtype_name(self.pair(settings)[0]),
-            "methods": {m: {"label": LABELS[m], "drafter": r.drafter, "text": r.text, "token_ids": r.tokens, **r.stats()} for m, r in records.items()},
-            "sampling_match" if settings.sample else "greedy_match": {"equal": check.equal, "first_diff": check.first_diff, "logit_gap": check.logit_gap, "tie": check.tie, "message": check.message},
+            "methods": {
+                m: {"label": LABELS[m], "drafter": r.drafter, "text": r.text, "token_ids": r.tokens, **r.stats()}
+                for m, r in records.items()
+            },
+            "sampling_match" if settings.sample else "greedy_match": {
+                "equal": check.equal,
+                "first_diff": check.first_diff,
+                "logit_gap": check.logit_gap,
+                "tie": check.tie,
+                "message": check.message,
+            },
             "summary": summary_rows(records),
         }
         if settings.sample:
-            out["sampling"] = {"temperature": float(settings.temperature), "seed": int(settings.seed), "rows": self.sample_fidelity(records, settings)}
+            out["sampling"] = {
+                "temperature": float(settings.temperature),
+                "seed": int(settings.seed),
+                "rows": self.sample_fidelity(records, settings),
+            }
         return out
 
 
-__all__ = ["MAX_RUN_SECONDS", "RunStopped", "any_of", "deadline", "PROMPT_TOKENS", "LONG_RUN_TOKENS", "default_prompt_tokens", "Playground", "device_name", "release_memory", "untrained_heads"]
+__all__ = [
+    "MAX_RUN_SECONDS",
+    "RunStopped",
+    "any_of",
+    "deadline",
+    "PROMPT_TOKENS",
+    "LONG_RUN_TOKENS",
+    "default_prompt_tokens",
+    "Playground",
+    "device_name",
+    "release_memory",
+    "untrained_heads",
+]

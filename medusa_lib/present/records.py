@@ -40,7 +40,9 @@ class RunRecord:
     views: tuple[StepView, ...] = ()
     done: bool = False
     drafter: str | None = None  # who drafted its trees: "medusa" (heads), "eagle" (EAGLE head), None (plain decoding)
-    note: str = ""  # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
+    note: str = (
+        ""  # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
+    )
 
     @property
     def prompt_len(self) -> int:
@@ -73,7 +75,9 @@ class RunRecord:
             "wall_seconds": round(self.elapsed, 4),
             "prefill_seconds": round(r.prefill_seconds, 4),
             "decode_seconds": round(r.decode_seconds, 4),
-            "tokens_per_second": round(r.tokens_per_second, 2) if r.decode_steps else None,  # null: only the prefill ran, nothing to time
+            "tokens_per_second": round(r.tokens_per_second, 2)
+            if r.decode_steps
+            else None,  # null: only the prefill ran, nothing to time
             "tokens_per_step": round(r.tokens_per_step, 3) if r.decode_steps else None,
             "steps": r.decode_steps,
             "lookup_tokens": r.lookup_tokens,

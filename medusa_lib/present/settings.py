@@ -65,8 +65,12 @@ class Settings:
     seed: int = 0  # the generator every sampled method starts from
     sample: bool = False  # the sampling mode (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
-    numerics: str | None = None  # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded; Playground.prepare checks it)
-    drafter: str | None = None  # who drafts the Medusa columns' trees, "medusa" (heads) or "eagle" (EAGLE head); None: the playground's default (drafter.py)
+    numerics: str | None = (
+        None  # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded; Playground.prepare checks it)
+    )
+    drafter: str | None = (
+        None  # who drafts the Medusa columns' trees, "medusa" (heads) or "eagle" (EAGLE head); None: the playground's default (drafter.py)
+    )
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         """The check of the settings a page or an API caller sent (``Playground.settings`` has already
@@ -76,23 +80,35 @@ class Settings:
         n = self.max_new_tokens
         if not is_number(n) or int(n) != n or not 1 <= n <= max_new_tokens_limit:
             raise PlaygroundError(must_be("Max new tokens", whole, n))
-        for label, value, low, high in (("Temperature", self.temperature, 0, 2), ("Epsilon", self.posterior_threshold, 0, 1), ("Delta", self.posterior_alpha, 0, 1)):
+        for label, value, low, high in (
+            ("Temperature", self.temperature, 0, 2),
+            ("Epsilon", self.posterior_threshold, 0, 1),
+            ("Delta", self.posterior_alpha, 0, 1),
+        ):
             if not is_number(value) or not low <= value <= high:
                 raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
         if not isinstance(self.sample, bool):
             raise PlaygroundError(must_be_switch("The sampling switch (sample)", self.sample))
         if self.sample and self.temperature == 0:
-            raise PlaygroundError("Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off.")
+            raise PlaygroundError(
+                "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off."
+            )
         if not is_number(self.seed) or int(self.seed) != self.seed or not 0 <= self.seed <= MAX_SEED:
             raise PlaygroundError(must_be("The seed", f"a whole number from 0 to {MAX_SEED}", self.seed))
         if not isinstance(self.chat_template, bool):
             raise PlaygroundError(must_be_switch("The chat template switch (chat_template)", self.chat_template))
         if not is_lookup_length(self.lookup):
-            raise PlaygroundError(must_be("The lookup branch's length", f"a whole number from 0 (off) to {MAX_LOOKUP}", self.lookup))
+            raise PlaygroundError(
+                must_be("The lookup branch's length", f"a whole number from 0 (off) to {MAX_LOOKUP}", self.lookup)
+            )
         if not isinstance(self.tree, str):
-            raise PlaygroundError(f"The tree preset must be the name of a preset, not {kind(self.tree)} (got {shown(self.tree)}).")
+            raise PlaygroundError(
+                f"The tree preset must be the name of a preset, not {kind(self.tree)} (got {shown(self.tree)})."
+            )
         if not isinstance(self.custom_tree, str):
-            raise PlaygroundError(f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)}).")
+            raise PlaygroundError(
+                f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)})."
+            )
 
     @property
     def views(self) -> tuple[str, str, str]:
