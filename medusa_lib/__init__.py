@@ -24,6 +24,7 @@ from .core.decoding import (
     typical_threshold,
 )
 from .core.defaults import HeadsDefaults, heads_defaults
+from .core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
 from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
 from .core.kv import Engine, EngineError, StaticKV, prepare_engine
 from .core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model

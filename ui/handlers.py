@@ -66,6 +66,23 @@ COLUMN = {
     "medusa-sample": "col_greedy",
     "medusa-typical": "col_typical",
 }
+# The page's inputs of a run, by name, in the order ui.py wires their components (Handlers.run).
+PAGE_INPUTS = (
+    "prompt",
+    "max_new_tokens",
+    "temperature",
+    "epsilon",
+    "delta",
+    "tree",
+    "custom_tree",
+    "chat_template",
+    "lookup_branch",
+    "seed",
+    "numerics",
+    "insp_label",
+    "mode",
+    "drafter",
+)
 RUN_OUTPUTS = [
     "status",
     "col_plain",
@@ -301,83 +318,26 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        epsilon,
-        delta,
-        tree,
-        custom_tree,
-        chat_template,
-        lookup_branch,
-        seed,
-        numerics,
-        insp_label,
-        mode="greedy",
-        drafter=None,
-        request: gr.Request = None,
-    ) -> Iterator[tuple]:
+    def run(self, *values, request: gr.Request = None) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
+        ``values``: the page's inputs in ``PAGE_INPUTS`` order (the ones left off keep their defaults).
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(
-            prompt,
-            max_new_tokens,
-            temperature,
-            epsilon,
-            delta,
-            tree,
-            custom_tree,
-            chat_template,
-            lookup_branch,
-            seed,
-            numerics,
-            insp_label,
-            mode,
-            drafter,
-        )
+        frames = self._run(dict(zip(PAGE_INPUTS, values)))
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
-    def _run(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        epsilon,
-        delta,
-        tree,
-        custom_tree,
-        chat_template,
-        lookup_branch,
-        seed,
-        numerics,
-        insp_label,
-        mode,
-        drafter=None,
-    ) -> Iterator[tuple]:
+    def _run(self, page: dict) -> Iterator[tuple]:
+        """A run of the page's inputs, by name."""
+        page = {"mode": "greedy", "drafter": None, **page}
+        prompt, insp_label = page.pop("prompt", None), page.pop("insp_label", None)
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
-            sample = sample_of_mode(mode)
-            settings = self.pg.settings(
-                max_new_tokens,
-                temperature,
-                epsilon,
-                delta,
-                tree,
-                custom_tree,
-                chat_template,
-                lookup_branch,
-                sample=sample,
-                seed=seed,
-                numerics=numerics,
-                drafter=drafter,
-            )
+            page["sample"] = sample_of_mode(page.pop("mode"))
+            settings = self.pg.settings_of(page)
             ids, decoders = self.pg.prepare(prompt, settings)
         except Exception as e:  # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
@@ -547,20 +507,10 @@ class Handlers:
         """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
         stop = self.api_stop()  # first: the bound counts from the call's start
         try:
-            settings = self.pg.settings(
-                max_new_tokens,
-                temperature,
-                epsilon,
-                delta,
-                tree,
-                custom_tree,
-                chat_template,
-                lookup_branch,
-                sample=sample,
-                seed=seed,
-                numerics=numerics,
-                drafter=drafter,
-            )
+            request = dict(max_new_tokens=max_new_tokens, temperature=temperature, epsilon=epsilon, delta=delta)
+            request |= dict(tree=tree, custom_tree=custom_tree, chat_template=chat_template)
+            request |= dict(lookup_branch=lookup_branch, sample=sample, seed=seed, numerics=numerics, drafter=drafter)
+            settings = self.pg.settings_of(request)
             with self.device.turn():
                 return self.pg.compare(prompt, settings, stop=stop)
         except Exception as e:

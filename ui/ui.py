@@ -16,6 +16,7 @@ from .handlers import (
     INSPECT_CHOICES,
     INSPECT_OUTPUTS,
     REPLAY_OUTPUTS,
+    PAGE_INPUTS,
     RUN_OUTPUTS,
     Handlers,
     empty_paths,
@@ -300,10 +301,13 @@ def build_demo(
         c["session"] = gr.State(None)
 
         # ------------------------------------------------------------ events
-        settings_in = [max_new, temperature, epsilon, delta, tree, custom_tree, chat, lookup, seed, numerics]
+        page_inputs = dict(prompt=prompt, max_new_tokens=max_new, temperature=temperature, epsilon=epsilon, delta=delta)
+        page_inputs |= dict(tree=tree, custom_tree=custom_tree, chat_template=chat, lookup_branch=lookup, seed=seed)
+        page_inputs |= dict(numerics=numerics, insp_label=insp_method, mode=mode, drafter=drafter)
+        run_in = [page_inputs[name] for name in PAGE_INPUTS]  # Handlers.run names them again
         run_ev = run_btn.click(
             on_gpu(h.run),
-            inputs=[prompt, *settings_in, insp_method, mode, drafter],
+            inputs=run_in,
             outputs=[c[n] for n in RUN_OUTPUTS],
             concurrency_id="device",
             concurrency_limit=1,
@@ -313,7 +317,7 @@ def build_demo(
         )
         submit_ev = prompt.submit(
             on_gpu(h.run),
-            inputs=[prompt, *settings_in, insp_method, mode, drafter],
+            inputs=run_in,
             outputs=[c[n] for n in RUN_OUTPUTS],
             concurrency_id="device",
             concurrency_limit=1,

@@ -45,15 +45,19 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / t, dim=-1)
 
 
+def nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """``probs`` [..., V] restricted to the top-p nucleus: the smallest prefix, by probability, with
+    mass >= top_p, renormalised."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < top_p
+    probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def sampling_probs(logits: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:
     """The distribution a draw is made from: softmax(logits / T), restricted to the top-p nucleus."""
     probs = tempered_probs(logits, temperature)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # smallest prefix with mass >= top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return nucleus(probs, top_p) if top_p < 1.0 else probs
 
 
 _U32 = 0xFFFFFFFF
@@ -82,6 +86,12 @@ def race_noise(
     return -torch.log(u)
 
 
+def draw(probs: torch.Tensor, seed: int | torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """The exponential race argmax(p / E), E ~ Exp(1) i.i.d.: an exact draw from ``probs`` [..., V]
+    with the noise of the token at ``position`` under ``seed`` (``race_noise``)."""
+    return (probs / race_noise(seed, position, probs.shape[-1], device=probs.device)).argmax(-1)
+
+
 def sample_token(
     logits: torch.Tensor,
     *,
@@ -90,14 +100,61 @@ def sample_token(
     seed: int | torch.Tensor = 0,
     position: int | torch.Tensor = 0,
 ) -> torch.Tensor:
-    """argmax at T=0; else one draw from ``sampling_probs``, made by the exponential race
-    argmax(p / E), E ~ Exp(1) i.i.d. (an exact sample from p), with the noise of the token at
-    ``position`` under ``seed`` (``race_noise``): plain sampling and exact Medusa sampling draw the
-    token at each position with the same noise, so with the same seed they agree."""
+    """argmax at T=0; else one ``draw`` from ``sampling_probs``: plain sampling and exact Medusa
+    sampling draw the token at each position with the same noise, so with the same seed they agree."""
     if temperature <= 0:
         return greedy_tokens(logits)
-    probs = sampling_probs(logits, temperature=temperature, top_p=top_p)
-    return (probs / race_noise(seed, position, probs.shape[-1], device=probs.device)).argmax(-1)
+    return draw(sampling_probs(logits, temperature=temperature, top_p=top_p), seed, position)
+
+
+def walk(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    children: torch.Tensor,
+    *,
+    depth: int,
+    temperature: float | torch.Tensor,
+    top_p: float | torch.Tensor,
+    use_nucleus: bool,
+    seed: int | torch.Tensor,
+    position: int | torch.Tensor,
+    early: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact speculative sampling over a tree of deterministic candidates, as tensors.
+
+    From the root (node 0): draw y at the node; if a child holds y, descend to it (the first such
+    child) and draw again; otherwise y is the bonus token and the walk ends (a leaf always ends it).
+    The draw at depth d is the token at ``position + d``, so every emitted token is the draw plain
+    sampling makes there. ``children`` [L, W]: each node's children, -1 padded. Unrolled to
+    ``depth``: draws after the walk ended change nothing (``early``: stop there, one host read a
+    level). Only walked rows are tempered. Returns (accepted n [1], nodes [depth + 1] from the root,
+    0 after the n-th, bonus [1])."""
+    dev = logits.device
+    node = torch.zeros(1, dtype=torch.long, device=dev)
+    alive = torch.ones(1, dtype=torch.bool, device=dev)
+    nodes, n, bonus = [node], torch.zeros(1, dtype=torch.long, device=dev), node
+    for d in range(depth + 1):
+        probs = tempered_probs(logits.index_select(0, node), temperature)
+        y = draw(nucleus(probs, top_p) if use_nucleus else probs, seed, position + d)
+        kids = children.index_select(0, node)[0]
+        match = (tokens.gather(0, kids.clamp(min=0)) == y) & (kids >= 0)
+        has = match.any().view(1)
+        child = kids.gather(0, match.long().argmax().view(1))
+        bonus = torch.where(alive & ~has, y, bonus)
+        alive = alive & has
+        node = torch.where(alive, child, node)
+        n = n + alive.long()
+        nodes.append(torch.where(alive, child, torch.zeros_like(child)))
+        if early and not bool(alive):
+            break
+    nodes += [torch.zeros_like(node)] * (depth + 2 - len(nodes))
+    return n, torch.cat(nodes[: depth + 1]), bonus
+
+
+def children_tensor(children: Sequence[Sequence[int]], *, device=None) -> torch.Tensor:
+    """[L, W] each node's children (tree order), -1 padded: what ``walk`` descends through."""
+    width = max(1, max(map(len, children)))
+    return torch.tensor([list(k) + [-1] * (width - len(k)) for k in children], dtype=torch.long, device=device)
 
 
 def sample_walk(
@@ -110,26 +167,18 @@ def sample_walk(
     seed: int = 0,
     position: int = 0,
 ) -> tuple[list[int], int]:
-    """Exact speculative sampling over a tree of deterministic candidates.
-
-    From the root (node 0): draw y from the model's distribution at the node (``logits[node]``);
-    if a child of the node holds token y, descend to it (the first such child: any gives the same
-    prefix) and draw again; otherwise y is the bonus token and the walk ends (at a leaf every draw
-    ends it). Returns (the path of tree nodes from the root, the bonus token). Every emitted token
-    is one ``sample_token`` draw from the model's conditional given the tokens before it; the
-    draw at depth d is the token at ``position`` + d."""
-    node, path = 0, [0]
-    while True:
-        y = int(
-            sample_token(
-                logits[node], temperature=temperature, top_p=top_p, seed=seed, position=position + len(path) - 1
-            )
-        )
-        child = next((c for c in children[node] if tokens[c] == y), None)
-        if child is None:
-            return path, y
-        path.append(child)
-        node = child
+    """``walk`` over lists: (the path of tree nodes from the root, the bonus token)."""
+    depth, stack = 0, [(0, 0)]
+    while stack:  # the tree's depth
+        node, d = stack.pop()
+        depth = max(depth, d)
+        stack += [(c, d + 1) for c in children[node]]
+    toks = torch.as_tensor(list(tokens), dtype=torch.long, device=logits.device)
+    n, nodes, bonus = walk(
+        logits, toks, children_tensor(children, device=logits.device), depth=depth, temperature=temperature,
+        top_p=top_p, use_nucleus=top_p < 1.0, seed=seed, position=position, early=True,
+    )  # fmt: skip
+    return nodes[: int(n) + 1].tolist(), int(bonus)
 
 
 def greedy_accept(
@@ -167,7 +216,7 @@ def typical_accept(
 
     Longest path wins; ties go to the highest summed log-probability of the accepted tokens.
     """
-    if temperature <= 0:  # T -> 0 the rule degenerates to greedy matching
+    if not isinstance(temperature, torch.Tensor) and temperature <= 0:  # T -> 0: greedy matching
         return greedy_accept(logits, path_tokens, ri, valid)
     probs = tempered_probs(logits, temperature)  # [L, V]
     threshold = typical_threshold(probs, epsilon=epsilon, delta=delta)
@@ -199,6 +248,10 @@ __all__ = [
     "race_noise",
     "sample_token",
     "sample_walk",
+    "walk",
+    "draw",
+    "nucleus",
+    "children_tensor",
     "sampling_probs",
     "tempered_probs",
     "typical_accept",

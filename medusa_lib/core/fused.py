@@ -1,53 +1,30 @@
 """The whole decode step as one fixed-shape device program: the static engine's step.
 
-A run on a ``StaticKV`` (kv.py) decodes with ``Program``s: one per tree shape and acceptance rule
-(the plain step is the root-only tree). ``Program.step`` does everything a step does, on the
-device, from and into buffers of fixed shape and address (``FusedState``):
-
-  verify    the stock forward of the L tree tokens after ``seq_len - 1`` cached ones; the mask and
-            position ids are built on the device from the length (no host value)
-  accept    greedy (argmax along every path, cumulative product, longest path), typical, or exact
-            sampling (the tree walk, unrolled to the tree's depth, with noise keyed by seed and
-            position: ``acceptance.race_noise``); the bonus token
-  cut       budget, context and EOS, exactly as ``Decoder._finish``
-  commit    the accepted nodes' K/V moved behind the prefix (always depth + 1 slots: one gather and
-            one copy for every layer, ``StaticKV.compact``), the history, lengths and counters
-  draft     the heads' draft of the next tree from the last accepted node's hidden state, plus the
-            lookup branch matched on the device in the history (fixed length, guesses past the
-            match), written in place into the next step's token buffer
-  report    one small result row: counts, finish reason, emitted tokens, accepted nodes, the
-            verified tree tokens
-
-So a step reads nothing back inside it and is capturable whole: on CUDA a ``Program`` is one CUDA
-graph (``StaticKV.record``), and the host loop (``fused_steps``) replays it and makes one small
-device-to-host copy per step. On a CPU it runs eagerly (the same code; the tests hold its tokens
-equal to ``model.generate`` and to plain sampling, and count its host reads).
+A run on a ``StaticKV`` (kv.py) decodes with ``Program``s, one per tree shape, rule and drafter
+(the plain step is the root-only tree). ``Program.step`` runs the phases of the dynamic decoder
+(verify, accept, cut, commit, draft) with the same rules (``rules.py``) from and into device
+buffers of fixed shape and address (``FusedState``), so it reads nothing back inside and is
+captured whole: one CUDA graph per program on a GPU, eager on a CPU. The host loop
+(``fused_steps``) runs it and makes one small device-to-host read per step. docs/engine.md.
 """
 
 from __future__ import annotations
 
 import time
 from types import MappingProxyType
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-from .acceptance import (
-    greedy_accept,
-    greedy_tokens,
-    race_noise,
-    sample_token,
-    tempered_probs,
-    typical_threshold_of_entropy,
-)
-from .lookup import MAX_NGRAM, MIN_NGRAM
+from .acceptance import greedy_tokens, sample_token
+from .lookup import ngram_match
+from .rules import REASONS, Knobs, Rule, accept, cut
 from .steps import Step, _sync
 from .tree import TreeBuffers
 
 WIDTH = 16  # longest accepted path + bonus a step may report (depth + 1, lookup branch included)
 MAX_NODES = 512  # tree tokens one step may verify
 META = 5  # result row: count, accept length, finish reason, lookup match, best path row
-REASONS = (None, "eos", "length", "context")
 
 
 class FusedState:
@@ -101,125 +78,41 @@ class FusedState:
 
 
 class Program:
-    """One step of one tree shape under one rule ("greedy", "typical" or "sample"), as a function
-    of ``FusedState`` only. ``draft(hidden [d], root [1]) -> [L]`` fills the next tree (None: a
-    root-only step, nothing drafted); ``lookup`` trailing nodes are the lookup branch, with
-    ``top1`` the heads' top-1 chain nodes that fill it past the match."""
+    """One step of one tree shape under one ``Rule``, as a function of ``FusedState`` only.
+    ``drafter`` (a ``drafters.StaticDraft``; None: a root-only step, nothing drafted) fills the next
+    tree; its ``lookup`` trailing nodes are matched in the history, ``top1`` drafted nodes fill
+    them past the match."""
 
-    def __init__(
-        self,
-        kv,
-        state: FusedState,
-        bufs: TreeBuffers,
-        *,
-        rule: str,
-        nucleus: bool = False,
-        sample_root: bool = False,
-        draft: Callable | None = None,
-        lookup: int = 0,
-        top1: tuple[int, ...] = (),
-    ):
+    def __init__(self, kv, state: FusedState, bufs: TreeBuffers, *, rule: Rule, drafter=None):
         if bufs.num_nodes > MAX_NODES or bufs.depth + 1 > WIDTH:
             raise ValueError(
-                f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} (got {bufs.num_nodes}, {bufs.depth})."
+                f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} "
+                f"(got {bufs.num_nodes}, {bufs.depth})."
             )
-        self.kv, self.s, self.bufs, self.rule, self.nucleus, self.sample_root = (
-            kv,
-            state,
-            bufs,
-            rule,
-            nucleus,
-            sample_root,
-        )
-        self.draft, self.lookup, self.top1 = draft, lookup, top1
-        dev, L = kv.device, bufs.num_nodes
-        ri = bufs.out.retrieve_indices
-        self.valid, self.ri = ri >= 0, ri.clamp(min=0)
-        self.depth = ri.shape[1] - 1
-        kids = bufs.cpu.children
-        width = max(1, max(map(len, kids)))
-        self.children = torch.tensor([list(k) + [-1] * (width - len(k)) for k in kids], dtype=torch.long, device=dev)
+        self.kv, self.s, self.bufs, self.rule = kv, state, bufs, rule
+        self.draft = drafter.draft if drafter is not None else None
+        self.lookup, self.top1 = (drafter.lookup, drafter.top1) if drafter is not None else (0, ())
+        dev = kv.device
+        self.depth = bufs.depth
+        self.children = bufs.children if rule.name == "sample" else None
         self.j = torch.arange(self.depth + 1, device=dev)
-        self.cols = torch.arange(L, device=dev)
-        if lookup:
-            t = len(top1)
-            self.guess = torch.tensor([top1[i] if i < t else 0 for i in range(lookup)], dtype=torch.long, device=dev)
-            self.lj = torch.arange(lookup, device=dev)
+        if self.lookup:
+            guess = [self.top1[i] if i < len(self.top1) else 0 for i in range(self.lookup)]
+            self.guess = torch.tensor(guess, dtype=torch.long, device=dev)
+            self.lj = torch.arange(self.lookup, device=dev)
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
         self.cuda = torch.cuda  # what replays it (tests: a stand-in)
         self.compiled = None  # or ``step`` compiled (capture "compile")
-        self.failed: Exception | None = (
-            None  # why a compile failed: not tried again (it can take minutes; a graph capture is retried)
-        )
-
-    # ------------------------------------------------------------------ pieces
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """softmax(logits / T) [.., V], restricted to the top-p nucleus when the program has one."""
-        probs = tempered_probs(logits, self.s.temperature)
-        if self.nucleus:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < self.s.top_p
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-            probs = probs / probs.sum(-1, keepdim=True)
-        return probs
-
-    def _draw(self, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """[1] the exponential race's winner at ``position`` [1] (sample_token's rule)."""
-        return (probs / race_noise(self.s.seed, position, probs.shape[-1])).argmax(-1)
-
-    def _walk(self, logits: torch.Tensor, toks: torch.Tensor, pos0: torch.Tensor):
-        """Exact sampling's tree walk (acceptance.sample_walk), unrolled to the tree's depth: the draw
-        at depth d is the token at ``pos0 + d``; draws after the walk ended change nothing. Only the
-        walked rows are tempered (and sorted, with top-p): depth + 1 of the L."""
-        node = torch.zeros(1, dtype=torch.long, device=logits.device)
-        alive = torch.ones(1, dtype=torch.bool, device=logits.device)
-        nodes, n, bonus = [node], torch.zeros(1, dtype=torch.long, device=logits.device), node
-        for d in range(self.depth + 1):
-            y = self._draw(self._probs(logits.index_select(0, node)), pos0 + d)
-            kids = self.children.index_select(0, node)[0]
-            match = (toks.gather(0, kids.clamp(min=0)) == y) & (kids >= 0)
-            has = match.any().view(1)
-            child = kids.gather(0, match.long().argmax().view(1))
-            bonus = torch.where(alive & ~has, y, bonus)
-            alive = alive & has
-            node = torch.where(alive, child, node)
-            n = n + alive.long()
-            nodes.append(torch.where(alive, child, torch.zeros_like(child)))
-        return n, torch.cat(nodes[: self.depth + 1]), bonus
-
-    def _chain(
-        self, drafted: torch.Tensor, root: torch.Tensor, seq_len: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The lookup branch [lookup] from the history on the device (lookup.ngram_proposal's match:
-        the latest earlier occurrence of the longest suffix n-gram, MIN_NGRAM <= n <= MAX_NGRAM),
-        padded as Decoder's static steps pad it: the heads' top-1 guess per depth past the match,
-        then the last token again. Returns (branch, matched)."""
-        hist, c = self.s.history, self.lookup
-        start = torch.full((1,), -1, dtype=torch.long, device=hist.device)
-        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-            suffix = hist.gather(0, (seq_len - n + torch.arange(n, device=hist.device)).clamp(min=0))
-            windows = hist.unfold(0, n, 1)  # [H - n + 1, n]
-            s = torch.arange(windows.shape[0], device=hist.device)
-            hit = (windows == suffix).all(-1) & (s <= seq_len - 1 - n)
-            last = torch.where(hit, s, -1).max().view(1)
-            start = torch.where((start < 0) & (last >= 0), last + n, start)
-        found = start >= 0
-        matched = torch.where(found, (seq_len - start).clamp(0, c), 0)
-        chain = hist.gather(0, (start.clamp(min=0) + self.lj).clamp(max=hist.numel() - 1))
-        t = len(self.top1)
-        guess = drafted.gather(0, self.guess)
-        before = torch.where(self.lj < matched, chain, guess)  # the match, then the top-1 guesses
-        length = torch.clamp(torch.maximum(matched, torch.full_like(matched, t)), max=c)
-        pad = torch.where(length > 0, before.gather(0, (length - 1).clamp(min=0)), root.view(1))
-        return torch.where(self.lj < length, before, pad), matched
+        self.failed: Exception | None = None  # why a compile failed: not tried again (it can take minutes)
 
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
-        """One whole decode step on the device (see the module docstring); writes ``state.result``."""
-        s, kv, L, D = self.s, self.kv, self.bufs.num_nodes, self.depth
+        """One whole decode step on the device; writes ``state.result`` and the next tree's tokens."""
+        s, kv, L = self.s, self.kv, self.bufs.num_nodes
         seq_len = s.seq_len.view(1)
         prefix = seq_len - 1
         toks = s.tokens[:L]
+        # verify: the stock forward of the tree after the prefix, mask and positions built on the device
         kv.set_lengths(s.seq_len - 1)
         h = kv.body(
             input_ids=toks[None],
@@ -229,66 +122,49 @@ class Program:
             use_cache=True,
         ).last_hidden_state[0]
         logits = kv.lm_head(h)  # [L, V]
-        if self.rule == "sample":
-            n, nodes, bonus = self._walk(logits, toks, seq_len)
-            best = (
-                ((self.ri == nodes[None]) | (self.j[None] > n)).all(dim=1).long().argmax().view(1)
-            )  # the first row that starts with the path
-            last = nodes.gather(0, n)
-        else:
-            path_tokens = toks[self.ri]
-            argmax = None  # the greedy rule's argmax after every node, reused for the bonus
-            if self.rule == "typical":
-                probs = tempered_probs(logits, s.temperature)
-                threshold = typical_threshold_of_entropy(
-                    torch.special.entr(probs).sum(-1), epsilon=s.epsilon, delta=s.delta
-                )
-                parent = self.ri[:, :-1]
-                p_cand = probs[parent, path_tokens[:, 1:]]
-                prefix_ok = ((p_cand > threshold[parent]) & self.valid[:, 1:]).long().cumprod(dim=1)
-                accept = prefix_ok.sum(dim=1)
-                score = accept.float() * 1e6 + (torch.log(p_cand.clamp_min(1e-30)) * prefix_ok).sum(dim=1)
-            else:
-                argmax = greedy_tokens(logits)
-                accept, score = greedy_accept(logits, path_tokens, self.ri, self.valid, argmax=argmax)
-            best = score.argmax().view(1)  # first best path on ties
-            n = accept.gather(0, best)
-            nodes = self.ri.index_select(0, best)[0]  # [D + 1], padding clamped to 0
-            last = nodes.gather(0, n)
-            if self.sample_root:
-                bonus = self._draw(self._probs(logits.index_select(0, last)), seq_len + n)
-            else:
-                bonus = argmax.gather(0, last) if argmax is not None else greedy_tokens(logits.index_select(0, last))
-        # cut at the budget, the context and EOS (Decoder._finish)
-        emitted = torch.where(
-            self.j < n, toks.gather(0, torch.cat([nodes[1:], nodes[:1]])), torch.where(self.j == n, bonus, -1)
+        # accept: the rule, and the bonus token
+        knobs = Knobs(s.temperature, s.top_p, s.seed, s.epsilon, s.delta)
+        n, nodes, best, bonus = accept(
+            self.rule, logits, toks, self.bufs.paths, self.bufs.valid, self.children, knobs=knobs, seq_len=seq_len
         )
-        budget, context = s.budget - s.produced, s.context - s.seq_len
-        room = torch.minimum(budget, context)
-        count = torch.minimum(n + 1, room.view(1))
-        is_eos = (emitted[:, None] == s.eos[None]).any(-1) & (self.j < count)
-        has_eos = is_eos.any().view(1)
-        first = torch.where(is_eos, self.j, D + 1).min().view(1)
-        reason = torch.where(has_eos, 1, torch.where(n + 1 >= room, torch.where(budget <= context, 2, 3), 0))
-        count = torch.where(has_eos, first + 1, count)
+        last = nodes.gather(0, n)
+        # cut at the budget, the context and EOS
+        accepted = toks.gather(0, torch.cat([nodes[1:], nodes[:1]]))
+        emitted = torch.where(self.j < n, accepted, torch.where(self.j == n, bonus, -1))
+        count, reason = cut(emitted, n, budget=s.budget - s.produced, context=s.context - s.seq_len, eos=s.eos)
         # report, before the next draft overwrites the tree tokens
-        r = s.result
+        r, D = s.result, self.depth
         r[:META].copy_(torch.cat([count, n, reason, s.matched.view(1), best]))
         r[META : META + D + 1].copy_(emitted)
         r[META + WIDTH : META + WIDTH + D + 1].copy_(nodes)
         r[META + 2 * WIDTH : META + 2 * WIDTH + L].copy_(toks)
         # commit: K/V of root + accepted behind the prefix, tokens into the history, the counters
         kv.compact(prefix, nodes)
-        s.history.index_copy_(
-            0, seq_len + self.j, torch.where(self.j < count, emitted, s.history.gather(0, seq_len + self.j))
-        )
+        kept = torch.where(self.j < count, emitted, s.history.gather(0, seq_len + self.j))
+        s.history.index_copy_(0, seq_len + self.j, kept)
         s.seq_len.add_(count[0])
         s.produced.add_(count[0])
+        # draft: the next tree from the last accepted node's hidden state
         self.write_draft(h.index_select(0, last)[0], bonus)
 
+    def _chain(
+        self, drafted: torch.Tensor, root: torch.Tensor, seq_len: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The lookup branch [lookup]: the match in the history (``lookup.ngram_match``), then the
+        drafter's top-1 guess per depth past it, then the last token again. Returns (branch, matched)."""
+        hist, c = self.s.history, self.lookup
+        start = ngram_match(hist, seq_len)
+        matched = torch.where(start >= 0, (seq_len - start).clamp(0, c), 0)
+        chain = hist.gather(0, (start.clamp(min=0) + self.lj).clamp(max=hist.numel() - 1))
+        guess = drafted.gather(0, self.guess)
+        before = torch.where(self.lj < matched, chain, guess)  # the match, then the top-1 guesses
+        length = torch.clamp(torch.maximum(matched, torch.full_like(matched, len(self.top1))), max=c)
+        pad = torch.where(length > 0, before.gather(0, (length - 1).clamp(min=0)), root.view(1))
+        return torch.where(self.lj < length, before, pad), matched
+
     def write_draft(self, hidden: torch.Tensor, root: torch.Tensor) -> None:
-        """The next step's tree tokens, in place: the heads' draft from ``hidden`` [d] under
-        ``root`` [1], then the lookup branch matched in the history (root alone without a draft)."""
+        """The next step's tree tokens, in place: the drafter's tree from ``hidden`` [d] under
+        ``root`` [1], then the lookup branch matched in the history (the root alone without a draft)."""
         s, L = self.s, self.bufs.num_nodes
         if self.draft is None:
             s.tokens[:1].copy_(root)
@@ -395,60 +271,30 @@ class Program:
             self.step()
 
 
-def rule_of(decoder) -> tuple[str, bool, bool]:
-    """(rule, nucleus, sample_root) of a decoder's steps."""
-    cfg, method = decoder.config, decoder.method
-    sampled = cfg.temperature > 0
-    if sampled and method in ("plain", "medusa-sample"):
-        return "sample", cfg.top_p < 1, False
-    if sampled and method == "medusa-typical":
-        return "typical", cfg.sample_root and cfg.top_p < 1, cfg.sample_root
-    return "greedy", False, False
-
-
 def programs(decoder, kv) -> tuple[Program | None, Program]:
     """(the tree step, the root-only step) of ``decoder`` on ``kv``, built once per StaticKV and
-    reused by every run that computes the same thing (same rule, tree, lookup length and heads)."""
+    reused by every run that computes the same thing (same rule, tree, lookup length and drafter)."""
     kv.bind()  # the one K/V store and length tensor the programs use
     if kv.state is None:
         kv.state = FusedState(kv, vocab=decoder.lm_head.weight.shape[0])
-    rule, nucleus, sample_root = rule_of(decoder)
+    rule = decoder.rule
 
-    def get(bufs: TreeBuffers, draft, lookup: int, heads: tuple) -> tuple[tuple, Program]:
-        key = (rule, nucleus, sample_root, bufs.cpu.choices, lookup, heads)
+    def get(bufs: TreeBuffers, drafter) -> tuple[tuple, Program]:
+        key = (rule, bufs.cpu.choices, drafter.lookup, drafter.key) if drafter is not None else (rule, bufs.cpu.choices)
         if key not in kv.programs:
-            kv.programs[key] = Program(
-                kv,
-                kv.state,
-                bufs,
-                rule=rule,
-                nucleus=nucleus,
-                sample_root=sample_root,
-                draft=draft,
-                lookup=lookup,
-                top1=tuple(decoder.top1_nodes),
-            )
+            kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, drafter=drafter)
         kv.programs.move_to_end(key)  # most recently used last
         return key, kv.programs[key]
 
-    root_key, root = get(decoder.root_tree, None, 0, ())
+    root_key, root = get(decoder.root_tree, None)
     tree_key, tree = None, None
-    if decoder.method != "plain":
-        d, c = decoder, decoder.config.lookup
-        d.tree.out.levels  # a cached_property (a lock inside): computed now, never inside a captured or compiled step
-        shared = d.heads.proposal_ids is not None and d.heads.config.shared_lm_head
-        proj = (
-            d.heads.proposal_projection(d.lm_head) if shared else None
-        )  # built now; a graph reads its weight, so the key keeps it alive
-        draft = lambda hidden, r: d.heads.draft(hidden, d.lm_head, d.tree.out, r, d.embed)  # noqa: E731
-        tree_key, tree = get(d.lookup_trees[c] if c else d.tree, draft, c, (d.heads, proj))
+    if decoder.static_draft is not None:
+        tree_key, tree = get(decoder.static_draft.buffers, decoder.static_draft)
     evict(kv, keep=(root_key, tree_key))
     return tree, root
 
 
-MAX_PROGRAMS = (
-    48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules fit; each custom tree adds one)
-)
+MAX_PROGRAMS = 48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules; custom trees)
 
 
 def evict(kv, *, keep: tuple) -> None:
@@ -488,8 +334,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
     ).last_hidden_state[0, -1]
     logits = d.lm_head(hidden)
-    rule, nucleus, sample_root = rule_of(d)
-    drawn = rule == "sample" or sample_root
+    drawn = d.rule.name == "sample" or d.rule.sample_root
     root = (
         sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=n)
         if drawn
@@ -502,11 +347,9 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
     captured = kv.capture != "none" and all(p.captured for p in (tree, root_prog) if p is not None)
     yield d._prefill_step(new, reason, t0, kv, engine=f"static, {kv.capture}" if captured else "static")
     seq_len, index = n + len(new), 1
-    reach = max(d.tree.depth, cfg.lookup) if tree is not None else 0
-    while reason is None:
-        prog = (
-            tree if tree is not None and seq_len + reach + 1 <= limit else root_prog
-        )  # near the context limit: root-only steps
+    reach = tree.bufs.depth if tree is not None else 0
+    while reason is None:  # near the context limit: root-only steps
+        prog = tree if tree is not None and seq_len + reach + 1 <= limit else root_prog
         L = prog.bufs.num_nodes
         t0 = time.perf_counter()
         prog.run()
@@ -529,6 +372,6 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
             tree_tokens=torch.tensor(row[META + 2 * WIDTH : META + 2 * WIDTH + L]) if detail and prog is tree else None,
             best_path=best if detail and prog is tree else None,
             finish_reason=reason,
-            drafter=d.drafter,
+            drafter=d.drafter_name,
         )
         seq_len, index = seq_len + len(new), index + 1

@@ -69,6 +69,12 @@ def is_static(cache: Cache) -> bool:
     return bool(cache.layers) and isinstance(cache.layers[0], StaticLayer)
 
 
+def moved_slots(prefix: int | torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compaction rule: the K/V of the accepted tree slots ``prefix + nodes`` (in tree order)
+    move to ``prefix + 0 .. len(nodes) - 1``, right behind the prefix. Returns (source, destination)."""
+    return prefix + nodes, prefix + torch.arange(nodes.numel(), device=nodes.device)
+
+
 def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
     """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
 
@@ -96,7 +102,7 @@ def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: 
     for layer in cache.layers if not (in_place or last_only) else ():
         dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
         if dev not in keep_on:
-            keep_on[dev] = nodes.to(dev) + prefix_len
+            keep_on[dev] = moved_slots(prefix_len, nodes.to(dev))[0]
         k = layer.keys.index_select(-2, keep_on[dev])
         v = layer.values.index_select(-2, keep_on[dev])
         layer.keys[..., prefix_len : prefix_len + n, :] = k
@@ -273,7 +279,7 @@ class StaticKV:
         """Move the K/V of tree slots ``prefix + nodes`` to ``prefix + 0 .. len(nodes) - 1``, every
         layer at once (one gather, one copy into the store); device tensors, fixed shape. The
         lengths are not touched: the next step sets them from its prefix."""
-        src, dst = prefix + nodes, prefix + torch.arange(nodes.numel(), device=nodes.device)
+        src, dst = moved_slots(prefix, nodes)
         if self.store is not None:
             self.store.index_copy_(4, dst, self.store.index_select(4, src))
             return

@@ -23,24 +23,39 @@ def is_length(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LOOKUP
 
 
+def ngram_match(
+    history: torch.Tensor, seq_len: torch.Tensor, *, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
+) -> torch.Tensor:
+    """[1] where the tokens after the latest earlier occurrence of the longest suffix n-gram of
+    ``history[:seq_len]`` start (``min_ngram`` <= n <= ``max_ngram``), -1 when none occurred.
+    ``history`` may run past ``seq_len`` (a fixed-size buffer); ``seq_len`` [1] is a tensor, so a
+    captured step matches on the device with no host read."""
+    dev = history.device
+    start = torch.full((1,), -1, dtype=torch.long, device=dev)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if history.numel() < n:
+            continue
+        suffix = history.gather(0, (seq_len - n + torch.arange(n, device=dev)).clamp(min=0))
+        windows = history.unfold(0, n, 1)  # [H - n + 1, n]
+        s = torch.arange(windows.shape[0], device=dev)
+        # each window is followed by at least one token, and the suffix itself is not among them
+        hit = (windows == suffix).all(-1) & (s <= seq_len - 1 - n)
+        last = torch.where(hit, s, -1).max().view(1)
+        start = torch.where((start < 0) & (last >= 0), last + n, start)
+    return start
+
+
 def ngram_proposal(
     history: torch.Tensor, *, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
 ) -> torch.Tensor:
     """Up to ``length`` tokens that followed the most recent earlier occurrence of the longest
     suffix of ``history`` (1-D token ids; its last token is the next step's root) with
-    ``min_ngram`` <= n <= ``max_ngram`` tokens. Empty when no such n-gram occurred before or
-    ``length`` is 0. Near the end of ``history`` the proposal may be shorter than ``length``."""
+    ``min_ngram`` <= n <= ``max_ngram`` tokens (``ngram_match``). Empty when no such n-gram
+    occurred before or ``length`` is 0. Near the end of ``history`` it may be shorter."""
     if min_ngram < 1 or max_ngram < min_ngram:
         raise ValueError(f"Need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram}).")
-    n_tok = history.numel()
     if length < 1:
         return history[:0]
-    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
-        # windows starting at 0 .. n_tok - 1 - n: each one is followed by at least one token, and
-        # the suffix itself (starting at n_tok - n) is not among them
-        windows = history[: n_tok - 1].unfold(0, n, 1)
-        hits = (windows == history[n_tok - n :]).all(-1).nonzero()
-        if hits.numel():
-            start = int(hits[-1, 0]) + n
-            return history[start : start + length]
-    return history[:0]
+    n_tok = torch.tensor([history.numel()], device=history.device)
+    start = int(ngram_match(history, n_tok, max_ngram=max_ngram, min_ngram=min_ngram))
+    return history[start : start + length] if start >= 0 else history[:0]

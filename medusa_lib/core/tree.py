@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from .acceptance import children_tensor
 from .messages import InputError, shown
 
 TOPK = 10  # candidates read from each head (reference TOPK)
@@ -177,6 +178,21 @@ class TreeBuffers:
     @cached_property
     def depth(self) -> int:
         return self.tree.depth
+
+    @cached_property
+    def paths(self) -> torch.Tensor:
+        """[P, D+1] retrieve_indices on the logits' device, padding clamped to 0 (see ``valid``)."""
+        return self.out.retrieve_indices.clamp(min=0)
+
+    @cached_property
+    def valid(self) -> torch.Tensor:
+        """[P, D+1] which path slots are nodes (padded slots never pass)."""
+        return self.out.retrieve_indices >= 0
+
+    @cached_property
+    def children(self) -> torch.Tensor:
+        """[L, W] each node's children on the logits' device, -1 padded (exact sampling's walk)."""
+        return children_tensor(self.cpu.children, device=self.out.retrieve_indices.device)
 
 
 def validate_choices(

@@ -27,14 +27,19 @@ from typing import Callable, Sequence
 
 from ..core.decoding import Decoder
 from ..core.defaults import device_kind, record_kind
+from ..core.drafters import Drafter, EagleDrafter, MedusaDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleError, EagleHead, is_eagle_folder, load_eagle
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
+from ..core.tree import MedusaTree
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
 
 DRAFTERS = ("medusa", "eagle")
+SHIPPED_HEADS = (
+    Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
+)  # the default model's
 EAGLE_SUFFIX = "-eagle"  # the EAGLE head of heads folder X lives in X-eagle
 EAGLE_BUDGETS = (8, 16, 24, 40)  # the Tree lab's sweep of EAGLE's node budget
 
@@ -246,6 +251,13 @@ class Drafters:
             )
         return self.eagles[numerics]
 
+    def make(self, drafter: str, *, numerics: str, heads: MedusaHeads, tree: Callable[[], MedusaTree]) -> Drafter:
+        """The core drafter a run's decoders share: ``drafter`` as ``resolve`` gave it, for the copy of
+        the model with ``numerics``; ``tree()`` is the checked tree of the run's settings (Medusa heads)."""
+        if drafter == "eagle":
+            return EagleDrafter(self.head(drafter, numerics))
+        return MedusaDrafter(heads, tree())
+
 
 def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Drafters:
     """The Drafters of a Playground: the default by ``default_drafter`` from the recorded figures."""
@@ -305,14 +317,12 @@ def eagle_budgets(
     )
     ids, decoders = pg.prepare(prompt, settings)
     plain, eagle = decoders["plain"], decoders["medusa-greedy"]
-    base = eagle.dynamic
+    base = eagle.drafter.tree
     runs = {0: plain} | {
         n: Decoder(
             eagle.model,
             method="medusa-greedy",
-            heads=eagle.heads,
-            eagle=eagle.eagle,
-            tree=replace(base, num_nodes=min(n, base.num_candidates)),
+            drafter=EagleDrafter(eagle.drafter.head, replace(base, num_nodes=min(n, base.num_candidates))),
             config=eagle.config,
         )
         for n in budgets
@@ -332,7 +342,7 @@ def eagle_budgets(
     base_tps = ref.tokens_per_second if ref.decode_steps else 0.0
     return [
         BudgetPoint(
-            runs[n].dynamic.num_nodes,
+            runs[n].drafter.tree.num_nodes,
             r.tokens_per_step,
             r.tokens_per_second,
             r.tokens_per_second / base_tps if base_tps > 0 else None,

@@ -42,7 +42,7 @@ from ..core.tree import (
     parse_choices,
     preset_names,
 )
-from .drafter import find_eagle, load_eagle_for, load_medusa, make_drafters, untrained_heads
+from .drafter import SHIPPED_HEADS, find_eagle, load_eagle_for, load_medusa, make_drafters, untrained_heads
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
 from .page import LABELS, GreedyCheck, column_note, greedy_check, sample_rows, summary_rows
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
@@ -53,6 +53,7 @@ from .settings import (
     MAX_RUN_SECONDS,
     MAX_TREE_CHARS,
     MAX_TREE_NODES,
+    REQUEST_DEFAULTS,
     PlaygroundError,
     RunStopped,
     Settings,
@@ -251,8 +252,8 @@ class Playground:
         cls,
         *,
         model: str = "default",
-        heads: str | Path | None = None,
-        default_heads: str | Path | None = None,
+        heads: str | Path | None = "auto",
+        default_heads: str | Path | None = SHIPPED_HEADS,
         device: str = "auto",
         dtype: str = "auto",
         trust_remote_code: bool = False,
@@ -264,7 +265,9 @@ class Playground:
         eagle: str | Path | None = "auto",
         **kwargs,
     ) -> "Playground":
-        """Load model + heads. A missing *default* heads folder falls back to untrained heads (with a
+        """Load model + heads, by default what the page loads: the default model with the shipped heads
+        (``heads="auto"``: ``SHIPPED_HEADS`` for the default model, none for another) and the EAGLE head
+        beside them. A missing *default* heads folder falls back to untrained heads (with a
         note); heads the user named explicitly must load (HeadsError otherwise). Model code from the
         Hub runs only with ``trust_remote_code=True`` (the operator's --trust-remote-code).
         ``max_prompt_tokens="auto"``: the fixed limit of the device's kind (``default_prompt_tokens``).
@@ -275,6 +278,8 @@ class Playground:
         ``eagle``: the EAGLE head's folder, "auto" (the one beside the Medusa heads, if any) or "none";
         a named folder is checked before the model loads and must load (EagleError)."""
         say = progress or (lambda msg: None)
+        if heads == "auto":
+            heads = SHIPPED_HEADS if model == "default" else None
         eagle_folder, eagle_named = find_eagle(eagle, heads=heads)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
@@ -362,10 +367,20 @@ class Playground:
         numerics=None,
         drafter=None,
     ) -> Settings:
-        """Settings from what the page or a ``/compare`` caller sent: an empty preset means the heads'
-        default tree, a list of paths is taken as the custom tree (as JSON text), the lookup switch
-        becomes the heads' branch length or 0. Only what these conversions need is checked here (the
-        switch must be true or false, the list must be writable as text); ``prepare`` checks the rest."""
+        """``settings_of`` with the values in ``/compare``'s order."""
+        return self.settings_of({k: v for k, v in locals().items() if k != "self"})
+
+    def settings_of(self, request: Mapping) -> Settings:
+        """Settings from what the page or a ``/compare`` caller sent, by name (``REQUEST_DEFAULTS``:
+        what a name left out means). An empty preset means the heads' default tree, a list of paths
+        is taken as the custom tree (as JSON text), the lookup switch becomes the heads' branch length
+        or 0. Only what these conversions need is checked here (the switch must be true or false, the
+        list must be writable as text); ``prepare`` checks the rest."""
+        unknown = sorted(set(request) - set(REQUEST_DEFAULTS))
+        if unknown:
+            raise PlaygroundError(f"Unknown setting {unknown[0]!r}; the settings are: {', '.join(REQUEST_DEFAULTS)}.")
+        r = {**REQUEST_DEFAULTS, **request}
+        custom_tree = r["custom_tree"]
         if isinstance(custom_tree, list):  # an API caller may send the paths themselves
             try:
                 custom_tree = json.dumps(custom_tree)
@@ -373,21 +388,21 @@ class Playground:
                 raise PlaygroundError(
                     "The custom tree is nested too deeply; send a flat list of paths like [[0], [0, 0], [1]]."
                 ) from None
-        if not isinstance(lookup_branch, bool):
-            raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", lookup_branch))
+        if not isinstance(r["lookup_branch"], bool):
+            raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", r["lookup_branch"]))
         return Settings(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            posterior_threshold=epsilon,
-            posterior_alpha=delta,
-            tree=tree if tree not in (None, "") else self.defaults.tree,
+            max_new_tokens=r["max_new_tokens"],
+            temperature=r["temperature"],
+            posterior_threshold=r["epsilon"],
+            posterior_alpha=r["delta"],
+            tree=r["tree"] if r["tree"] not in (None, "") else self.defaults.tree,
             custom_tree="" if custom_tree is None else custom_tree,
-            chat_template=chat_template,
-            lookup=self.defaults.lookup if lookup_branch else 0,
-            sample=sample,
-            seed=seed,
-            numerics=numerics if numerics != "" else None,
-            drafter=drafter if drafter != "" else None,
+            chat_template=r["chat_template"],
+            lookup=self.defaults.lookup if r["lookup_branch"] else 0,
+            sample=r["sample"],
+            seed=r["seed"],
+            numerics=r["numerics"] if r["numerics"] != "" else None,
+            drafter=r["drafter"] if r["drafter"] != "" else None,
         )
 
     def resolve_tree(self, settings: Settings) -> MedusaTree:
@@ -436,11 +451,11 @@ class Playground:
         self.check_prompt(prompt)
         settings.check(max_new_tokens_limit=self.max_new_tokens_limit)
         self.check_numerics(settings.numerics)
-        drafter = self.drafters.resolve(settings.drafter)
-        eagle = self.drafters.head(drafter, dtype_name(self.pair(settings)[0]))
-        tree = self.resolve_tree(settings) if eagle is None else None  # EAGLE grows its own tree (drafter.tree_note)
-        ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         model, heads = self.pair(settings)
+        name = self.drafters.resolve(settings.drafter)
+        tree = lambda: self.resolve_tree(settings)  # noqa: E731
+        drafter = self.drafters.make(name, numerics=dtype_name(model), heads=heads, tree=tree)
+        ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         shared = (
             self.static_kv
             if model is self.model
@@ -450,11 +465,9 @@ class Playground:
             v: Decoder(
                 model,
                 method=DECODER_METHOD.get(v, v),
-                heads=heads,
-                tree=tree,
                 config=replace(settings.config(v), cache=self.cache),
                 static_kv=shared,
-                eagle=eagle,
+                drafter=drafter,
             )
             for v in settings.views
         }
@@ -585,19 +598,12 @@ class Playground:
                                     ready(d, kv)
                 finally:
                     kv.release()
-        key = (dtype_name(decoders[0].model), next((d.drafter for d in decoders if d.drafter), None))
+        key = (dtype_name(decoders[0].model), next((d.drafter.name for d in decoders if d.drafter), None))
         if key in self._warm:
             return
         for d in decoders:
-            Decoder(
-                d.model,
-                method=d.method,
-                heads=d.heads,
-                tree=d.tree.cpu if d.tree is not None else d.dynamic,
-                config=replace(d.config, max_new_tokens=2),
-                eagle=d.eagle,
-                static_kv=d.static_kv,
-            ).run(ids[:16])
+            warm = replace(d.config, max_new_tokens=2)
+            Decoder(d.model, method=d.method, config=warm, drafter=d.drafter, static_kv=d.static_kv).run(ids[:16])
         self._warm.add(key)
 
     def run_method(
@@ -606,7 +612,7 @@ class Playground:
         """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
         ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
-        record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter)
+        record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter_name)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
         with closing(

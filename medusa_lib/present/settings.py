@@ -30,6 +30,24 @@ MODES = {"greedy": False, "sampling": True}  # the page's Mode choice -> Setting
 DECODER_METHOD = {"plain-sample": "plain"}  # a view's decoder method, where the names differ
 
 
+# What a page or ``/compare`` request may name, and what a name left out means: the page's
+# starting values (an empty tree: the heads' default; empty numerics or drafter: the playground's).
+REQUEST_DEFAULTS = {
+    "max_new_tokens": 96,
+    "temperature": 0.7,
+    "epsilon": 0.09,
+    "delta": 0.3,
+    "tree": "",
+    "custom_tree": "",
+    "chat_template": True,
+    "lookup_branch": True,
+    "sample": False,
+    "seed": 0,
+    "numerics": None,
+    "drafter": None,
+}
+
+
 class PlaygroundError(InputError):
     """Settings the playground cannot run with. One sentence that says what to change."""
 
