@@ -45,8 +45,8 @@ from ..core.model import (
     load_model,
 )
 from .cli import add_model_arguments
+from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
-from .train import frequent_tokens
 
 TRAIN_ANSWERS = [
     "assets/data/distill/train_answers.jsonl.gz",
