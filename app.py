@@ -45,7 +45,8 @@ def env_number(
             else f"a number of at least {low:g}" + (f" and at most {high:g}" if high is not None else "")
         )
         sys.exit(
-            f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; fix it or unset it."
+            f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; "
+            "fix it or unset it."
         )
     return value
 
@@ -58,45 +59,36 @@ def env_switch(name: str) -> bool:
     return raw == "1"
 
 
-HOST = os.environ.get(
-    "MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
-)  # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
+# Spaces sets GRADIO_SERVER_NAME=0.0.0.0
+HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
 PORT_ENV = "MEDUSA_PORT" if "MEDUSA_PORT" in os.environ else "GRADIO_SERVER_PORT"  # named in the sentence of a bad port
 PORT = env_number(PORT_ENV, "7860", low=1, high=65535, also=())
 MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
 DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
 HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
-EAGLE = os.environ.get(
-    "MEDUSA_EAGLE", "auto"
-)  # auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
+# auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
+EAGLE = os.environ.get("MEDUSA_EAGLE", "auto")
 DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
-DTYPE = os.environ.get(
-    "MEDUSA_DTYPE", "auto"
-)  # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
-CACHE = os.environ.get(
-    "MEDUSA_CACHE", "auto"
-)  # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
+# auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
+DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")
+# auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
+CACHE = os.environ.get("MEDUSA_CACHE", "auto")
 CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
 SHARE = env_switch("MEDUSA_SHARE")
-TRUST_REMOTE_CODE = env_switch(
-    "MEDUSA_TRUST_REMOTE_CODE"
-)  # run a Hub model's own Python code: the operator's call, never the page's
-# The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help imports nothing heavy).
-MAX_PROMPT_CHARS = env_number(
-    "MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=()
-)  # longer prompts are refused before tokenising
-MAX_PROMPT_TOKENS = env_number(
-    "MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1
-)  # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
-MAX_NEW_TOKENS = env_number(
-    "MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=()
-)  # the slider's starting value and /compare's default
-MAX_NEW_TOKENS_LIMIT = env_number(
-    "MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=()
-)  # the slider's and the API's maximum
-MAX_RUN_SECONDS = env_number(
-    "MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=()
-)  # wall time one API call may take: ends a run whose client left unseen
+# Run a Hub model's own Python code: the operator's call, never the page's.
+TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")
+# The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help
+# imports nothing heavy).
+# Longer prompts are refused before tokenising.
+MAX_PROMPT_CHARS = env_number("MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=())
+# auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
+MAX_PROMPT_TOKENS = env_number("MEDUSA_MAX_PROMPT_TOKENS", "auto", low=1)
+# The slider's starting value and /compare's default.
+MAX_NEW_TOKENS = env_number("MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=())
+# The slider's and the API's maximum.
+MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=())
+# Wall time one API call may take: ends a run whose client left unseen.
+MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())
 EXAMPLES = ROOT / "assets" / "examples.json"
 
 
@@ -128,19 +120,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-float32-copy",
         dest="float32_copy",
         action="store_false",
-        help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when memory allows)",
+        help="with a 16-bit --dtype, do not also load a float32 copy for the page's exact Numerics choice (on when "
+        "memory allows)",
     )
     ap.add_argument(
         "--cache",
         default=CACHE,
         choices=["auto", "dynamic", "static"],
-        help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, dynamic on a CPU)",
+        help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, "
+        "dynamic on a CPU)",
     )
     ap.add_argument(
         "--capture",
         default=CAPTURE,
         choices=["auto", "none", "compile", "cuda-graph"],
-        help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, none on a CPU)",
+        help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, "
+        "none on a CPU)",
     )
     ap.add_argument(
         "--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)"
@@ -176,7 +171,8 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
         family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError):
         sys.exit(
-            f"error: {host} {args.host!r} is not a name or address this machine can resolve; use 127.0.0.1, or 0.0.0.0 to serve the network."
+            f"error: {host} {args.host!r} is not a name or address this machine can resolve; use 127.0.0.1, "
+            "or 0.0.0.0 to serve the network."
         )
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a port in TIME_WAIT is free
@@ -185,18 +181,21 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 sys.exit(
-                    f"error: {port} {args.port} is in use on {args.host}; stop what serves there or pick another {port}."
+                    f"error: {port} {args.port} is in use on {args.host}; stop what serves there or pick another "
+                    f"{port}."
                 )
             if e.errno == errno.EADDRNOTAVAIL:
                 sys.exit(
-                    f"error: {host} {args.host!r} is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+                    f"error: {host} {args.host!r} is not an address of this machine; use 127.0.0.1, "
+                    "or 0.0.0.0 to serve the network."
                 )
             if e.errno == errno.EACCES:
                 sys.exit(
                     f"error: {port} {args.port} needs administrator rights on this machine; pick a port above 1023."
                 )
             sys.exit(
-                f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); pick another {port} or {host}."
+                f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); "
+                f"pick another {port} or {host}."
             )
     from medusa_lib.core.kv import resolve_engine
     from medusa_lib.core.model import resolve_device, resolve_dtype
@@ -252,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     except OSError as e:  # the port was taken while the model loaded ...
         sys.exit(
-            f"error: cannot serve on {args.host}:{args.port} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
+            f"error: cannot serve on {args.host}:{args.port} "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
         )
 
 

@@ -9,7 +9,8 @@ Three wings, imports pointing inward only:
              attention, packing, lookup, messages);
              usable from a notebook, imports nothing outside core/
   present/   what the page shows, without gradio (settings, records, the runner, inspector data); uses core
-  pipeline/  offline CLIs (prompts, distill, train, calibrate, bench, export): python -m medusa_lib.pipeline.<name>; uses core
+  pipeline/  offline CLIs (prompts, distill, train, calibrate, bench, export):
+             python -m medusa_lib.pipeline.<name>; uses core
 """
 
 from .core.decoding import (

@@ -340,7 +340,8 @@ def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(sav
     assert re.search(r"^hf-generate-static\s+\d+\.\d\s+1\.\d\d\s", printed, re.MULTILINE)
     assert re.search(r"^\s+hf-generate-static\s+3/3$", printed, re.MULTILINE)  # compared with hf-generate's output
     assert re.search(
-        r"^warm-up s \(before the timed runs, not in the tables\): hf-generate \d+\.\d\d, hf-generate-static \d+\.\d\d$",
+        r"^warm-up s \(before the timed runs, not in the tables\): hf-generate \d+\.\d\d, "
+        r"hf-generate-static \d+\.\d\d$",
         printed,
         re.MULTILINE,
     )

@@ -2,8 +2,9 @@
 
 Loads the page, runs an example as a new user would (the first view: greedy mode, float32), waits for
 the three outputs and the tree plot, checks the green badge, the speed-ups and the inspector, runs the
-sampling mode, replays the race and stops it, picks the EAGLE drafter, and saves assets/screenshot.png. Slow: the default model
-(SmolLM2-135M-Instruct) loads from the cache in seconds, or dequantises its GGUF in ~20 s on a cold cache.
+sampling mode, replays the race and stops it, picks the EAGLE drafter, and saves assets/screenshot.png.
+Slow: the default model (SmolLM2-135M-Instruct) loads from the cache, or dequantises its GGUF on a cold
+cache (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def test_the_first_view_is_the_greedy_trio_exact_with_speedups(page):
     ) and "(plain decoding, measured at start-up)" in page.inner_text("#numerics-note")
     settings = page.eval_on_selector_all(
         "#settings *",
-        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible' && getComputedStyle(e).overflowX !== 'hidden').map(e => e.id || e.className)",
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible' && "
+        "getComputedStyle(e).overflowX !== 'hidden').map(e => e.id || e.className)",
     )
     assert settings == [], settings  # no horizontal scroll bar in the settings panel
     page.get_by_role("button", name="Explanation").first.click()
@@ -238,7 +240,8 @@ def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(pa
         assert page.get_attribute(f"{col} .method-drafter", "data-drafter") == "eagle"
     assert page.locator("#out-plain .method-drafter").count() == 0
     page.wait_for_function(
-        "document.querySelector('#tree-plot .gtitle') && document.querySelector('#tree-plot .gtitle').textContent.includes('drafted by the EAGLE head')",
+        "document.querySelector('#tree-plot .gtitle') && document.querySelector('#tree-plot "
+        ".gtitle').textContent.includes('drafted by the EAGLE head')",
         timeout=30_000,
     )
     assert "EAGLE head" in page.inner_text("#summary") and "EAGLE head" in page.inner_text("#path-table")

@@ -1,4 +1,5 @@
-"""Calibration on tiny models: head accuracy, the simulation of accepts against real decoding, the tree pick, the CLI end to end."""
+"""Calibration on tiny models: head accuracy, the simulation of accepts against real decoding, the tree pick,
+the CLI end to end."""
 
 import json
 

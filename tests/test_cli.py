@@ -1,4 +1,5 @@
-"""Start-up from the command line: one sentence and exit code 1 for bad flags, overrides, models or heads, safe defaults."""
+"""Start-up from the command line: one sentence and exit code 1 for bad flags, overrides, models or heads,
+safe defaults."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def load_app_module(monkeypatch, **env):
 
 
 def start(monkeypatch, *argv: str, **env: str) -> str:
-    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit message.
-    On a free port unless ``argv`` names one: app.py refuses a busy port before it loads anything, and 7860 may be taken here."""
+    """Run app.py's main() in-process (``env``: its environment overrides) until it exits; return the exit
+    message. On a free port unless ``argv`` names one: app.py refuses a busy port before it loads anything, and
+    7860 may be taken here."""
     app_cli = load_app_module(monkeypatch, **env)
     port = [] if "--port" in argv else ["--port", str(free_port())]
     with pytest.raises(SystemExit) as err:
@@ -68,18 +70,21 @@ def test_cli_mismatched_heads_exit_with_one_sentence(model_folder, tmp_path):
     assert "Traceback" not in out.stderr
     assert (
         out.stderr.strip().splitlines()[-1]
-        == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; load heads trained for this model."
+        == "error: These Medusa heads were made for hidden size 32, but the model has hidden size 64; "
+        "load heads trained for this model."
     )
 
 
 def test_cli_unknown_model_or_heads_exit_with_one_sentence(monkeypatch, model_folder, tmp_path):
     assert start(monkeypatch, "--model", "nobody/no-such-model", "--device", "cpu") == (
-        "error: Model 'nobody/no-such-model' is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
+        "error: Model 'nobody/no-such-model' is neither a local folder nor in the Hugging Face cache, "
+        "and the Hub cannot be reached; "
         "give a local folder, or check the id and the connection."
     )
     missing = str(tmp_path / "no-such-folder")
     assert start(monkeypatch, "--model", missing, "--device", "cpu") == (
-        f"error: No model folder at {missing!r}; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
+        f"error: No model folder at {missing!r}; give a folder with config.json and the weights, "
+        "or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
     )
     assert start(monkeypatch, "--model", str(model_folder), "--heads", missing, "--device", "cpu").startswith(
         f"error: No Medusa heads found at {missing!r}"
@@ -138,7 +143,8 @@ def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
 
 
 def test_the_app_s_defaults_are_the_library_s(monkeypatch):
-    """One set of limits: app.py spells its defaults out (so --help imports nothing heavy); they must be the presenter's."""
+    """One set of limits: app.py spells its defaults out (so --help imports nothing heavy); they must be the
+    presenter's."""
     from medusa_lib.present import MAX_NEW_TOKENS_LIMIT, MAX_PROMPT_CHARS, MAX_RUN_SECONDS, Settings
 
     app_cli = load_app_module(monkeypatch)
@@ -159,7 +165,7 @@ def test_the_app_s_defaults_are_the_library_s(monkeypatch):
     assert app_cli.MAX_PROMPT_TOKENS == "auto"
 
 
-# ------------------------------------------------------------------ start-up: one sentence per bad flag or override (issue #26)
+# ------------------------------------------------------------------ start-up: one sentence per bad flag or override
 SERVING_ENV = (
     "MEDUSA_PORT",
     "GRADIO_SERVER_PORT",
@@ -246,7 +252,8 @@ def test_bad_serving_flags_are_refused_before_the_model_loads(monkeypatch, no_mo
     # GRADIO_SERVER_NAME (what a Space sets) is read like MEDUSA_HOST
     assert (
         start(monkeypatch, GRADIO_SERVER_NAME="8.8.8.8")
-        == "error: GRADIO_SERVER_NAME '8.8.8.8' is not an address of this machine; use 127.0.0.1, or 0.0.0.0 to serve the network."
+        == "error: GRADIO_SERVER_NAME '8.8.8.8' is not an address of this machine; "
+        "use 127.0.0.1, or 0.0.0.0 to serve the network."
     )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -271,7 +278,8 @@ def test_a_folder_without_a_model_and_damaged_weights_are_one_sentence(monkeypat
     import shutil
 
     assert start(monkeypatch, "--model", "/etc", "--device", "cpu") == (
-        "error: The folder '/etc' has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
+        "error: The folder '/etc' has no config.json, so it holds no model; "
+        "give a folder with config.json and the weights, or a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct."
     )
     damaged = tmp_path / "damaged-model"
     shutil.copytree(model_folder, damaged)

@@ -197,7 +197,8 @@ def start_long_compare(url: str, *, open_stream: bool):
     host, port = url.split("//")[1].rstrip("/").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(
-        f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {host}\r\n"
+        "Accept: text/event-stream\r\n\r\n".encode()
     )
     return sock
 
@@ -302,7 +303,8 @@ def _fifty_runs():
     gc.collect()
     after = rss_mb()
     print(
-        f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB ({time.perf_counter() - t0:.1f} s)"
+        f"\nRSS before {before:.1f} MB, after 50 runs {after:.1f} MB, growth {after - before:+.1f} MB "
+        f"({time.perf_counter() - t0:.1f} s)"
     )
     assert after - before < 30
 

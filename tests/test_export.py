@@ -18,7 +18,10 @@ from medusa_lib.core.vllm_format import to_vllm_medusa, vllm_refusal
 from medusa_lib.pipeline.export import export_vllm, main
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_SENTENCE = "only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without --root-conditioned or --path-conditioned (python -m medusa_lib.pipeline.train --out DIR) and export those."
+TRAIN_SENTENCE = (
+    "only plain heads export to vLLM (such as assets/heads/smollm2-135m-instruct-plain), so train them without "
+    "--root-conditioned or --path-conditioned (python -m medusa_lib.pipeline.train --out DIR) and export those."
+)
 
 
 def proposal_heads(*, layers: int = 2, shared: bool = True, seed: int = 3) -> MedusaHeads:
@@ -113,7 +116,10 @@ def test_conditioned_heads_are_refused_with_the_heads_that_can_be_exported(kind,
         "root": "root-conditioned (they also read the tree's root token)",
         "path": "path-conditioned (each head also reads the tree's root and its own branch)",
     }[kind]
-    expected = f"error: These heads are {what}, which vLLM's Medusa cannot run: it feeds its heads the hidden state only; {TRAIN_SENTENCE}"
+    expected = (
+        f"error: These heads are {what}, which vLLM's Medusa cannot run: it feeds its heads the hidden state only; "
+        f"{TRAIN_SENTENCE}"
+    )
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert str(err.value) == expected
@@ -129,9 +135,11 @@ def test_own_projections_onto_a_proposal_vocabulary_are_refused(tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert str(err.value) == (
-        "error: These heads have their own projections onto a 100-token proposal vocabulary, which vLLM's Medusa cannot load "
+        "error: These heads have their own projections onto a 100-token proposal vocabulary, "
+        "which vLLM's Medusa cannot load "
         "(it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
-        "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections (--proposal-tokens 0), and export those."
+        "(the default: python -m medusa_lib.pipeline.train --out DIR) or with full-vocabulary projections "
+        "(--proposal-tokens 0), and export those."
     )
 
 
@@ -140,8 +148,8 @@ def test_bad_command_lines_get_one_sentence(tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(missing), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert (
-        str(err.value)
-        == f"error: No heads folder at {str(missing)!r}; give the folder that holds medusa_lm_head.safetensors and config.json."
+        str(err.value) == f"error: No heads folder at {str(missing)!r}; "
+        "give the folder that holds medusa_lm_head.safetensors and config.json."
     )
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(missing), "--to", "tgi", "--out", str(tmp_path / "out")])
@@ -209,9 +217,11 @@ def test_the_page_says_whether_the_heads_export_and_with_which_command(tmp_path,
         "`python -m medusa_lib.pipeline.export --heads plain --to vllm --out OUT` (docs/serving.md#serving-your-heads)."
     )
     assert export_hint(hydra) == (
-        "**Serving in vLLM:** these path-conditioned heads cannot be exported (vLLM's Medusa reads the hidden state only); "
+        "**Serving in vLLM:** these path-conditioned heads cannot be exported (vLLM's Medusa reads the hidden state "
+        "only); "
         "plain heads can: train them without path conditioning (`python -m medusa_lib.pipeline.train --out DIR`), "
-        "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` (docs/serving.md#serving-your-heads)."
+        "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` "
+        "(docs/serving.md#serving-your-heads)."
     )
 
 

@@ -339,19 +339,23 @@ def test_calibrations_per_device_kind_are_read_and_a_malformed_one_gets_one_sent
     for bad, message in [
         (
             [cuda],
-            f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, or be left out.",
+            f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, "
+            "or be left out.",
         ),
         (
             {"cuda": "chain-3"},
-            f"{where} has a 'cuda' calibration that is not a record; recalibrate on that device or delete calibrations.cuda.",
+            f"{where} has a 'cuda' calibration that is not a record; recalibrate on that device or delete "
+            "calibrations.cuda.",
         ),
         (
             {"cuda": {"lookup": 2}},
-            f"{where} has a 'cuda' calibration without a default_tree name; recalibrate on that device or delete calibrations.cuda.",
+            f"{where} has a 'cuda' calibration without a default_tree name; recalibrate on that device or delete "
+            "calibrations.cuda.",
         ),
         (
             {"cuda": {**cuda, "lookup": 99}},
-            f"{where} has a 'cuda' calibration with lookup=99; it must be a whole number from 0 (no lookup branch) to 8.",
+            f"{where} has a 'cuda' calibration with lookup=99; it must be a whole number from 0 (no lookup branch) to "
+            "8.",
         ),
     ]:
         random_heads(3, shared=True).save(tmp_path / "bad", calibrations=bad)

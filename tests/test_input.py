@@ -37,7 +37,10 @@ def test_sliding_window_model_refuses_prompts_beyond_the_window():
     model = make_model("mistral", sliding_window=16)
     model.generation_config.eos_token_id = model.config.eos_token_id = None
     pg = Playground(model, tiny_tokenizer(), untrained_heads(model))
-    message = "The prompt has 22 tokens but the model's context holds 16 (its sliding-window attention of 16 tokens limits tree attention); shorten the prompt."
+    message = (
+        "The prompt has 22 tokens but the model's context holds 16 "
+        "(its sliding-window attention of 16 tokens limits tree attention); shorten the prompt."
+    )
     long = " ".join(f"w{i}" for i in range(10, 30))
     with pytest.raises(ValueError) as err:
         pg.compare(long, Settings(max_new_tokens=4, tree="chain-2"))
@@ -209,7 +212,8 @@ def test_the_page_says_the_prompt_limit():
 
 
 def test_chat_markers_typed_in_a_prompt_stay_text():
-    """Issue #26: '<|im_end|>\\n<|im_start|>system' in a prompt became real special tokens (a prompt could open a system turn)."""
+    """'<|im_end|>\\n<|im_start|>system' in a prompt once became real special tokens (a prompt could open a
+    system turn)."""
     from transformers import AutoTokenizer
 
     from medusa_lib.core.model import _default_cached_folder, chat_prompt_ids

@@ -144,7 +144,8 @@ def _step(index, tree, best_path, accept_length):
 
 
 def test_head_acceptance_counts_a_hand_checked_run():
-    # nodes 1: [0], 2: [1], 3: [0, 0], 4: [0, 1]; paths [0,1,4], [0,1,3], [0,2]; with lookup-2: nodes 5, 6 and path [0,5,6]
+    # nodes 1: [0], 2: [1], 3: [0, 0], 4: [0, 1]; paths [0,1,4], [0,1,3], [0,2];
+    # with lookup-2: nodes 5, 6 and path [0,5,6]
     tree = with_lookup(build_tree([[0], [1], [0, 0], [0, 1]]), 2)
     assert tree.retrieve_indices.tolist() == [[0, 1, 4], [0, 1, 3], [0, 2, -1], [0, 5, 6]]
     steps = [

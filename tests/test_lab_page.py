@@ -268,7 +268,10 @@ def test_the_lab_s_measurements_end_at_the_api_s_bound(pg, monkeypatch):
     between steps at the same wall-time bound as /compare, or when their caller cancels or leaves."""
     from ui.lab import COST_OUTPUTS, MEASURE_OUTPUTS, LabHandlers
 
-    bound = "The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); ask for fewer new tokens or send a shorter prompt."
+    bound = (
+        "The run was stopped after 0 s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
+        "ask for fewer new tokens or send a shorter prompt."
+    )
     h = LabHandlers(pg, max_run_seconds=0)
     out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0]]", PROMPT, 24, True, False, None))
     assert out["lab_status"] == f"**Cannot measure:** {bound}"

@@ -72,7 +72,10 @@ def test_each_wing_imports_only_inward_and_nothing_imports_gradio():
 
 def test_a_package_imported_by_name_counts_as_that_package():
     """`from medusa_lib import present` and `from .. import core` are imports of those packages."""
-    source = "from medusa_lib import present\nfrom .. import core\nfrom ..core import tree\nfrom medusa_lib import load_model\nimport gradio as gr\n"
+    source = (
+        "from medusa_lib import present\nfrom .. import core\nfrom ..core import tree\n"
+        "from medusa_lib import load_model\nimport gradio as gr\n"
+    )
     assert imports_in(source, package="medusa_lib.pipeline") == {
         "medusa_lib.present",
         "medusa_lib.core",

@@ -35,7 +35,8 @@ def rigged():
 
 
 def configure(model, *, eos: int | None, context: int | None) -> None:
-    """Make ``eos`` the model's EOS id and cap its context at ``context`` tokens (None: 512); decoders read both afresh."""
+    """Make ``eos`` the model's EOS id and cap its context at ``context`` tokens (None: 512); decoders read
+    both afresh."""
     model.generation_config.eos_token_id = eos
     model.config.max_position_embeddings = context or 512
 

@@ -1,4 +1,5 @@
-"""Head training on a tiny random model: targets, hidden-state caches, loss, early stopping, conditioning, --init-heads."""
+"""Head training on a tiny random model: targets, hidden-state caches, loss, early stopping, conditioning,
+--init-heads."""
 
 import torch
 from conftest import answer_records, make_model

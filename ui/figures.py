@@ -161,9 +161,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
     depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
-    level = (
-        "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"
-    )  # the lookup branch and EAGLE's drafts are no head's
+    # The lookup branch and EAGLE's drafts are no head's.
+    level = "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"
     fig.update_xaxes(
         tickvals=list(range(depth + 1)),
         ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],

@@ -85,8 +85,10 @@ def column_html(
         else ""
     )
     return (
-        f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" data-state="{state}">'
-        f'<div class="method-head"><span class="method-name">{LABELS[method]}</span>{tag}<span class="method-state">{badge}</span></div>'
+        f'<div class="method-col" style="--method-color:{METHOD_COLORS[method]}" data-method="{method}" '
+        f'data-state="{state}">'
+        f'<div class="method-head"><span class="method-name">{LABELS[method]}</span>{tag}<span '
+        f'class="method-state">{badge}</span></div>'
         f'<div class="method-stats">{stats_line(record, reference=reference)}</div>{note}'
         f'<div class="method-text">{body}</div></div>'
     )
@@ -117,8 +119,10 @@ def badge_html(
     floating-point tie, red otherwise. ``numerics`` (e.g. "bfloat16") is said in the badge."""
     if check is None:
         return (
-            '<div class="badge badge-wait" data-equal="unknown">Exactness check: compares the tokens of the first two columns '
-            "(Medusa greedy against plain greedy, or Medusa exact sampling against plain sampling with the same seed).</div>"
+            '<div class="badge badge-wait" data-equal="unknown">Exactness check: '
+            "compares the tokens of the first two columns "
+            "(Medusa greedy against plain greedy, or Medusa exact sampling against plain sampling with the same "
+            "seed).</div>"
         )
     sampled = f' data-sampled="{str(check.sampled).lower()}"'
     if check.equal:
@@ -130,21 +134,24 @@ def badge_html(
         b = medusa.tokens[i : i + 1]
         show = lambda ids: repr(tokenizer.decode(ids)) if ids else "(end)"  # noqa: E731
         detail = f" Plain has {html.escape(show(a))}, {check.names[0]} has {html.escape(show(b))}."
-    kind, mark = (
-        ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")
-    )  # a floating-point tie is amber, a real difference red
+    # A floating-point tie is amber, a real difference red.
+    kind, mark = ("badge-tie", "&#8776;") if check.tie else ("badge-diff", "&#10008;")
     return (
-        f'<div class="badge {kind}" data-equal="false"{sampled} data-tie="{str(check.tie).lower()}" data-first-diff="{check.first_diff}">'
+        f'<div class="badge {kind}" data-equal="false"{sampled} data-tie="{str(check.tie).lower()}" '
+        f'data-first-diff="{check.first_diff}">'
         f"{mark} {html.escape(check.headline)}{detail} {html.escape(check.reason)}</div>"
     )
 
 
 LEGEND_HTML = (
     '<div class="legend">'
-    '<span class="tok base">plain text</span> = the base model&#39;s own token (one per step: the root / bonus token) &nbsp; '
-    '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = head proposals the base model accepted in that step '
+    '<span class="tok base">plain text</span> = the base model&#39;s own token (one per step: '
+    "the root / bonus token) &nbsp; "
+    '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = head proposals the base model '
+    "accepted in that step "
     "(the shade alternates from step to step, so each multi-token step shows as one block) &nbsp; "
-    '<span class="tok lookup l0">under</span><span class="tok lookup l1">lined</span> = lookup-branch tokens the base model accepted '
+    '<span class="tok lookup l0">under</span><span class="tok lookup l1">lined</span> = lookup-branch tokens the base '
+    "model accepted "
     "(what followed an earlier occurrence of the last few tokens)"
     "</div>"
 )
@@ -155,7 +162,8 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
     under the model at T (``present.sample_rows``); a pointer to it when the runs were greedy."""
     if not rows:
         return (
-            '<div class="sampling-panel" data-rows="0"><b>Sampling:</b> set Temperature above 0 and run to compare plain sampling, '
+            '<div class="sampling-panel" data-rows="0"><b>Sampling:</b> set Temperature above 0 and run to compare '
+            "plain sampling, "
             "Medusa exact sampling and typical acceptance at that temperature, with the same seed.</div>"
         )
     head = "".join(
@@ -177,9 +185,12 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
         "(scores under the model at T, nats per token, from one forward over each output, not timed)"
         f'<table class="sampling-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         '<div class="sampling-note">A true sample from the model has mean log p = &minus;(mean entropy), up to noise: '
-        "so plain and exact sampling should show log p + entropy near 0. Typical acceptance keeps a guess whenever the model gives it "
-        "more than min(&epsilon;, &delta;&middot;e<sup>&minus;H</sup>), a bar that favours likely tokens; a positive log p + entropy "
-        "is its text leaning toward the model's mode. Raising &epsilon; and &delta; accepts fewer guesses: slower, with more of the text "
+        "so plain and exact sampling should show log p + entropy near 0. Typical acceptance keeps a guess whenever the "
+        "model gives it "
+        "more than min(&epsilon;, &delta;&middot;e<sup>&minus;H</sup>), a bar that favours likely tokens; "
+        "a positive log p + entropy "
+        "is its text leaning toward the model's mode. Raising &epsilon; and &delta; accepts fewer guesses: slower, "
+        "with more of the text "
         "drawn from the model itself.</div></div>"
     )
 
@@ -192,7 +203,10 @@ def info_html(
     more = [n for n in numerics if n != dtype]
     copies = f", and a {', '.join(map(html.escape, more))} copy (the Numerics choice)" if more else ""
     how = f" &middot; {html.escape(engine)}" if engine else ""
-    return f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> ({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}{how}</div>'
+    return (
+        f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> '
+        f"({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}{how}</div>"
+    )
 
 
 def calibration_note_html(note: str) -> str:

@@ -98,7 +98,8 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
             f"a one-token step and made {per_step:.1f} tokens a step{alone}: {speedup:.2f}x plain decoding's speed."
         )
     return why + (
-        " With *untrained heads* almost every guess is rejected and Medusa is slower: the baseline trained heads must beat."
+        " With *untrained heads* almost every guess is rejected and Medusa is slower: "
+        "the baseline trained heads must beat."
     )
 
 

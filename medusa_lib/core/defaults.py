@@ -79,7 +79,8 @@ def heads_defaults(heads, device: torch.device | str | None = None) -> HeadsDefa
         record, calibrated, lookup = found[other]
         where = record.get("device") or KIND_NAMES.get(other, other)
         note = (
-            f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; using the tree calibrated on {where} "
+            f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; "
+            f"using the tree calibrated on {where} "
             "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
         )
     else:  # no calibration record: what config.json says at the top level, if anything

@@ -30,37 +30,45 @@ P^(k,j) [d, d] start at zero (a fresh path head is a root-conditioned one). In a
 branch tokens are the node's ancestors, so proposals are made level by level (``draft``): one
 batched head call per tree level, with one row per node that has children at that level.
 
-Checkpoint formats read by :func:`load_heads`:
-1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
-   ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
-2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
-3. ResBlock-only ``medusa_lm_head.safetensors`` (keys ``{i}.{j}.linear.*`` only, shared lm_head);
-4. vLLM's Medusa layout (``blocks.{i}.layers.{j}.*``, ``lm_heads.*``, ``token_map``): ``vllm_format.py``.
-Ours is format 3 (or 1, with own projections) plus ``proposal_ids`` for a pruned vocabulary,
-``root.{i}.weight`` for the root projections of root-conditioned heads and ``path.{i}.{j}.weight``
-for the branch projections P^(i+1, j+1) of path-conditioned heads.
-The tensors decide the number of heads and layers; the config may understate them.
+Checkpoint files (every public format and ours) are found, read and written by ``heads_io.py``.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .lookup import MAX_LOOKUP
-from .lookup import is_length as is_lookup_length
+# Checkpoint files are read and written by heads_io.py; its public names are re-exported here.
+from .heads_io import (
+    CONFIG_FILE,
+    HEADS_FILE,
+    TREES_FILE,
+    device_calibrations,
+    read_checkpoint,
+    read_settings,
+    save_heads,
+)
 from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
-from .vllm_format import read_vllm_medusa
 
-HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
-CONFIG_FILE = "config.json"
-TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
+__all__ = [
+    "CONFIG_FILE",
+    "HEADS_FILE",
+    "TREES_FILE",
+    "HeadsConfig",
+    "HeadsError",
+    "MedusaHeads",
+    "ResBlock",
+    "device_calibrations",
+    "heads_from_state_dict",
+    "hidden_size_of",
+    "load_heads",
+    "save_heads",
+]
 
 
 class ResBlock(nn.Module):
@@ -88,9 +96,8 @@ class HeadsConfig:
     num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
     base_model: str | None = None
     root_conditioned: bool = False  # heads also read the root token's input embedding (see module doc)
-    path_conditioned: bool = (
-        False  # head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned)
-    )
+    # Head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned).
+    path_conditioned: bool = False
 
 
 class MedusaHeads(nn.Module):
@@ -127,13 +134,11 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(m.weight)
         self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
         self.default_tree: str | None = None  # the preset to use when none is chosen
-        self.lookup: int | None = (
-            None  # lookup-branch length the default tree was calibrated with (None: not calibrated)
-        )
+        # Lookup-branch length the default tree was calibrated with (None: not calibrated).
+        self.lookup: int | None = None
         self.calibration: dict | None = None  # config.json's calibration record (measured figures the page quotes)
-        self.calibrations: dict[
-            str, dict
-        ] = {}  # device kind ("cuda", ...) -> a calibration made on another kind of device than the one above
+        # Device kind ("cuda", ...) -> a calibration made on another kind of device than the one above.
+        self.calibrations: dict[str, dict] = {}
         # Token id of each output column when the heads predict into a pruned vocabulary.
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
@@ -191,7 +196,8 @@ class MedusaHeads(nn.Module):
             raise HeadsError("These heads are root-conditioned; pass the root token's embedding as root_emb.")
         if self.path is not None and n > 1 and (path_emb is None or path_emb.shape[-2] < n - 1):
             raise HeadsError(
-                f"These heads are path-conditioned; pass the embeddings of the {n - 1} branch tokens after the root as path_emb [..., {n - 1}, d]."
+                f"These heads are path-conditioned; pass the embeddings of the {n - 1} branch tokens after the root "
+                f"as path_emb [..., {n - 1}, d]."
             )
         return torch.stack([self._head(i, h, root_emb, path_emb) for i in range(n)], dim=-2)
 
@@ -199,10 +205,8 @@ class MedusaHeads(nn.Module):
         self, i: int, h: torch.Tensor, root_emb: torch.Tensor | None, path_emb: torch.Tensor | None
     ) -> torch.Tensor:
         """ResBlock output of head i (0-based) at h [..., d]; path_emb [..., >= i, d] its branch tokens."""
-        x, head = (
-            h,
-            self.heads[i],
-        )  # indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call
+        # Indexing, not slicing: a slice of a ModuleList / Sequential builds a new module on every call.
+        x, head = h, self.heads[i]
         if self.root is not None:
             x = x + self.root[i](root_emb.to(device=x.device, dtype=x.dtype))
         if self.path is not None:
@@ -241,7 +245,8 @@ class MedusaHeads(nn.Module):
         return lm_head(z.to(lm_head.weight.dtype))
 
     def proposal_projection(self, lm_head: nn.Module) -> nn.Module:
-        """A frozen map onto the lm_head rows of the proposal tokens, gathered once (pre-packed when the model is); built before a traced step reads it."""
+        """A frozen map onto the lm_head rows of the proposal tokens, gathered once (pre-packed when the
+        model is); built before a traced step reads it."""
         if torch.compiler.is_compiling():
             return self._proposal_proj
         w = lm_head.weight
@@ -250,12 +255,10 @@ class MedusaHeads(nn.Module):
             rows = w[self.proposal_ids.to(w.device)].detach()
             proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
             proj.weight = nn.Parameter(rows, requires_grad=False)
-            packed = isinstance(lm_head, PackedLinear) and can_prepack(
-                rows
-            )  # packed like the model (torch.compile cannot lower packed weights)
-            object.__setattr__(
-                self, "_proposal_proj", PackedLinear(proj) if packed else proj
-            )  # not a submodule: no state_dict entry
+            # Packed like the model (torch.compile cannot lower packed weights).
+            packed = isinstance(lm_head, PackedLinear) and can_prepack(rows)
+            # Not a submodule: no state_dict entry.
+            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if packed else proj)
             self._proposal_key = key
         return self._proposal_proj
 
@@ -303,9 +306,8 @@ class MedusaHeads(nn.Module):
         root_emb = w[root.to(w.device)]  # [..., 1, d]
         for k, level in enumerate(tree.levels):  # head k (0-based) proposes the nodes of depth k + 1
             m = level.ancestors.shape[0]
-            path_emb = w[
-                tokens[..., level.ancestors.to(h.device)].to(w.device)
-            ]  # [..., m, k, d]: the branch above each parent
+            # [..., m, k, d]: the branch above each parent
+            path_emb = w[tokens[..., level.ancestors.to(h.device)].to(w.device)]
             z = self._head(
                 k,
                 h.unsqueeze(-2).expand(*h.shape[:-1], m, h.shape[-1]),
@@ -324,7 +326,8 @@ class MedusaHeads(nn.Module):
         V = model.get_output_embeddings().weight.shape[0]
         if self.config.hidden_size != d:
             raise HeadsError(
-                f"These Medusa heads were made for hidden size {self.config.hidden_size}, but the model has hidden size {d}; "
+                f"These Medusa heads were made for hidden size {self.config.hidden_size}, "
+                f"but the model has hidden size {d}; "
                 f"load heads trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}."
             )
         if self.config.vocab_size != V:
@@ -335,7 +338,8 @@ class MedusaHeads(nn.Module):
         emb = model.get_input_embeddings().weight.shape[1]
         if self.root is not None and emb != self.config.hidden_size:
             raise HeadsError(
-                f"These {'path' if self.path is not None else 'root'}-conditioned Medusa heads read token embeddings of width {self.config.hidden_size}, but the model's "
+                f"These {'path' if self.path is not None else 'root'}-conditioned Medusa heads read token embeddings "
+                f"of width {self.config.hidden_size}, but the model's "
                 f"input embeddings have width {emb}; use plain Medusa heads with this model."
             )
 
@@ -345,39 +349,7 @@ class MedusaHeads(nn.Module):
     ) -> Path:
         """Save as ``medusa_lm_head.safetensors`` + ``config.json`` (read back by :func:`load_heads`);
         ``dtype`` stores the weights in another float type (e.g. bfloat16, half the size)."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        cast = lambda v: (
-            v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()
-        )  # noqa: E731
-        state = {f"{k}": cast(v) for k, v in self.heads.state_dict().items()}
-        if self.root is not None:
-            state.update({f"root.{k}": cast(v) for k, v in self.root.state_dict().items()})
-        if self.path is not None:
-            state.update({f"path.{k}": cast(v) for k, v in self.path.state_dict().items()})
-        if self.proposal_ids is not None:
-            state["proposal_ids"] = self.proposal_ids.cpu()
-        cfg = asdict(self.config)
-        meta = {
-            "medusa_num_heads": cfg["num_heads"],
-            "medusa_num_layers": cfg["num_layers"],
-            "base_model_name_or_path": base_model or cfg["base_model"],
-            "hidden_size": cfg["hidden_size"],
-            "vocab_size": cfg["vocab_size"],
-            "shared_lm_head": cfg["shared_lm_head"],
-            "num_proposal_tokens": cfg["num_proposal_tokens"],
-            "root_conditioned": cfg["root_conditioned"],
-            "path_conditioned": cfg["path_conditioned"],
-            "format": "medusa-playground-1",
-            **extra,
-        }
-        tmp = folder / (HEADS_FILE + ".tmp")
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        tmp.replace(folder / HEADS_FILE)  # never leave a half-written checkpoint
-        (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        return folder
+        return save_heads(self, folder, base_model=base_model, dtype=dtype, **extra)
 
 
 def hidden_size_of(config) -> int:
@@ -395,14 +367,12 @@ def heads_from_state_dict(
     state: dict[str, torch.Tensor], *, config: dict | None = None, base_model: str | None = None
 ) -> MedusaHeads:
     """Build heads from a reference-layout state dict (keys ``{i}.{j}.linear.*``, ``{i}.{L}.weight``)."""
+
     state = dict(state)
     proposal_ids = state.pop("proposal_ids", None)
-    root = {
-        k[len("root.") :]: state.pop(k) for k in [k for k in state if k.startswith("root.")]
-    }  # R^(k) of root-conditioned heads
-    path = {
-        k[len("path.") :]: state.pop(k) for k in [k for k in state if k.startswith("path.")]
-    }  # P^(k,j) of path-conditioned heads
+    # R^(k) of root-conditioned heads, P^(k,j) of path-conditioned heads
+    root = {k[len("root.") :]: state.pop(k) for k in [k for k in state if k.startswith("root.")]}
+    path = {k[len("path.") :]: state.pop(k) for k in [k for k in state if k.startswith("path.")]}
     heads: dict[int, dict[int, set[str]]] = {}
     for key in state:
         m = _KEY.match(key)
@@ -428,7 +398,8 @@ def heads_from_state_dict(
         vocab = V_out
     if not vocab:
         raise HeadsError(
-            "Cannot tell the heads' vocabulary size: the checkpoint shares the lm_head but its config has no vocab_size."
+            "Cannot tell the heads' vocabulary size: the checkpoint shares the lm_head but its config has no "
+            "vocab_size."
         )
     cfg = HeadsConfig(
         hidden_size=d,
@@ -443,7 +414,8 @@ def heads_from_state_dict(
     )
     if path and not root:
         raise HeadsError(
-            "The checkpoint has branch (path.*) tensors but no root.* tensors; path-conditioned heads need both, so the checkpoint is damaged."
+            "The checkpoint has branch (path.*) tensors but no root.* tensors; path-conditioned heads need both, "
+            "so the checkpoint is damaged."
         )
     module = MedusaHeads(cfg)
     try:
@@ -459,141 +431,13 @@ def heads_from_state_dict(
     return module
 
 
-def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Tensors of one file whose key starts with ``prefix`` (prefix stripped)."""
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-        except SafetensorError as e:  # truncated or not a safetensors file at all
-            first = (str(e).strip().splitlines() or ["damaged"])[0][:200]
-            raise HeadsError(
-                f"The heads file {path} is not a readable safetensors file ({first}); copy the heads again or train new ones."
-            ) from None
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
-    except Exception as e:
-        raise HeadsError(
-            f"{path.name} is not a plain tensor checkpoint and is not loaded, for safety ({type(e).__name__}); save the heads as a state dict of tensors."
-        ) from None
-    if not isinstance(obj, dict):
-        raise HeadsError(f"{path.name} does not hold a state dict.")
-    return {k[len(prefix) :]: v for k, v in obj.items() if k.startswith(prefix)}
-
-
-def _full_model_head_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """``medusa_head.*`` tensors of a full-model checkpoint (single file or sharded)."""
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index_file = folder / index_name
-        if index_file.exists():
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-            shards = sorted({v for k, v in weight_map.items() if k.startswith("medusa_head.")})
-            out: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                out.update(_read_tensors(folder / shard, "medusa_head."))
-            return out
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).exists():
-            return _read_tensors(folder / name, "medusa_head.")
-    return {}
-
-
-def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_file():
-        return path.parent
-    name = str(name_or_path)
-    if local_only or name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise HeadsError(
-            f"No Medusa heads found at {name!r}: give a folder with medusa_lm_head.* and config.json, or a Hub id like FasterDecoding/medusa-vicuna-7b-v1.3."
-        )
-    try:  # a Hub id: fetch only the files that can hold heads
-        from huggingface_hub import snapshot_download
-
-        return Path(
-            snapshot_download(
-                name,
-                allow_patterns=[
-                    "config.json",
-                    "medusa_lm_head.*",
-                    "*.safetensors",
-                    "*.safetensors.index.json",
-                    "pytorch_model*.bin",
-                    "pytorch_model.bin.index.json",
-                ],
-            )
-        )
-    except Exception as e:  # offline, unknown repo, gated repo ...
-        raise HeadsError(
-            f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); check the id and your connection, or give a local folder."
-        ) from None
-
-
-def device_calibrations(value, *, where: str) -> dict[str, dict]:
-    """config.json's ``calibrations``: device kind -> calibration record (``default_tree`` and
-    ``lookup`` included), one per kind of device the heads were calibrated on besides the top-level one."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise HeadsError(
-            f"{where} has calibrations={value!r}; it must map a device kind (cpu, cuda) to a calibration record, or be left out."
-        )
-    for kind, record in value.items():
-        if not isinstance(record, dict):
-            raise HeadsError(
-                f"{where} has a {kind!r} calibration that is not a record; recalibrate on that device or delete calibrations.{kind}."
-            )
-        tree, lookup = record.get("default_tree"), record.get("lookup")
-        if not isinstance(tree, str) or not tree:
-            raise HeadsError(
-                f"{where} has a {kind!r} calibration without a default_tree name; recalibrate on that device or delete calibrations.{kind}."
-            )
-        if lookup is not None and not is_lookup_length(lookup):
-            raise HeadsError(
-                f"{where} has a {kind!r} calibration with lookup={lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}."
-            )
-    return dict(value)
-
-
 def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, local_only: bool = False) -> MedusaHeads:
     """Load Medusa heads in any of the three public formats or ours; check them against ``model``."""
-    folder = _resolve_folder(name_or_path, local_only=local_only)
-    config_path = folder / CONFIG_FILE
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    state: dict[str, torch.Tensor] = {}
-    for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin"):
-        if (folder / name).exists():
-            state = _read_tensors(folder / name)
-            break
-    else:
-        state = _full_model_head_tensors(folder)
-    if not state and config.get("model_type") == "medusa":  # vLLM's layout, what pipeline.export writes
-        state, config = read_vllm_medusa(folder)
-    if not state:
-        raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
+    folder, state, config = read_checkpoint(name_or_path, local_only=local_only)
     if not config.get("vocab_size") and model is not None:
         config = {**config, "vocab_size": model.get_output_embeddings().weight.shape[0]}
     heads = heads_from_state_dict(state, config=config)
-    if (folder / TREES_FILE).exists():
-        heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
-    heads.folder = folder  # where they came from (the page's export command names it)
-    heads.default_tree = config.get("default_tree")
-    heads.calibration = config.get("calibration")
-    heads.lookup = config.get("lookup")
-    if heads.lookup is not None and not is_lookup_length(heads.lookup):
-        raise HeadsError(
-            f"{folder}/config.json has lookup={heads.lookup!r}; it must be a whole number from 0 (no lookup branch) to {MAX_LOOKUP}."
-        )
-    heads.calibrations = device_calibrations(config.get("calibrations"), where=f"{folder}/config.json")
-    for kind in ("root", "path"):
-        if config.get(f"{kind}_conditioned") and not getattr(heads, f"{kind}_conditioned"):
-            raise HeadsError(
-                f"{folder}/config.json says the heads are {kind}-conditioned, but the checkpoint holds no {kind}.* tensors; the checkpoint is incomplete."
-            )
+    read_settings(heads, folder, config)
     if model is not None:
         heads.check_fits(model)
         p = next(model.parameters())

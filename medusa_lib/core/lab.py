@@ -189,9 +189,8 @@ class CostCurve:
     def of(cls, points: dict[int, float], *, source: str, device: str = "") -> "CostCurve":
         sizes = sorted(points)
         values = [points[s] for s in sizes]
-        fitted = [values[0]] + [
-            max(v, values[0]) for v in monotone(values)[1:]
-        ]  # the smallest step (a plain one) stays the unit
+        # The smallest step (a plain one) stays the unit.
+        fitted = [values[0]] + [max(v, values[0]) for v in monotone(values)[1:]]
         return cls(tuple(sizes), tuple(values), tuple(fitted), source, device)
 
     @classmethod
@@ -235,9 +234,8 @@ def gain_curve(
     """Expected tokens/step of the greedy tree of each size (a tree of L tokens has L - 1 nodes;
     L = 1 gains 1), plus a calibration record's simulated figures with and without the lookup branch."""
     sizes = tuple(int(s) for s in sizes)
-    chosen, _ = greedy_choices(
-        accuracy, max(max(sizes) - 1, 1)
-    )  # greedy is incremental: its first n nodes are the n-node tree
+    # Greedy is incremental: its first n nodes are the n-node tree.
+    chosen, _ = greedy_choices(accuracy, max(max(sizes) - 1, 1))
     running = [1.0]
     for c in chosen:
         running.append(running[-1] + _product(c, accuracy))

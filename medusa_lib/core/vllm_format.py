@@ -33,13 +33,17 @@ TRAIN_PLAIN = "python -m medusa_lib.pipeline.train --out DIR"  # root and path c
 
 
 def vllm_refusal(heads) -> str | None:
-    """Why vLLM's Medusa cannot run ``heads`` (a ``heads.MedusaHeads``) (one sentence that says which heads can), or None."""
+    """Why vLLM's Medusa cannot run ``heads`` (a ``heads.MedusaHeads``) (one sentence that says which heads
+    can), or None."""
     cfg = heads.config
     if not cfg.shared_lm_head and cfg.num_proposal_tokens and not (heads.root_conditioned or heads.path_conditioned):
-        # vLLM 0.32 sizes per-head projections to the full vocabulary; only its one shared head is truncated by token_map
+        # vLLM 0.32 sizes per-head projections to the full vocabulary; only its one shared head is truncated
+        # by token_map.
         return (
-            f"These heads have their own projections onto a {cfg.num_proposal_tokens}-token proposal vocabulary, which vLLM's Medusa "
-            f"cannot load (it restricts the vocabulary only for one head shared by all); train heads on the shared lm_head "
+            f"These heads have their own projections onto a {cfg.num_proposal_tokens}-token proposal vocabulary, "
+            "which vLLM's Medusa "
+            "cannot load (it restricts the vocabulary only for one head shared by all); "
+            "train heads on the shared lm_head "
             f"(the default: {TRAIN_PLAIN}) or with full-vocabulary projections (--proposal-tokens 0), and export those."
         )
     if not (heads.root_conditioned or heads.path_conditioned):
@@ -83,7 +87,8 @@ def to_vllm_medusa(
             raise HeadsError("These heads share the base model's lm_head; pass its weight to export them.")
         if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
             raise HeadsError(
-                f"The lm_head given is {tuple(lm_head_weight.shape)}, but the heads need [{cfg.vocab_size}, {cfg.hidden_size}]; export with the model they were trained for."
+                f"The lm_head given is {tuple(lm_head_weight.shape)}, but the heads need [{cfg.vocab_size}, "
+                f"{cfg.hidden_size}]; export with the model they were trained for."
             )
         w = (
             lm_head_weight
@@ -126,20 +131,21 @@ def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     V = int(config.get("vocab_size") or 0)
     if not (K and L and V):
         raise HeadsError(
-            f"{folder}/config.json lacks the number of heads, of layers or the vocabulary size; is this a vLLM Medusa folder?"
+            f"{folder}/config.json lacks the number of heads, of layers or the vocabulary size; "
+            "is this a vLLM Medusa folder?"
         )
     token_map = raw.pop("token_map", None)
     truncated = int(config.get("truncated_vocab_size") or V)
     if truncated < V and token_map is None:
         raise HeadsError(
-            f"{folder} has truncated_vocab_size {truncated} < vocab_size {V} but no token_map tensor; the export is incomplete."
+            f"{folder} has truncated_vocab_size {truncated} < vocab_size {V} but no token_map tensor; "
+            "the export is incomplete."
         )
     state: dict[str, torch.Tensor] = {}
     for i in range(K):
         for j in range(L):
-            w = raw.get(
-                f"blocks.{i}.layers.{j}.weight", raw.get(f"{i}.{j}.linear.weight")
-            )  # vLLM renames the old keys too
+            # vLLM renames the old keys too.
+            w = raw.get(f"blocks.{i}.layers.{j}.weight", raw.get(f"{i}.{j}.linear.weight"))
             if w is None:
                 raise HeadsError(f"{folder} has no tensor for ResBlock {j} of head {i}; the export is incomplete.")
             b = raw.get(f"blocks.{i}.layers.{j}.bias", raw.get(f"{i}.{j}.linear.bias"))

@@ -80,11 +80,12 @@ def head_accuracy(
         after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)  # x_{t+1}, x_{t+2}, ... after each h_t
         n_pos = h.shape[0]
         roots = after[:n_pos]  # the root x_{t+1} (root-conditioned heads)
+        # [n, K-1]: the true branch (teacher forcing)
         path = (
             torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1)
             if heads.path_conditioned and K > 1
             else None
-        )  # [n, K-1]: the true branch (teacher forcing)
+        )
         ids = heads.propose(
             h,
             lm_head,
@@ -126,9 +127,8 @@ def simulated_accepts(
             chains.append(lookup_accepts(seq, start, lookup))
         for name, tree in trees.items():
             D = tree.depth
-            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[
-                1 : n + 1
-            ]  # [n, D]: x_{t+2} .. x_{t+D+1}
+            # [n, D]: x_{t+2} .. x_{t+D+1}
+            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]
             tokens = heads.draft(h[:n], lm_head, tree, answer.to(h.device), embed).cpu()  # [n, L]
             ri = tree.retrieve_indices.cpu()
             path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
@@ -231,7 +231,8 @@ def measure(
 
 
 def pick_default(speeds: dict[str, float], nodes: dict[str, int], tolerance: float = 0.02) -> str:
-    """The smallest tree whose measured speed (tokens/s, or speed-up over plain) is within ``tolerance`` of the fastest one.
+    """The smallest tree whose measured speed (tokens/s, or speed-up over plain) is within ``tolerance`` of
+    the fastest one.
 
     Trees a few percent apart are a tie on a shared CPU (one run of ~10 prompts moves by about
     that much), and the smaller tree step is cheaper at longer contexts and under contention.
@@ -246,9 +247,8 @@ def split_prompts(prompts: list, n_acc: int, n_speed: int) -> tuple[list, list]:
     accuracy prompts would cover the first categories and the speed prompts the last ones)."""
     n = len(prompts)
     n_speed = min(n_speed, n)
-    speed_idx = [
-        (2 * i + 1) * n // (2 * n_speed) for i in range(n_speed)
-    ]  # the middle of each of n_speed equal stretches
+    # The middle of each of n_speed equal stretches.
+    speed_idx = [(2 * i + 1) * n // (2 * n_speed) for i in range(n_speed)]
     taken = set(speed_idx)
     rest = [i for i in range(n) if i not in taken]
     n_acc = min(n_acc, len(rest))
@@ -284,13 +284,15 @@ def main(argv: list[str] | None = None) -> None:
         "--cache",
         default="auto",
         choices=["auto", "dynamic", "static"],
-        help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, dynamic on a CPU)",
+        help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, "
+        "dynamic on a CPU)",
     )
     ap.add_argument(
         "--capture",
         default="auto",
         choices=["auto", "none", "compile", "cuda-graph"],
-        help="with the static cache, the capture (auto: CUDA graphs on CUDA); every tree size is captured before timing",
+        help="with the static cache, the capture (auto: CUDA graphs on CUDA); "
+        "every tree size is captured before timing",
     )
     args = ap.parse_args(argv)
 
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"head accuracy on {len(records)} held-out answers (rank 0..4):")
     for k in range(acc.shape[0]):
         print(
-            f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks {[round(x, 3) for x in acc[k, :5].tolist()]}"
+            f"  head {k + 1}: top-1 {acc[k, 0]:.3f}  top-5 {acc[k, :5].sum():.3f}  ranks "
+            f"{[round(x, 3) for x in acc[k, :5].tolist()]}"
         )
 
     trees, expected = {}, {}
@@ -317,9 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         trees[f"calibrated-{n}"] = choices
         expected[f"calibrated-{n}"] = exp
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
-    alone = simulated_accepts(
-        model, heads, built, records, states=states
-    )  # the heads draft once; the branch is merged in
+    # The heads draft once; the branch is merged in.
+    alone = simulated_accepts(model, heads, built, records, states=states)
     heads_only = walked_tokens_per_step(alone)
     chains = [lookup_accepts(seq, start, args.lookup) for seq, start, _ in states] if args.lookup else []
     simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     branch = f" + lookup-{args.lookup}" if args.lookup else ""
     print(f"\ntrees{branch}; expected and heads-only: the heads' tree alone; simulated and measured: as decoded")
     print(
-        f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}"
+        f"{'tree':<16}{'nodes':>6}{'expected tok/step':>19}{'heads-only':>12}{'simulated':>11}"
+        f"{'measured tok/step':>19}{'tok/s':>8}{'vs plain':>10}"
     )
     print(f"{'plain':<16}{1:>6}{1.0:>19.2f}{1.0:>12.2f}{1.0:>11.2f}{1.0:>19.2f}{plain:>8.1f}{1.0:>9.2f}x")
     for name, t in built.items():
@@ -407,9 +410,8 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     trees_path, config_path = folder / TREES_FILE, folder / CONFIG_FILE
     stored = json.loads(trees_path.read_text()) if trees_path.exists() else {}
     changed = [n for n in trees if n in stored and stored[n] != trees[n]]
-    merged = dict(
-        sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1]))
-    )  # smallest first, as the tree menu lists them
+    # Smallest first, as the tree menu lists them.
+    merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))
     cfg = json.loads(config_path.read_text())
     kind, top = record["device_kind"], cfg.get("calibration")
     others = dict(cfg.get("calibrations") or {})
@@ -428,7 +430,8 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     _replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
     if changed:
         say(
-            f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; kept this one's "
+            f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; "
+            "kept this one's "
             "(figures recorded for them on another device were measured with the old ones: recalibrate there too)"
         )
     say(

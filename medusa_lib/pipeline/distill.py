@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="answer N prompts the model writes itself, started from the opening words of --prompts (--shard, --limit, --sample, --skip-done do not apply)",
+        help="answer N prompts the model writes itself, started from the opening words of --prompts (--shard, --limit, "
+        "--sample, --skip-done do not apply)",
     )
     ap.add_argument(
         "--exclude-topics",
@@ -303,13 +304,15 @@ def self_instruct_main(args) -> None:
             f.flush()
             dt = time.perf_counter() - t0
             print(
-                f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, {n_tok / dt:.0f} tok/s (prompts included)",
+                f"{len(done) + n}/{args.self_instruct} self-instruct answers, {n_tok} new tokens, "
+                f"{n_tok / dt:.0f} tok/s (prompts included)",
                 flush=True,
             )
     print("sampled prompts: " + ", ".join(f"{v} {k}" for k, v in stats.items()), flush=True)
     if n < todo:
         print(
-            f"stopped short: the model wrote only {n} usable prompts of {todo} (most of its user turns were unusable; see the counts above)",
+            f"stopped short: the model wrote only {n} usable prompts of {todo} (most of its user turns were unusable; "
+            "see the counts above)",
             flush=True,
         )
 

@@ -1,6 +1,7 @@
 """Export trained heads to a serving engine: vLLM's Medusa format (``core/vllm_format.py``).
 
-    python -m medusa_lib.pipeline.export --heads assets/heads/smollm2-135m-instruct-plain --to vllm --out runs/vllm-heads
+    python -m medusa_lib.pipeline.export --heads assets/heads/smollm2-135m-instruct-plain \\
+        --to vllm --out runs/vllm-heads
 
 Plain heads (ResBlocks on h_t only) become vLLM's Medusa drafter: the ResBlocks as
 ``blocks.{i}.layers.{j}``, the shared lm_head restricted to the proposal vocabulary (its rows at
@@ -81,7 +82,8 @@ def export_vllm(
     """Write ``heads_dir``'s heads in vLLM's Medusa format to ``out`` (replacing an earlier export there)."""
     if not heads_dir.is_dir():
         raise HeadsError(
-            f"No heads folder at {str(heads_dir)!r}; give the folder that holds medusa_lm_head.safetensors and config.json."
+            f"No heads folder at {str(heads_dir)!r}; give the folder that holds medusa_lm_head.safetensors and "
+            "config.json."
         )
     if dtype not in DTYPES:
         raise InputError(f"Unknown dtype {dtype!r} for the export; use float32 or bfloat16.")
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="the model the heads were trained for, whose lm_head they share ('default': SmolLM2-135M-Instruct, offline; or a local folder)",
+        help="the model the heads were trained for, whose lm_head they share ('default': SmolLM2-135M-Instruct, "
+        "offline; or a local folder)",
     )
     ap.add_argument("--dtype", default="float32", help="float type of the exported weights: float32 or bfloat16")
     args = ap.parse_args(argv)

@@ -40,7 +40,8 @@ EXAMPLES = ROOT / "assets" / "examples.json"
 def page_prompts(
     *, bench: str | Path = DEFAULT_PROMPTS, examples: str | Path | None = EXAMPLES, per_category: int = 0
 ) -> list[tuple[str, str]]:
-    """(id, prompt) of the bench prompts (the first ``per_category`` of each category, 0 = all) and the page's examples."""
+    """(id, prompt) of the bench prompts (the first ``per_category`` of each category, 0 = all) and the page's
+    examples."""
     seen: dict[str, int] = defaultdict(int)
     out = []
     for p in load_jsonl(bench):
@@ -132,12 +133,14 @@ def summarize(rows: list[dict]) -> list[dict]:
 def format_summary(summary: list[dict], *, setup: str) -> str:
     lines = [
         setup,
-        f"{'mode':9} {'numerics':9} {'green badge':>12} {'plain tok/s':>12} {'Medusa x plain':>15} {'typical x plain':>16} {'Medusa tok/step':>16}",
+        f"{'mode':9} {'numerics':9} {'green badge':>12} {'plain tok/s':>12} {'Medusa x plain':>15} "
+        f"{'typical x plain':>16} {'Medusa tok/step':>16}",
     ]
     for s in summary:
         fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
         lines.append(
-            f"{s['mode']:9} {s['numerics']:9} {s['green']:>5} / {s['prompts']:<4} {s['plain_tps']:>12.1f} {fmt(s['medusa_speedup']):>15} "
+            f"{s['mode']:9} {s['numerics']:9} {s['green']:>5} / {s['prompts']:<4} {s['plain_tps']:>12.1f} "
+            f"{fmt(s['medusa_speedup']):>15} "
             f"{fmt(s['typical_speedup']):>16} {s['medusa_tokens_per_step']:>16.2f}"
         )
         if s["differs"]:
@@ -181,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     missing = [n for n in numerics if n not in pg.variants]
     if missing:
         raise SystemExit(
-            f"--numerics {missing[0]} is not loaded here (loaded: {', '.join(pg.variants)}); pick from those or load the model in that --dtype."
+            f"--numerics {missing[0]} is not loaded here (loaded: {', '.join(pg.variants)}); "
+            "pick from those or load the model in that --dtype."
         )
     prompts = page_prompts(
         bench=args.prompts, examples=None if args.no_examples else EXAMPLES, per_category=args.per_category
@@ -197,8 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     print(
         format_summary(
             summary,
-            setup=f"the page's path at its defaults | {pg.device} | tree {pg.defaults.tree}, lookup {pg.defaults.lookup if pg.defaults.lookup_on else 0} | "
-            f"{len(prompts)} prompts | {args.max_new_tokens} new tokens | typical at T = {Settings.temperature}, seed {Settings.seed}",
+            setup=f"the page's path at its defaults | {pg.device} | tree {pg.defaults.tree}, "
+            f"lookup {pg.defaults.lookup if pg.defaults.lookup_on else 0} | "
+            f"{len(prompts)} prompts | {args.max_new_tokens} new tokens | typical at T = {Settings.temperature}, "
+            f"seed {Settings.seed}",
         )
     )
     write(rows, summary)

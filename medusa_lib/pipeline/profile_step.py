@@ -119,12 +119,10 @@ def cuda_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
     names = Counter(e.name for e in prof.events())
     out = {"steps": steps}
     for label, keys in CUDA_EVENTS.items():
-        out[f"{label} per step"] = sum(n for name, n in names.items() if name.startswith(keys)) / max(
-            steps, 1
-        )  # "Memcpy DtoH (Device -> Pinned)"
-    out["sync warnings per step"] = sum("synchroniz" in str(w.message) for w in caught) / max(
-        steps, 1
-    )  # the result row's one intended sync warns too: 1 is the target
+        # e.g. "Memcpy DtoH (Device -> Pinned)"
+        out[f"{label} per step"] = sum(n for name, n in names.items() if name.startswith(keys)) / max(steps, 1)
+    # The result row's one intended sync warns too: 1 is the target.
+    out["sync warnings per step"] = sum("synchroniz" in str(w.message) for w in caught) / max(steps, 1)
     return out
 
 
@@ -165,7 +163,8 @@ def main(argv=None) -> None:
         ),
     }
     print(
-        f"{args.model} on {dev} ({next(model.parameters()).dtype}), {engine.description}, tree {defaults.tree} + lookup {defaults.lookup_length}, {args.max_new_tokens} tokens"
+        f"{args.model} on {dev} ({next(model.parameters()).dtype}), {engine.description}, "
+        f"tree {defaults.tree} + lookup {defaults.lookup_length}, {args.max_new_tokens} tokens"
     )
     for name, d in decoders.items():
         res = d.run(ids)  # warm-up: captures the step programs (not counted)

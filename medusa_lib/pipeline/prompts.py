@@ -83,7 +83,8 @@ def _fields(text: str) -> list[str]:
 
 
 def _fill(text: str, slots: dict, rng: random.Random, **fixed) -> str:
-    """Format ``text``; {p1} {p2} ... get distinct values of the {name} slot, other fields a random value from ``slots``."""
+    """Format ``text``; {p1} {p2} ... get distinct values of the {name} slot, other fields a random value
+    from ``slots``."""
     values = dict(fixed)
     fields = [f for f in _fields(text) if f not in values]
     people = [f for f in fields if PERSON.fullmatch(f)]
@@ -120,7 +121,8 @@ def compose_category(cat: Category, *, seed: int = 0, per_topic: int = PER_TOPIC
 
 
 def compose_prompts(seed: int = 0, *, per_topic: int = PER_TOPIC) -> list[dict]:
-    """All prompts of the seed file, category by category: ``{"category", "topic", "prompt"}`` (no ids, no split yet)."""
+    """All prompts of the seed file, category by category: ``{"category", "topic", "prompt"}`` (no ids, no
+    split yet)."""
     categories = load_seeds()
     keys = [t.key.lower() for c in categories for t in c.topics]
     dupes = sorted({k for k in keys if keys.count(k) > 1})

@@ -45,8 +45,8 @@ from ..core.model import (
     load_model,
 )
 from .cli import add_model_arguments
+from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
-from .train import frequent_tokens
 
 TRAIN_ANSWERS = [
     "assets/data/distill/train_answers.jsonl.gz",
@@ -165,9 +165,8 @@ def eagle_loss(
         mask[r, max(p - 1, 0) : n - 1] = True  # t >= last prompt token: the positions a decode drafts from
     inputs = f[:, :-1] + (torch.rand(len(seqs), T, d) - 0.5) * noise if noise else f[:, :-1]
     pos = torch.arange(T)[None].expand(len(seqs), T)
-    with torch.autocast(
-        "cpu", dtype=torch.bfloat16, enabled=cpu_has_native_bf16()
-    ):  # emulated bfloat16 is far slower than float32
+    # Emulated bfloat16 is far slower than float32.
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_native_bf16()):
         g = head(inputs, ids[:, 1:], pos)  # causal over each sequence (right padding never reaches a real position)
         g, target = g[mask].float(), f[:, 1:][mask]
         vloss = F.smooth_l1_loss(g, target)
@@ -249,7 +248,8 @@ def train(
             ev.update(step=step, minutes=round((time.perf_counter() - t0) / 60, 2))
             history.append(ev)
             log(
-                f"\nheld-out step {step}: loss {ev['loss']:.4f} vloss {ev['vloss']:.4f} ploss {ev['ploss']:.3f} top1 {ev['top1']:.3f}"
+                f"\nheld-out step {step}: loss {ev['loss']:.4f} vloss {ev['vloss']:.4f} ploss {ev['ploss']:.3f} top1 "
+                f"{ev['top1']:.3f}"
             )
             if ev["loss"] < best:
                 best = ev["loss"]
@@ -297,11 +297,21 @@ def acceptance_per_depth(
 def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> None:
     cfg = json.loads((out / "config.json").read_text())
     rows = "\n".join(
-        f"| {e['tree']['top_k']} | {e['tree']['depth']} | {e['tree']['num_nodes']} | {e['tokens_per_step']} | {' / '.join(map(str, e['accept_rate_per_depth']))} | "
+        f"| {e['tree']['top_k']} | {e['tree']['depth']} | {e['tree']['num_nodes']} | {e['tokens_per_step']} | "
+        f"{' / '.join(map(str, e['accept_rate_per_depth']))} | "
         f"{' / '.join(map(str, e['accepted_at_least']))} |"
         for e in evals
     )
     last = summary["history"][-1] if summary["history"] else {}
+    # A markdown heading and a table header are one line each, whatever their length.
+    acceptance = (
+        f"## Held-out acceptance per depth (greedy decoding, {evals[0]['prompts'] if evals else 0} held-out prompts, "
+        f"{summary['eval_dtype']})"
+    )
+    header = (
+        "| top-k | depth | nodes | tokens/step | accept rate at depth 1..D (given the one before) "
+        "| share of steps accepting >= k |"
+    )
     text = f"""# EAGLE draft head for SmolLM2-135M-Instruct
 
 A second drafter for Medusa Playground: one `{cfg.get("model_type")}` decoder layer of the base
@@ -318,18 +328,19 @@ The embedding and lm_head are the base model's and are not stored here. Base mod
 {command}
 ```
 
-Self-distillation data: the base model's greedy answers in `assets/data/distill/` ({summary["train_sequences"]} training
-sequences, {summary["train_tokens"]} tokens incl. prompts; {summary["heldout_sequences"]} held-out). Features cached once
-(bfloat16), {summary["feature_minutes"]} min; training {summary["minutes"]} min, {summary["steps"]} of {summary["planned_steps"]} planned
+Self-distillation data: the base model's greedy answers in `assets/data/distill/`
+({summary["train_sequences"]} training sequences, {summary["train_tokens"]} tokens incl. prompts;
+{summary["heldout_sequences"]} held-out). Features cached once (bfloat16), {summary["feature_minutes"]} min;
+training {summary["minutes"]} min, {summary["steps"]} of {summary["planned_steps"]} planned
 batches, on {summary["machine"]} (shared with other jobs). Loss: SmoothL1 feature regression + 0.1 x token
 cross-entropy against the base distribution, uniform input noise of width {NOISE}.
 
 Held-out (teacher-forced) at the kept checkpoint: feature loss {last.get("vloss", float("nan")):.4f}, token loss
 {last.get("ploss", float("nan")):.3f}, top-1 agreement with the base model {last.get("top1", float("nan")):.3f}.
 
-## Held-out acceptance per depth (greedy decoding, {evals[0]["prompts"] if evals else 0} held-out prompts, {summary["eval_dtype"]})
+{acceptance}
 
-| top-k | depth | nodes | tokens/step | accept rate at depth 1..D (given the one before) | share of steps accepting >= k |
+{header}
 |---|---|---|---|---|---|
 {rows}
 """
@@ -411,9 +422,8 @@ def main(argv: list[str] | None = None) -> None:
             else None
         )
         head = new_eagle_head(model, proposal_ids=ids, base_model=base)
-        with (
-            torch.no_grad()
-        ):  # g starts as f_t: "the next feature is this one" (the identity on the feature half of fc)
+        # g starts as f_t: "the next feature is this one" (the identity on the feature half of fc).
+        with torch.no_grad():
             d = head.config.hidden_size
             head.fc.weight[:, d:] = torch.eye(d)
             head.fc.bias.zero_()

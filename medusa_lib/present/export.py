@@ -36,11 +36,18 @@ def export_hint(heads: MedusaHeads) -> str:
         kind = "path-conditioned" if heads.path_conditioned else "root-conditioned"
         return (
             f"**Serving in vLLM:** these {kind} heads cannot be exported (vLLM's Medusa reads the hidden state only); "
-            f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS})."
+            f"plain heads can: train them without path conditioning (`{TRAIN_PLAIN}`), "
+            f"then `{export_command('DIR')}` ({DOCS})."
         )
     why = vllm_refusal(heads)
     if why:
         return f"**Serving in vLLM:** {why}"
     if folder is None:
-        return f"**Serving in vLLM:** untrained heads; train plain heads (`{TRAIN_PLAIN}`), then `{export_command('DIR')}` ({DOCS})."
-    return f"**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): `{export_command(folder)}` ({DOCS})."
+        return (
+            f"**Serving in vLLM:** untrained heads; train plain heads (`{TRAIN_PLAIN}`), "
+            f"then `{export_command('DIR')}` ({DOCS})."
+        )
+    return (
+        "**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): "
+        f"`{export_command(folder)}` ({DOCS})."
+    )

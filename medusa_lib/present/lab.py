@@ -64,21 +64,29 @@ class TreeLab:
     @property
     def cost_note(self) -> str:
         if self.cost is None:
-            return f"No cost figures for {self.device} yet: press Measure costs to time one verify step of each size on this machine."
+            return (
+                f"No cost figures for {self.device} yet: "
+                "press Measure costs to time one verify step of each size on this machine."
+            )
         if self.cost.source == "calibration":
             return (
-                f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, from its measured trees); "
-                "press Measure costs to time each size on this machine."
+                f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, "
+                "from its measured trees); press Measure costs to time each size on this machine."
             )
         return (
-            f"Step costs measured on this machine ({self.cost.device or self.device}): the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), which leaves out "
-            "the heads' draft and the acceptance a real step adds, so they read lower than a calibration's."
+            f"Step costs measured on this machine ({self.cost.device or self.device}): "
+            "the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), "
+            "which leaves out the heads' draft and the acceptance a real step adds, "
+            "so they read lower than a calibration's."
         )
 
     @property
     def gain_note(self) -> str:
         if self.accuracy is None:
-            return "These Medusa heads carry no calibrated accuracies (python -m medusa_lib.pipeline.calibrate --write records them), so there is no gain curve."
+            return (
+                "These Medusa heads carry no calibrated accuracies "
+                "(python -m medusa_lib.pipeline.calibrate --write records them), so there is no gain curve."
+            )
         return ""
 
 
@@ -198,7 +206,8 @@ def node_label(choice: Sequence[int]) -> str:
 
 
 def editor_nodes(tree: MedusaTree) -> list[dict]:
-    """The nodes of a tree for the inspector's drawing (``inspector.tree_nodes``' fields), without tokens: kind "node"."""
+    """The nodes of a tree for the inspector's drawing (``inspector.tree_nodes``' fields), without tokens:
+    kind "node"."""
     y = tree_layout(tree.parents)
     return [
         {
@@ -225,7 +234,8 @@ def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]
 
 @dataclass(frozen=True)
 class Measured:
-    """A Measure run: Medusa greedy (exact sampling) with the edited tree against plain greedy (sampling) on the same prompt."""
+    """A Measure run: Medusa greedy (exact sampling) with the edited tree against plain greedy (sampling) on
+    the same prompt."""
 
     tokens_per_step: float
     speedup: float | None  # tokens/s over plain's
@@ -279,7 +289,8 @@ def measure_tree(
     plain, medusa = records[plain_view].result, records[medusa_view].result
     if medusa.decode_steps == 0:
         raise PlaygroundError(
-            "The run ended at its prefill, so there is no Medusa step to measure; raise Max new tokens and measure again."
+            "The run ended at its prefill, so there is no Medusa step to measure; "
+            "raise Max new tokens and measure again."
         )
     speedup = (
         medusa.tokens_per_second / plain.tokens_per_second

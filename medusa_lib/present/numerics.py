@@ -38,7 +38,8 @@ def free_memory(device: torch.device) -> int:
 
 
 def default_numerics(names) -> str:
-    """What a run uses when it names no numerics: the exact float32 copy when it is loaded, else the loaded dtype (the first)."""
+    """What a run uses when it names no numerics: the exact float32 copy when it is loaded, else the loaded
+    dtype (the first)."""
     names = list(names)
     return EXACT if EXACT in names else names[0]
 
@@ -81,13 +82,18 @@ def numerics_note(speeds: Mapping[str, float], *, device: str) -> str:
     faster = "; ".join(
         f"{n} decodes {r:.1f}x as fast as float32 on this {device}"
         if r >= 1
-        else f"{n} decodes at {r:.1f}x float32's speed on this {device} (no native {n} here: float32 is the fast choice too)"
+        else (
+            f"{n} decodes at {r:.1f}x float32's speed on this {device} "
+            f"(no native {n} here: float32 is the fast choice too)"
+        )
         for n, r in fast
     )
     names = " and ".join(n for n, _ in fast)
     return (
-        f"float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, on every prompt. {faster} "
-        f"(plain decoding, measured at start-up). In {names} a tree step and a one-token step round differently, so where the model's "
+        "float32 is exact: Medusa greedy writes plain greedy's tokens, and exact sampling plain sampling's, "
+        f"on every prompt. {faster} "
+        f"(plain decoding, measured at start-up). In {names} a tree step and a one-token step round differently, "
+        "so where the model's "
         f"two best tokens nearly tie its Medusa output may differ from plain's (the badge shows where)."
     )
 

@@ -26,10 +26,8 @@ LABELS = {
     "plain-sample": "Plain (sampling)",
     "medusa-sample": "Medusa exact sampling",
 }
-PLAIN_VIEWS = (
-    "plain",
-    "plain-sample",
-)  # the reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison
+# The reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison.
+PLAIN_VIEWS = ("plain", "plain-sample")
 REFERENCE_NAMES = {"plain": "plain greedy", "plain-sample": "plain sampling"}  # how a sentence names the reference
 
 
@@ -39,9 +37,9 @@ class GreedyCheck:
     first_diff: int | None  # first token position (0-based) where the two outputs differ
     plain_tokens: int
     medusa_tokens: int
-    logit_gap: float | None = (
-        None  # at first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T (set by Playground.exact_check)
-    )
+    # At first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T
+    # (set by Playground.exact_check).
+    logit_gap: float | None = None
     tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
     sampled: bool = False  # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
     numerics: str = (
@@ -58,8 +56,12 @@ class GreedyCheck:
         medusa, plain = self.names
         same = (", same seed" if self.sampled else "") + (f" ({self.numerics})" if self.numerics else "")
         if self.equal:
-            return f"{medusa} = {plain}{same}: {'the one token is' if self.plain_tokens == 1 else f'all {self.plain_tokens} tokens'} identical."
-        return f"{medusa} differs from {plain}{same} from token {self.first_diff} on (0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+            which = "the one token is" if self.plain_tokens == 1 else f"all {self.plain_tokens} tokens"
+            return f"{medusa} = {plain}{same}: {which} identical."
+        return (
+            f"{medusa} differs from {plain}{same} from token {self.first_diff} on "
+            f"(0-based; {self.medusa_tokens} vs {self.plain_tokens} tokens)."
+        )
 
     @property
     def reason(self) -> str:
@@ -71,7 +73,10 @@ class GreedyCheck:
                 ". Switch Numerics to float32 for the exact result" if self.exact_available else ""
             )
         if self.sampled:  # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
-            return f"There the draw's two best candidates were {self.logit_gap:.4f} apart (log p - log E, times T, in logit units): {why}."
+            return (
+                f"There the draw's two best candidates were {self.logit_gap:.4f} apart "
+                f"(log p - log E, times T, in logit units): {why}."
+            )
         return f"There the base model's two best logits differ by {self.logit_gap:.4f}: {why}."
 
     @property
@@ -93,7 +98,10 @@ def column_note(view: str, config: DecodeConfig, *, reference: str) -> str:
     if view == "medusa-greedy":
         return "keeps a guess only where it is the model's own top choice: exactly plain greedy's text."
     if view == "medusa-sample":
-        return f"draws at T = {t:g} from seed {seed} and keeps a guess only where the draw is that guess: exactly plain sampling's text."
+        return (
+            f"draws at T = {t:g} from seed {seed} and keeps a guess only where the draw is that guess: "
+            "exactly plain sampling's text."
+        )
     if t <= 0:
         return "at T = 0 typical acceptance is greedy: the same text as Medusa greedy."
     return (
@@ -103,7 +111,8 @@ def column_note(view: str, config: DecodeConfig, *, reference: str) -> str:
 
 
 def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool = False) -> GreedyCheck:
-    """Did Medusa greedy (or exact sampling) produce exactly plain greedy's (sampling's) tokens? If not, where do they first differ?"""
+    """Did Medusa greedy (or exact sampling) produce exactly plain greedy's (sampling's) tokens? If not, where
+    do they first differ?"""
     first = first_difference(plain, medusa)
     return GreedyCheck(first is None, first, len(plain), len(medusa), sampled=sampled)
 
@@ -216,7 +225,8 @@ def visible_steps(record: RunRecord, t: float) -> int:
 def threshold_curve(
     *, epsilon: float, delta: float, vocab_size: int, points: int = 200
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V] (the decoders' formula)."""
+    """Typical acceptance's threshold min(epsilon, delta * exp(-H)) over entropy H in [0, log V]
+    (the decoders' formula)."""
     h = np.linspace(0.0, math.log(max(vocab_size, 2)), points)
     return h, typical_threshold_of_entropy(torch.from_numpy(h), epsilon=epsilon, delta=delta).numpy()
 

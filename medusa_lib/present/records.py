@@ -17,7 +17,9 @@ class Piece:
 
     token_id: int
     text: str  # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
-    origin: str  # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head proposal; "lookup": an accepted lookup-branch token
+    # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head
+    # proposal; "lookup": an accepted lookup-branch token
+    origin: str
     step: int
 
 

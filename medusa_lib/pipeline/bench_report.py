@@ -1,0 +1,188 @@
+"""The bench's report: its tables, output equality, and the EAGLE head's recorded speed-up (``bench.py``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from ..core.decoding import first_difference
+
+# Lossless: same seed, same output as its reference.
+EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample"}
+
+
+def record_eagle(
+    folder: Path, records: list[dict], *, device, dtype: str, argv, tree, args, medusa_tree: str | None = None
+) -> None:
+    """eagle-greedy's e2e speed-up over baseline on this run's prompts, into the head's config.json
+    ``calibration``, with medusa-greedy's from the same run when it ran (present/drafter.py compares
+    the two to pick the page's default drafter)."""
+    import datetime
+    import sys
+
+    from ..core.defaults import device_kind
+
+    by = defaultdict(list)
+    for r in records:
+        by[r["method"]].append(r)
+    if not by.get("eagle-greedy") or not by.get("baseline"):
+        raise SystemExit("--record-eagle needs eagle-greedy and baseline in --methods.")
+
+    def rate(rs):  # e2e tok/s over the runs = total new tokens / total time (prefill + decode)
+        return sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)
+
+    eg = by["eagle-greedy"]
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["calibration"] = {
+        "device_kind": device_kind(device),
+        "speedup": round(rate(eg) / rate(by["baseline"]), 3),
+        "tokens_per_step": round(sum(r["new_tokens"] for r in eg) / sum(r["steps"] for r in eg), 3),
+        "dtype": dtype,
+        "tree": [tree.top_k, tree.depth, tree.num_nodes],
+        "prompts": len(eg),
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "date": datetime.date.today().isoformat(),
+        "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    if by.get("medusa-greedy"):  # the other drafter, in the same run: the page compares these two (ratios of one run)
+        cfg["calibration"]["medusa_speedup"] = round(rate(by["medusa-greedy"]) / rate(by["baseline"]), 3)
+        cfg["calibration"]["medusa_tree"] = medusa_tree
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    medusa = (
+        f", medusa-greedy {cfg['calibration']['medusa_speedup']:.2f}x" if "medusa_speedup" in cfg["calibration"] else ""
+    )
+    print(
+        f"recorded in {cfg_path}: eagle-greedy {cfg['calibration']['speedup']:.2f}x{medusa} baseline on "
+        f"{device_kind(device)}"
+    )
+
+
+def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:
+    """The plain loop a method's speed-up is measured against: plain-sample for sampled methods
+    (when it ran: sampling costs a little per token, and typical/exact acceptance should be
+    credited only for what the tree adds), baseline for the rest (and sampled ones without it)."""
+    if method in sampled and "plain-sample" in methods:
+        return "plain-sample"
+    return "baseline" if "baseline" in methods else None
+
+
+def identical_outputs(records: list[dict], method: str, reference: str) -> dict:
+    """Prompts whose output under ``method`` equals ``reference``'s, and where the others first differ."""
+    ref = {r["id"]: r["output_token_ids"] for r in records if r["method"] == reference}
+    diffs = {r["id"]: first_difference(r["output_token_ids"], ref[r["id"]]) for r in records if r["method"] == method}
+    bad = {i: d for i, d in diffs.items() if d is not None}
+    return {"reference": reference, "identical": len(diffs) - len(bad), "prompts": len(diffs), "first_difference": bad}
+
+
+def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) -> str:
+    """The tables: per method, per category, per phase, output equality of the greedy methods against
+    hf-generate and of the exact sampler against plain-sample (``sampled``: the methods that sampled)."""
+    by = defaultdict(list)
+    for r in records:
+        by[r["method"]].append(r)
+
+    def rate(rs):  # e2e tok/s over the whole set = total new tokens / total time (prefill + decode)
+        return sum(r["new_tokens"] for r in rs) / max(sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs), 1e-9)
+
+    def step_ms(rs):
+        steps = sum(r["steps"] for r in rs)
+        return 1000 * sum(r["decode_seconds"] for r in rs) / max(steps, 1)
+
+    def ratio(x: float | None, width: int) -> str:  # "-" where the reference did not run
+        return f"{x:>{width}.2f}x" if x is not None else f"{'-':>{width + 1}}"
+
+    hf_rate = rate(by["hf-generate"]) if by.get("hf-generate") else None
+    lines = [
+        f"{'method':<24}{'e2e tok/s':>10}{'tok/step':>10}{'ms/step':>9}{'step vs plain':>15}{'vs hf-generate':>16}"
+        f"{'vs plain':>10}{'prefill ms':>12}  plain ref"
+    ]
+    for m in methods:
+        rs, ref = by[m], reference_of(m, methods, list(sampled))
+        tps = sum(r["new_tokens"] for r in rs) / max(sum(r["steps"] for r in rs), 1)
+        ms = step_ms(rs)
+        row = f"{m:<24}{rate(rs):>10.1f}{tps:>10.2f}{ms:>9.1f}"
+        row += ratio(ms / step_ms(by[ref]) if ref else None, 14)
+        row += ratio(rate(rs) / hf_rate if hf_rate else None, 15)
+        row += ratio(rate(rs) / rate(by[ref]) if ref else None, 9)
+        row += f"{1000 * statistics.median(r['prefill_seconds'] for r in rs):>12.1f}  {ref or '-'}"
+        lines.append(row)
+    if any(reference_of(m, methods, list(sampled)) == "plain-sample" for m in methods):
+        lines.append(
+            '(step vs plain, vs plain: against the plain loop named in "plain ref": '
+            "plain-sample for the sampled methods, baseline for greedy ones)"
+        )
+
+    cats = sorted({r["category"] for r in records})
+    lines += ["", "e2e tok/s per category", f"{'category':<16}" + "".join(f"{m[:18]:>20}" for m in methods)]
+    for c in cats:
+        lines.append(f"{c:<16}" + "".join(f"{rate([r for r in by[m] if r['category'] == c]):>20.1f}" for m in methods))
+
+    phase_rows = [m for m in methods if any("phase_seconds" in r for r in by[m])]
+    if phase_rows:
+        names = [
+            p
+            for p in ("propose", "verify", "accept", "commit", "step")
+            if any(p in r.get("phase_seconds", {}) for m in phase_rows for r in by[m])
+        ]
+        whole = ' (static engine: one whole-step program, "step")' if "step" in names else ""
+        lines += [
+            "",
+            f"mean ms per decode step, by phase{whole}",
+            f"{'method':<24}" + "".join(f"{p:>10}" for p in names),
+        ]
+        for m in phase_rows:
+            steps = max(sum(r["steps"] for r in by[m]), 1)
+            tot = defaultdict(float)
+            for r in by[m]:
+                for k, v in r.get("phase_seconds", {}).items():
+                    tot[k] += v
+            lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in names))
+
+    depth_rows = [
+        m for m in methods if any(r.get("accept_lengths") for r in by[m]) and not m.startswith(("baseline", "plain"))
+    ]
+    if depth_rows:  # how deep the drafts got accepted: share of full steps that accepted >= k drafted tokens
+        lines += [
+            "",
+            "share of decode steps accepting >= k drafted tokens (tokens/step = 1 + the sum of the row)",
+            f"{'method':<24}" + "".join(f"{'>=' + str(k):>8}" for k in range(1, 7)),
+        ]
+        for m in depth_rows:
+            acc = [a for r in by[m] for a in r.get("accept_lengths", [])]
+            lines.append(
+                f"{m:<24}" + "".join(f"{sum(a >= k for a in acc) / max(len(acc), 1):>8.2f}" for k in range(1, 7))
+            )
+
+    lookup_rows = [m for m in methods if any(r.get("lookup_tokens") for r in by[m])]
+    if lookup_rows:
+        lines += ["", "tokens accepted from the lookup branch (share of all new tokens)"]
+        for m in lookup_rows:
+            n = sum(r.get("lookup_tokens", 0) for r in by[m])
+            lines.append(f"  {m:<24}{n:>6} ({n / max(sum(r['new_tokens'] for r in by[m]), 1):.1%})")
+
+    if by.get("hf-generate") and any(m != "hf-generate" and m not in sampled for m in methods):
+        ref = {r["id"]: r["output_token_ids"] for r in by["hf-generate"]}
+        lines += ["", "outputs identical to hf-generate"]
+        for m in methods:
+            if m == "hf-generate" or m in sampled:  # a sample is not meant to match greedy decoding
+                continue
+            diffs = [(r["id"], first_difference(r["output_token_ids"], ref[r["id"]])) for r in by[m]]
+            bad = [(i, d) for i, d in diffs if d is not None]
+            where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
+            lines.append(f"  {m:<24}{len(diffs) - len(bad)}/{len(diffs)}" + (f"   differ: {where}" if bad else ""))
+
+    for m, ref in EXACT_SAMPLERS.items():  # lossless sampling: same seed, same tokens (float32)
+        if by.get(m) and by.get(ref):
+            same = identical_outputs(records, m, ref)
+            bad = list(same["first_difference"].items())
+            where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
+            lines += [
+                "",
+                f"{m} == {ref}: {same['identical']}/{same['prompts']} identical"
+                + (f"   differ: {where} (exact in float32; low precision may flip near-ties)" if bad else ""),
+            ]
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""The bench's runs: ``model.generate`` and our decoders, timed the same way (``bench.py`` runs them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ..core.decoding import Decoder, _sync
+from ..core.lab import step_costs
+from ..core.model import input_device
+
+
+class ForwardClock:
+    """Counts a model's forward calls and stamps the end of the first one (the prefill).
+
+    ``first_only``: unhook after the prefill, so a compiled decode step never sees the hook (a
+    timestamp inside it would break the graph); the caller counts the steps instead."""
+
+    def __init__(self, model, device, *, first_only: bool = False):
+        self.device, self.calls, self.first_end, self.first_only = device, 0, None, first_only
+        self.handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        self.calls += 1
+        if self.calls == 1:
+            self.first_end = _sync(self.device)
+            if self.first_only:
+                self.handle.remove()
+
+    def close(self):
+        self.handle.remove()
+
+
+def run_hf(
+    model, ids: list[int], *, max_new_tokens: int, lookup: bool, eos, static_cache_len: int | None = None
+) -> dict:
+    """``model.generate`` greedy, timed like our loops. ``lookup``: prompt-lookup decoding.
+    ``static_cache_len``: a StaticCache of that many positions, whatever the prompt's length (so the
+    decode step transformers compiles on CUDA keeps one shape); its steps are the new tokens after
+    the prefill's (one token per forward, as greedy generate makes them)."""
+    device = input_device(model)
+    clock = ForwardClock(model, device, first_only=static_cache_len is not None)
+    try:
+        inp = torch.tensor([ids], device=device)
+        kwargs = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=eos[0] if eos else None,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+        if lookup:
+            kwargs["prompt_lookup_num_tokens"] = 10
+        if static_cache_len is not None:
+            kwargs |= {"cache_implementation": "static", "max_cache_len": static_cache_len}
+        t0 = _sync(device)
+        out = model.generate(inp, attention_mask=torch.ones_like(inp), **kwargs)
+        t1 = _sync(device)
+    finally:
+        clock.close()
+    new = out[0, len(ids) :].tolist()
+    prefill = (clock.first_end or t1) - t0
+    steps = max(len(new) - 1, 0) if clock.first_only else max(clock.calls - 1, 0)
+    return {
+        "output_token_ids": new,
+        "new_tokens": len(new),
+        "steps": steps,
+        "prefill_seconds": prefill,
+        "decode_seconds": t1 - t0 - prefill,
+    }
+
+
+def run_ours(decoder: Decoder, ids: list[int]) -> dict:
+    res = decoder.run(ids)
+    phases = defaultdict(float)
+    for s in res.steps[1:]:
+        for k, v in s.phases.items():
+            phases[k] += v
+    return {
+        "output_token_ids": res.tokens,
+        "new_tokens": len(res.tokens),
+        "steps": res.decode_steps,
+        "prefill_seconds": res.prefill_seconds,
+        "decode_seconds": res.decode_seconds,
+        "phase_seconds": dict(phases),
+        "lookup_tokens": res.lookup_tokens,
+        # Full steps: what the drafter got accepted.
+        "accept_lengths": [s.accept_length for s in res.steps[1:] if s.finish_reason is None],
+    }
+
+
+def e2e_rate(run: dict) -> float:
+    """End-to-end tokens/s of one run: new tokens / (prefill + decode)."""
+    return run["new_tokens"] / (run["prefill_seconds"] + run["decode_seconds"])
+
+
+def forward_costs(model, *, sizes=(1, 2, 5, 9, 17, 33), prefix: int = 256, repeats: int = 20) -> list[dict]:
+    """Median ms of one body forward of L new tokens after a cached prefix and of the lm_head over
+    those L rows: the tree lab's ``lab.step_costs``, one function for both."""
+    return step_costs(model, sizes, prefix=prefix, repeats=repeats)
+
+
+def format_forward_costs(rows: list[dict]) -> str:
+    lines = [f"{'tokens':>7}{'body ms':>10}{'lm_head ms':>12}{'vs 1 token':>12}"]
+    lines += [f"{r['tokens']:>7}{r['body_ms']:>10.1f}{r['lm_head_ms']:>12.1f}{r['vs_one_token']:>11.2f}x" for r in rows]
+    return "\n".join(lines)
