@@ -317,11 +317,15 @@ def describe(manifest: dict, seq: list[dict]) -> str:
             f"{mb(tree['room_per_call'])} beside it: {manifest['calls']} call(s), the fewest for {mb(carried)} "
             f"(ceil({carried} / {tree['room_per_call']}) = {math.ceil(carried / tree['room_per_call'])})."
         ),
-        "Keep the tree as it is until the calls are made (a larger tree can push a call over 64 MiB); "
-        "pack again after a change.",
+        (
+            "Keep the tree as it is until the calls are made (a larger tree can push a call over 64 MiB); "
+            "pack again after a change."
+        ),
         "",
-        "In the session with a GPU, make these calls one right after another "
-        "(the machine stays warm only 30 s after each;",
+        (
+            "In the session with a GPU, make these calls one right after another "
+            "(the machine stays warm only 30 s after each;"
+        ),
         "each call checks what has arrived, and the last one reassembles, installs and runs every part):",
     ]
     for i, c in enumerate(seq, start=1):
@@ -329,10 +333,10 @@ def describe(manifest: dict, seq: list[dict]) -> str:
             f"  call {i} of {len(seq)}: run(carry={json.dumps(c['carry'])}, timeout_s={c['timeout_s']}, "
             f"command={json.dumps(c['command'])})"
         )
-    lines += [
+    lines.append(
         "Then read $OUT's check.md (and check.json, raw.tar.gz); "
         "rerun parts with --only NAME,NAME in one more call if time is left."
-    ]
+    )
     return "\n".join(lines)
 
 
