@@ -206,21 +206,26 @@ def float32_words(f: dict) -> str:
 
 # ------------------------------------------------------------------------- the page, the calibration, costs, compile
 def page_read(ctx, jobs) -> dict:
+    """page_check's rows, and its Medusa/plain in the bench's dtype against the bench's own ratio."""
     summary = load(jobs[0].json).get("summary") or []
-    page = (summary[0] if summary else {}).get("medusa_speedup")
-    bench = (ctx.results.get("bench") or {}).get("methods", {}).get("medusa-greedy", {}).get("vs_ref")
-    ratio = page / bench if page and bench else None
-    return {"summary": summary, "page_medusa_speedup": page, "bench_medusa_speedup": bench, "page_over_bench": ratio}
+    bench = ctx.results.get("bench") or {}
+    dtype = str(bench.get("dtype") or "").removeprefix("torch.")
+    row = next((s for s in summary if s.get("numerics") == dtype), summary[0] if summary else {})
+    page, ref = row.get("medusa_speedup"), bench.get("methods", {}).get("medusa-greedy", {}).get("vs_ref")
+    ratio = page / ref if page and ref else None
+    return {"summary": summary, "page_medusa_speedup": page, "bench_medusa_speedup": ref, "page_over_bench": ratio}
 
 
 def page_words(f: dict) -> str:
-    s = (f.get("summary") or [{}])[0]
-    return (
+    rows = [
         f"{s.get('numerics')} greedy: {s.get('green')}/{s.get('prompts')} green badges, "
-        f"plain {fmt(s.get('plain_tps'))} tok/s, Medusa {fmt(f.get('page_medusa_speedup'), '.2f')}x plain on the page "
-        f"against {fmt(f.get('bench_medusa_speedup'), '.2f')}x in the bench "
-        f"(ratio {fmt(f.get('page_over_bench'), '.2f')})"
+        f"plain {fmt(s.get('plain_tps'))} tok/s, Medusa {fmt(s.get('medusa_speedup'), '.2f')}x plain"
+        for s in f.get("summary") or []
+    ]
+    bench = (
+        f"{fmt(f.get('bench_medusa_speedup'), '.2f')}x in the bench (page/bench {fmt(f.get('page_over_bench'), '.2f')})"
     )
+    return "; ".join(rows) + f"; against {bench}" if rows else "not measured"
 
 
 def calibrations(cfg: dict) -> list[dict]:

@@ -113,7 +113,8 @@ def float32_jobs(ctx: Context) -> list[Job]:
 
 
 def page_jobs(ctx: Context) -> list[Job]:
-    out, numerics = ctx.work / "page.json", "bfloat16" if ctx.device.startswith("cuda") else "float32"
+    # The page starts in float32 where the copy is loaded; bfloat16 is the bench's dtype on a GPU.
+    out, numerics = ctx.work / "page.json", "float32,bfloat16" if ctx.device.startswith("cuda") else "float32"
     argv = ctx.cli(
         "page_check", "--device", ctx.device, "--per-category", 1, "--modes", "greedy", "--numerics", numerics
     )
