@@ -52,8 +52,8 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def fmt(x, spec: str = ".1f") -> str:
-    return "not measured" if x is None else format(x, spec)
+def fmt(x, spec: str = ".1f", unit: str = "") -> str:
+    return "not measured" if x is None else format(x, spec) + unit
 
 
 def load(path: Path | None) -> dict:
@@ -219,13 +219,15 @@ def page_read(ctx, jobs) -> dict:
 def page_words(f: dict) -> str:
     rows = [
         f"{s.get('numerics')} greedy: {s.get('green')}/{s.get('prompts')} green badges, "
-        f"plain {fmt(s.get('plain_tps'))} tok/s, Medusa {fmt(s.get('medusa_speedup'), '.2f')}x plain"
+        f"plain {fmt(s.get('plain_tps'))} tok/s, Medusa {fmt(s.get('medusa_speedup'), '.2f', 'x')} plain"
         for s in f.get("summary") or []
     ]
-    bench = (
-        f"{fmt(f.get('bench_medusa_speedup'), '.2f')}x in the bench (page/bench {fmt(f.get('page_over_bench'), '.2f')})"
+    bench = fmt(f.get("bench_medusa_speedup"), ".2f", "x")
+    return (
+        "; ".join(rows) + f"; against {bench} in the bench (page/bench {fmt(f.get('page_over_bench'), '.2f')})"
+        if rows
+        else "not measured"
     )
-    return "; ".join(rows) + f"; against {bench}" if rows else "not measured"
 
 
 def calibrations(cfg: dict) -> list[dict]:

@@ -130,7 +130,7 @@ def calibrate_jobs(ctx: Context) -> list[Job]:
     shutil.rmtree(heads, ignore_errors=True)
     shutil.copytree(ctx.root / fig.HEADS, heads)  # --write goes to this copy; its config.json comes back in raw.tar.gz
     argv = ctx.cli("calibrate", "--device", ctx.device, "--heads", heads, "--lookup", 4, "--write")
-    argv += map(str, ["--acc-prompts", ctx.size(96, 2), "--speed-prompts", ctx.size(8, 1)])
+    argv += map(str, ["--acc-prompts", ctx.size(96, 2), "--speed-prompts", ctx.size(16, 1)])
     argv += ctx.size([], ["--sizes", "4", "--max-new-tokens", "8"])
     return [Job(argv, ctx.work / "calibrate.log", json=heads / "config.json")]
 
