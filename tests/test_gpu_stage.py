@@ -151,6 +151,10 @@ def test_pack_writes_one_folder_per_call_with_checksums_and_the_sequence_of_call
     assert [c["carry"] for c in seq] == [[".gpu/call-1"], [".gpu/call-2"], [".gpu/call-3"]]
     assert seq[0]["command"] == "python3 medusa_lib/pipeline/gpu_check.py --take .gpu/call-1"
     assert seq[-1]["command"].endswith("--take .gpu/call-3 --out $OUT") and seq[-1]["timeout_s"] == 600
+    assert gpu_pack.still_fits(root / ".gpu", root).startswith("All 3 calls still fit")
+    (root / "grown.bin").write_bytes(b"g" * 1_300_000)  # an untracked file travels too: more than the headroom
+    with pytest.raises(StageError, match=r"^Call 1 would now carry .* MB with the tree \(over .* MB\): pack again\.$"):
+        gpu_pack.still_fits(root / ".gpu", root)
     text = gpu_pack.describe(manifest, seq)
     assert "3 call(s), the fewest" in text and 'run(carry=[".gpu/call-2"], timeout_s=120' in text
 

@@ -319,7 +319,7 @@ def describe(manifest: dict, seq: list[dict]) -> str:
         ),
         (
             "Keep the tree as it is until the calls are made (a larger tree can push a call over 64 MiB); "
-            "pack again after a change."
+            "`python -m medusa_lib.pipeline.gpu_pack --check` says whether they still fit, else pack again."
         ),
         "",
         (
@@ -338,6 +338,21 @@ def describe(manifest: dict, seq: list[dict]) -> str:
         "rerun parts with --only NAME,NAME in one more call if time is left."
     )
     return "\n".join(lines)
+
+
+def still_fits(out: Path, root: Path = ROOT) -> str:
+    """Whether each packed call still fits beside the working tree as it is now; one sentence."""
+    manifest = stage.load_manifest(out)
+    tree_bytes, tree_files = stage.tree_size(root)
+    limit = manifest["tree"]["limit"]
+    for i in range(1, manifest["calls"] + 1):
+        files = [p for p in (Path(out) / f"call-{i}").iterdir() if p.is_file()]
+        need = tree_bytes + stage.PER_FILE * (tree_files + len(files)) + sum(p.stat().st_size for p in files)
+        if need > limit:
+            raise StageError(f"Call {i} would now carry {mb(need)} with the tree (over {mb(limit)}): pack again.")
+    return (
+        f"All {manifest['calls']} calls still fit beside the working tree now ({mb(tree_bytes)} in {tree_files} files)."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -359,9 +374,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--limit-mib", type=float, default=stage.CALL_LIMIT / 2**20, help="what one call may carry, tree included"
     )
+    ap.add_argument(
+        "--check", action="store_true", help="only say whether the calls packed before still fit the tree now"
+    )
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     try:
+        if args.check:
+            return print(still_fits(out))
         inside = out.is_relative_to(ROOT.resolve())
         ignored = (
             subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", str(out / "call-1")], check=False).returncode
