@@ -375,7 +375,8 @@ class Check:
             "stage", status="ok" if staged else "failed", note=stage_note, seconds=round(time.monotonic() - self.t0, 1)
         )
         env = part_env(None if self.args.no_stage else Path(self.args.stage))
-        only = set(filter(None, self.args.only.split(","))) if self.args.only else None
+        # env always runs: seconds, and the later parts read the bench's method list from it
+        only = {"env", *filter(None, self.args.only.split(","))} if self.args.only else None
         skip = set(filter(None, self.args.skip.split(",")))
         runnable = []
         for p in self.parts:
@@ -420,7 +421,9 @@ def main(argv: list[str] | None = None) -> None:
         help=f"seconds for all parts (default {BUDGET['gpu']}; tiny {BUDGET['tiny']})",
     )
     ap.add_argument(
-        "--only", default=None, help="comma list of the parts to run: " + ",".join(p.name for p in gpu_parts.PARTS)
+        "--only",
+        default=None,
+        help="comma list of the parts to run (env always runs): " + ",".join(p.name for p in gpu_parts.PARTS),
     )
     ap.add_argument("--skip", default="", help="comma list of parts not to run")
     ap.add_argument(
