@@ -173,6 +173,6 @@ PARTS = (
          compile_jobs, fig.compile_read, fig.compile_words, side=True),
     Part("calibrate", "calibrate on this device (into a copy of the heads); a tree step's cost by tree size", 180, 400,
          calibrate_jobs, fig.calibrate_read, fig.calibrate_words),
-    Part("costs", "one eager forward of 1..33 tokens after a 256-token prefix (bench --forward-costs)", 60, 200,
+    Part("costs", "one eager forward of 1..33 tokens after a 256-token prefix (bench --forward-costs)", 60, 400,
          costs_jobs, fig.costs_read, fig.costs_words),
 )  # fmt: skip
