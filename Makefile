@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup setup-dev run test test-slow test-all lint format clean
+.PHONY: setup setup-dev run test test-slow test-all lint format gpu-pack gpu-dry-run clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ test-slow: setup-dev
 
 test-all: setup-dev
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+# The GPU check (docs/gpu.md): pack here what the GPU machine lacks, the model in parts, and print the calls to make there.
+gpu-pack: setup
+	$(PY) -m medusa_lib.pipeline.gpu_pack $(ARGS)
+
+# The same check on this CPU with a tiny budget: packing, staging, reassembly and every part's command.
+gpu-dry-run: setup-dev
+	$(PY) -m pytest -q -m slow tests/test_gpu_check.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

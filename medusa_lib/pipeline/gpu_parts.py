@@ -1,0 +1,178 @@
+"""The parts of the GPU check: what each one runs and under what time limit (figures: gpu_figures.py).
+
+Each part is one or more commands of the pipeline CLIs (several run side by side) and a reader of their
+logs and JSON files. The GPU plan measures; the tiny plan (a CPU dry run) runs the same commands on one
+prompt, one repeat and a few tokens. Standard library only, like the check that imports it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    from . import gpu_figures as fig
+except ImportError:  # run as a file
+    import gpu_figures as fig
+
+BENCH_PROMPTS = "assets/data/bench_prompts.jsonl"
+# The bench's timed methods (3 repeats), and the eager ones with each other drafter (1 repeat: on a GPU
+# an eager step is ~20 ms of launches, so three repeats of them would take the check's whole budget).
+TIMED = ("hf-generate-static", "baseline", "medusa-greedy", "medusa-typical", "plain-sample", "medusa-sample")
+EAGER = ("hf-generate", "baseline", "medusa-greedy")
+
+
+@dataclass
+class Context:
+    """What the parts share during one check."""
+
+    python: str
+    root: Path
+    work: Path
+    device: str  # cuda or cpu
+    tiny: bool
+    check: str  # the check script's path (its probes)
+    methods: list[str] = field(default_factory=list)  # the bench's own method list, read by the env part
+    results: dict[str, dict] = field(default_factory=dict)  # figures of the parts done, by name
+
+    def size(self, gpu, tiny):
+        return tiny if self.tiny else gpu
+
+    def cli(self, module: str, *args) -> list[str]:
+        return [self.python, "-m", f"medusa_lib.pipeline.{module}", *map(str, args)]
+
+    def dtype(self) -> str:
+        """bfloat16 on the GPU; the dry run's CPU picks its own (bfloat16 forwards crawl without bf16 instructions)."""
+        return self.size("bfloat16", "auto")
+
+    def eager_methods(self) -> list[str]:
+        return [*EAGER, *fig.other_drafters(self.methods)]
+
+
+@dataclass(frozen=True)
+class Job:
+    argv: list[str]
+    log: Path
+    env: dict = field(default_factory=dict)
+    json: Path | None = None
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    title: str
+    limit_s: int  # its own time limit on the GPU
+    tiny_limit_s: int  # and in the CPU dry run
+    jobs: Callable[[Context], list[Job]]
+    read: Callable[[Context, list[Job]], dict]
+    words: Callable[[dict], str]
+    needs_model: bool = True
+    side: bool = False  # no timing in it: runs beside the side parts next to it
+
+
+def probe_jobs(name: str) -> Callable[[Context], list[Job]]:
+    def jobs(ctx: Context) -> list[Job]:
+        extra = ["--tiny-model", str(ctx.work / "tiny-model")] if ctx.tiny and name == "model" else []
+        return [Job([ctx.python, ctx.check, "--probe", name, "--device", ctx.device, *extra], ctx.work / f"{name}.log")]
+
+    return jobs
+
+
+def profile_jobs(ctx: Context) -> list[Job]:
+    argv = ctx.cli("profile_step", "--device", ctx.device, "--max-new-tokens", ctx.size(64, 8))
+    return [Job(argv, ctx.work / "profile.log")]
+
+
+def bench_jobs(ctx: Context, name: str, methods: list[str], *, repeats: int) -> list[Job]:
+    out = ctx.work / f"{name}.json"
+    sizes = ["--repeats", ctx.size(repeats, 1), "--max-new-tokens", ctx.size(128, 4), *ctx.size([], ["--limit", 1])]
+    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, *sizes)
+    return [Job([*argv, "--methods", ",".join(methods), "--json", str(out)], ctx.work / f"{name}.log", json=out)]
+
+
+def float32_jobs(ctx: Context) -> list[Job]:
+    """Every bench prompt (tiny: two), in shards that run side by side: outputs only, nothing timed."""
+    lines = [ln for ln in (ctx.root / BENCH_PROMPTS).read_text().splitlines() if ln.strip()][: ctx.size(None, 2)]
+    jobs = []
+    for k in range(ctx.size(4, 2)):
+        prompts, out = ctx.work / f"float32-prompts-{k + 1}.jsonl", ctx.work / f"float32-{k + 1}.json"
+        prompts.write_text("\n".join(lines[k :: ctx.size(4, 2)]) + "\n")
+        argv = ctx.cli("bench", "--device", ctx.device, "--dtype", "float32", "--prompts", prompts, "--repeats", 1)
+        argv += [
+            "--max-new-tokens",
+            str(ctx.size(64, 4)),
+            "--methods",
+            ",".join(ctx.eager_methods()),
+            "--json",
+            str(out),
+        ]
+        jobs.append(Job(argv, ctx.work / f"float32-{k + 1}.log", json=out))
+    return jobs
+
+
+def page_jobs(ctx: Context) -> list[Job]:
+    # The page starts in float32 where the copy is loaded; bfloat16 is the bench's dtype on a GPU.
+    out, numerics = ctx.work / "page.json", "float32,bfloat16" if ctx.device.startswith("cuda") else "float32"
+    argv = ctx.cli(
+        "page_check", "--device", ctx.device, "--per-category", 1, "--modes", "greedy", "--numerics", numerics
+    )
+    if ctx.tiny:
+        one = ctx.work / "one-prompt.jsonl"
+        one.write_text((ctx.root / BENCH_PROMPTS).read_text().splitlines()[0] + "\n")
+        argv += ["--prompts", str(one), "--no-examples", "--max-new-tokens", "4"]
+    return [Job([*argv, "--json", str(out)], ctx.work / "page.log", json=out)]
+
+
+def calibrate_jobs(ctx: Context) -> list[Job]:
+    heads = ctx.work / "heads"
+    shutil.rmtree(heads, ignore_errors=True)
+    shutil.copytree(ctx.root / fig.HEADS, heads)  # --write goes to this copy; its config.json comes back in raw.tar.gz
+    argv = ctx.cli("calibrate", "--device", ctx.device, "--heads", heads, "--lookup", 4, "--write")
+    argv += map(str, ["--acc-prompts", ctx.size(96, 2), "--speed-prompts", ctx.size(16, 1)])
+    argv += ctx.size([], ["--sizes", "4", "--max-new-tokens", "8"])
+    return [Job(argv, ctx.work / "calibrate.log", json=heads / "config.json")]
+
+
+def costs_jobs(ctx: Context) -> list[Job]:
+    argv = ctx.cli(
+        "bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--forward-costs", "--repeats", ctx.size(2, 1)
+    )
+    return [Job(argv, ctx.work / "costs.log")]
+
+
+def compile_jobs(ctx: Context) -> list[Job]:
+    """The compile engine on the GPU; the dry run compiles a 2-layer model of the default's shape (the
+    real one keeps Inductor busy for minutes on a CPU)."""
+    out = ctx.work / "compile.json"
+    model = ctx.size([], ["--model", str(ctx.work / "tiny-model")])
+    argv = ctx.cli("bench", *model, "--device", ctx.device, "--cache", "static", "--capture", "compile", "--no-prepack")
+    argv += ["--methods", ctx.size("baseline,medusa-greedy", "baseline"), "--limit", "1", "--repeats", "1"]
+    argv += ["--max-new-tokens", str(ctx.size(32, 2)), "--json", str(out)]
+    return [Job(argv, ctx.work / "compile.log", env={"TORCH_LOGS": "perf_hints"}, json=out)]
+
+
+# In order of what matters most: a check stopped by its budget keeps the first ones.
+PARTS = (
+    Part("env", "the environment: GPU, torch, CUDA, transformers; the pipeline imports no gradio", 60, 120,
+         probe_jobs("env"), fig.env_read, fig.env_words, needs_model=False),
+    Part("model", "the default model: the reassembled GGUF converted once into the float32 cache", 120, 400,
+         probe_jobs("model"), fig.model_read, fig.model_words),
+    Part("profile", "profile_step: graph launches, D2H copies, syncs and eager kernels per steady step", 120, 300,
+         profile_jobs, fig.profile_read, fig.profile_words),
+    Part("bench", "the bench, bfloat16, 128 new tokens, one prompt per category, 3 repeats", 210, 400,
+         lambda ctx: bench_jobs(ctx, "bench", list(TIMED), repeats=3), fig.bench_read, fig.bench_words),
+    Part("page", "the page's own path (page_check, greedy) against the bench's Medusa/plain ratio", 120, 300,
+         page_jobs, fig.page_read, fig.page_words),
+    Part("bench-eager", "the bench's eager methods: hf-generate, each other drafter; same prompts, 1 repeat", 150, 300,
+         lambda ctx: bench_jobs(ctx, "bench-eager", ctx.eager_methods(), repeats=1), fig.bench_read, fig.bench_words),
+    Part("float32", "float32 greedy against model.generate, every bench prompt, each drafter (4 shards side by side)",
+         180, 400, float32_jobs, fig.float32_read, fig.float32_words, side=True),
+    Part("compile", "--capture compile: does Inductor keep its CUDA graphs", 240, 400,
+         compile_jobs, fig.compile_read, fig.compile_words, side=True),
+    Part("calibrate", "calibrate on this device (into a copy of the heads); a tree step's cost by tree size", 180, 400,
+         calibrate_jobs, fig.calibrate_read, fig.calibrate_words),
+    Part("costs", "one eager forward of 1..33 tokens after a 256-token prefix (bench --forward-costs)", 60, 400,
+         costs_jobs, fig.costs_read, fig.costs_words),
+)  # fmt: skip
