@@ -110,7 +110,7 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
 
 
 def test_the_shipped_heads_make_medusa_the_default_here(pg):
-    assert pg.drafters.available == ("medusa", "eagle") and pg.drafters.default == "medusa"
+    assert pg.drafters.available == ("medusa", "eagle", "lookup") and pg.drafters.default == "medusa"
     assert pg.drafters.note.startswith(
         "The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU"
     )
@@ -171,9 +171,9 @@ def test_the_tree_preset_does_not_apply_to_eagle_and_the_json_says_which_tree_ra
 @pytest.mark.parametrize(
     "value, sentence",
     [
-        ("EAGLE", 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
-        (3, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
-        (["eagle"], 'The drafter must be "medusa" or "eagle", not a list (got ["eagle"]).'),
+        ("EAGLE", 'The drafter must be "medusa", "eagle" or "lookup" (got \'EAGLE\').'),
+        (3, 'The drafter must be "medusa", "eagle" or "lookup", not a number (got 3).'),
+        (["eagle"], 'The drafter must be "medusa", "eagle" or "lookup", not a list (got ["eagle"]).'),
     ],
 )
 def test_a_bad_drafter_gets_one_sentence(pg, value, sentence):
@@ -184,10 +184,10 @@ def test_a_bad_drafter_gets_one_sentence(pg, value, sentence):
 
 def test_without_an_eagle_head_only_medusa_is_offered():
     pg = tiny_playground(oracle=False)
-    assert pg.drafters.available == ("medusa",) and pg.drafters.default == "medusa"
+    assert pg.drafters.available == ("medusa", "lookup") and pg.drafters.default == "medusa"
     with pytest.raises(
         PlaygroundError,
-        match=r'^This server has no EAGLE head for its model, so the drafter must be "medusa" \(or left empty\)\.$',
+        match=r'^This server has no EAGLE head for its model, so the drafter must be "medusa" or "lookup" \(or left empty\)\.$',
     ):
         pg.prepare(PROMPT, Settings(drafter="eagle"))
     assert pg.compare(PROMPT, Settings(max_new_tokens=3, drafter=None))["drafter"] == "medusa"
@@ -287,7 +287,7 @@ def test_compare_takes_the_drafter_and_refuses_a_bad_one_with_its_sentence(serve
     assert client.predict(PROMPT, 4, api_name="/compare", drafter="")["drafter"] == "medusa"  # "" = the default
     with pytest.raises(AppError) as err:
         client.predict(PROMPT, 4, api_name="/compare", drafter="fast")
-    assert str(err.value) == 'The drafter must be "medusa" or "eagle" (got \'fast\').'
+    assert str(err.value) == 'The drafter must be "medusa", "eagle" or "lookup" (got \'fast\').'
 
 
 # ------------------------------------------------------------------ where the EAGLE head comes from
@@ -297,8 +297,8 @@ def test_load_finds_the_eagle_head_beside_the_heads_and_a_named_bad_folder_is_re
     new_eagle_head(model, tree=TREE).save(tmp_path / "heads-eagle")
     kw = dict(model=str(model_folder), heads=tmp_path / "heads", device="cpu", dtype="float32", numerics_copy=False)
     pg = Playground.load(**kw)
-    assert pg.drafters.available == ("medusa", "eagle") and pg.drafters.tree == TREE
-    assert Playground.load(**kw, eagle="none").drafters.available == ("medusa",)
+    assert pg.drafters.available == ("medusa", "eagle", "lookup") and pg.drafters.tree == TREE
+    assert Playground.load(**kw, eagle="none").drafters.available == ("medusa", "lookup")
     assert find_eagle("auto", heads=tmp_path / "elsewhere") == (None, False)
     with pytest.raises(EagleError, match=r"^--eagle '.*nothing' is not a folder; give the folder of an EAGLE head"):
         Playground.load(

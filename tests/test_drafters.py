@@ -10,9 +10,9 @@ from conftest import make_model
 
 from medusa_lib.core import decoding, fused
 from medusa_lib.core.decoding import DecodeConfig, DecodeError, Decoder, run_method
-from medusa_lib.core.drafters import Draft, DraftRun, Drafter, LookupDrafter
+from medusa_lib.core.drafters import Draft, Drafter, DraftRun, LookupDrafter
 from medusa_lib.core.kv import StaticKV
-from medusa_lib.core.tree import chain_choices, build_tree
+from medusa_lib.core.tree import build_tree, chain_choices
 
 LOOP = [1, 17, 33, 250, 99, 4, 61, 17, 33, 250, 99, 4, 61, 17, 33]  # repeats: the lookup drafter finds matches
 N_NEW = 48
@@ -125,3 +125,19 @@ def test_a_static_lookup_drafter_step_is_one_program_and_matches_the_dynamic_tok
     assert dec.static and dec.static_draft.lookup == 4 and dec.step_trees[1].num_nodes == 5
     assert dec.run(LOOP).tokens == tokens(model, "plain").tokens
     assert len(kv.programs) == 2  # the chain step and the root-only step
+
+
+def test_prompt_lookup_on_the_page_and_the_api():
+    from conftest import tiny_playground
+
+    from medusa_lib.present import Settings
+    from ui.handlers import Handlers
+
+    pg = tiny_playground(oracle=False)
+    assert "lookup" in pg.drafters.available and pg.drafters.default == "medusa"
+    out = pg.compare("w10 w11 w12 w10 w11 w12 w10 w11", Settings(max_new_tokens=12, drafter="lookup", tree="chain-2"))
+    assert out["drafter"] == "lookup" and out["greedy_match"]["equal"]
+    assert out["methods"]["medusa-greedy"]["drafter"] == "lookup" and out["methods"]["plain"]["drafter"] is None
+    tree, custom, note = Handlers(pg).drafter_choice("lookup")
+    assert tree["interactive"] is False and custom["interactive"] is False and note["visible"] is True
+    assert "Prompt lookup copies the tokens that followed" in note["value"]

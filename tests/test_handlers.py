@@ -241,7 +241,9 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     )
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == (
-        "Done. Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
+        "Done. Medusa columns drafted by the Medusa heads. "  # prompt lookup is always offered beside them
+        "Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. "
+        "Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
         "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them."
     )
     summary = outs[-1][RUN_OUTPUTS.index("summary")]

@@ -201,13 +201,23 @@ CASES = [
         {"numerics": 16},
         "Numerics must be the name of one of: float32, not a number (got 16).",
     ),
-    ("drafter not known", PROMPT, {"drafter": "EAGLE"}, 'The drafter must be "medusa" or "eagle" (got \'EAGLE\').'),
-    ("drafter not text", PROMPT, {"drafter": 3}, 'The drafter must be "medusa" or "eagle", not a number (got 3).'),
+    (
+        "drafter not known",
+        PROMPT,
+        {"drafter": "EAGLE"},
+        'The drafter must be "medusa", "eagle" or "lookup" (got \'EAGLE\').',
+    ),
+    (
+        "drafter not text",
+        PROMPT,
+        {"drafter": 3},
+        'The drafter must be "medusa", "eagle" or "lookup", not a number (got 3).',
+    ),
     (
         'drafter "eagle" on a server without an EAGLE head',
         PROMPT,
         {"drafter": "eagle"},
-        'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).',
+        'This server has no EAGLE head for its model, so the drafter must be "medusa" or "lookup" (or left empty).',
     ),
     ("epsilon just over 1", PROMPT, {"epsilon": 1.0000001}, "Epsilon must be between 0 and 1 (got 1.0000001)."),
     (

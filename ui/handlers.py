@@ -47,7 +47,7 @@ from medusa_lib.present import (
 )
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
-from .render import badge_html, column_html, sampling_html, stopped_column
+from .render import badge_html, column_html, drafter_note_html, sampling_html, stopped_column
 
 try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
     import spaces
@@ -275,9 +275,14 @@ class Handlers:
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
 
     def drafter_choice(self, drafter: str) -> tuple:
-        """The Drafter choice: the tree preset and the custom tree apply to the Medusa heads only; EAGLE's own tree is said instead."""
-        medusa = drafter != "eagle"
-        return gr.update(interactive=medusa), gr.update(interactive=medusa), gr.update(visible=not medusa)
+        """The Drafter choice: the tree preset and the custom tree apply to the Medusa heads only; what the
+        other drafters draft is said instead."""
+        medusa, note = drafter == "medusa", self.pg.drafters.note_of(drafter)
+        return (
+            gr.update(interactive=medusa),
+            gr.update(interactive=medusa),
+            gr.update(value=drafter_note_html(note, "eagle-tree-note"), visible=bool(note)),
+        )
 
     # ---------------------------------------------------------------- inspector
     def inspector(self, records: dict | None, label: str, step: float) -> tuple:
@@ -318,15 +323,16 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, *values, request: gr.Request = None) -> Iterator[tuple]:
+    def run(self, *values, request: gr.Request = None, **named) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
-        ``values``: the page's inputs in ``PAGE_INPUTS`` order (the ones left off keep their defaults).
+        ``values``: the page's inputs in ``PAGE_INPUTS`` order, or ``named`` (the ones left off keep their
+        defaults).
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(dict(zip(PAGE_INPUTS, values)))
+        frames = self._run(dict(zip(PAGE_INPUTS, values)) | named)
         yield from self.live.track(request, RUN_OUTPUTS, frames)
 
     def _run(self, page: dict) -> Iterator[tuple]:

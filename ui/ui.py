@@ -8,15 +8,15 @@ from typing import Sequence
 
 import gradio as gr
 
-from medusa_lib.present import DRAFTER_NAMES, MAX_RUN_SECONDS, Playground, Settings, numerics_label, tree_note
+from medusa_lib.present import DRAFTER_NAMES, MAX_RUN_SECONDS, Playground, Settings, numerics_label
 from medusa_lib.present.export import export_hint
 
 from .figures import empty_figure, timeline_figure
 from .handlers import (
     INSPECT_CHOICES,
     INSPECT_OUTPUTS,
-    REPLAY_OUTPUTS,
     PAGE_INPUTS,
+    REPLAY_OUTPUTS,
     RUN_OUTPUTS,
     Handlers,
     empty_paths,
@@ -167,7 +167,7 @@ def build_demo(
                                 min_width=240,
                             )
                         # who drafts the Medusa columns' trees (present/drafter.py); the plain column never drafts
-                        eagle_on = pg.drafters.default == "eagle"
+                        first_note = pg.drafters.note_of(pg.drafters.default)  # what the default drafter drafts
                         drafter = gr.Radio(
                             [(DRAFTER_NAMES[d], d) for d in pg.drafters.available],
                             value=pg.drafters.default,
@@ -178,8 +178,8 @@ def build_demo(
                         if pg.drafters.note:
                             gr.HTML(drafter_note_html(pg.drafters.note, "drafter-note"), elem_id="drafter-note")
                         eagle_tree = gr.HTML(
-                            drafter_note_html(tree_note(pg.drafters.tree), "eagle-tree-note"),
-                            visible=eagle_on,
+                            drafter_note_html(first_note, "eagle-tree-note"),
+                            visible=bool(first_note),
                             elem_id="eagle-tree-note",
                         )
                         with gr.Row():
@@ -187,7 +187,7 @@ def build_demo(
                                 pg.tree_names(),
                                 value=pg.defaults.tree,
                                 label="Tree preset (Medusa drafter)",
-                                interactive=not eagle_on,
+                                interactive=pg.drafters.default == "medusa",
                                 elem_id="tree-preset",
                             )
                             with gr.Column(min_width=160):
@@ -216,7 +216,7 @@ def build_demo(
                             label="Custom tree (JSON list of paths; overrides the preset when not empty)",
                             placeholder="[[0], [0, 0], [1], [0, 0, 0]]",
                             lines=1,
-                            interactive=not eagle_on,
+                            interactive=pg.drafters.default == "medusa",
                             elem_id="custom-tree",
                         )
 
@@ -410,8 +410,10 @@ def build_demo(
             instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
             numerics: which loaded copy runs ("float32", exact, the default where a float32 copy is loaded; or the fast 16-bit one, e.g.
             "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran.
-            drafter: who drafts the Medusa columns' trees, "medusa" (the Medusa heads and `tree`) or "eagle" (the EAGLE head, a new dynamic tree
-            every step; `tree` and `custom_tree` do not apply to it); the JSON's "drafter" says which ran.
+            drafter: who drafts the Medusa columns' trees, "medusa" (the Medusa heads and `tree`), "eagle" (the EAGLE head,
+            a new dynamic tree every step) or "lookup" (prompt lookup: the tokens that followed the latest earlier
+            occurrence of the text's last few tokens, as one chain); `tree` and `custom_tree` apply to the Medusa heads
+            only; the JSON's "drafter" says which ran.
             tree, numerics and drafter: null or "" mean the default (the heads' default tree; float32 where loaded; the faster drafter on this
             device, by the figures recorded in the heads' config.json); any other value must name one.
             A cancelled call (gradio_client's job.cancel()) or one whose client closes its event stream stops within a step."""

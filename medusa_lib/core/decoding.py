@@ -140,6 +140,7 @@ class Decoder:
         self.eos = torch.tensor(list(self.info.eos_token_ids or ())[:8] if config.stop_on_eos else [], dtype=torch.long)
         self.eos = torch.cat([self.eos, torch.full((8 - self.eos.numel(),), -1, dtype=torch.long)])
         self.root_tree = self.build(root_only_tree())  # a plain step (and a Medusa step near the context limit)
+        self.heads = heads  # the Medusa heads this decoder was given, if any (the drafter may be another)
         self.drafter: Drafter | None = None
         self.lookup_trees: dict[int, TreeBuffers] = {}  # the drafter's fixed tree plus a lookup branch of each length
         if method != "plain":

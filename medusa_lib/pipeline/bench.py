@@ -24,6 +24,10 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
                     on the same verifier: exact greedy
   eagle-sample      the same drafter with exact speculative sampling (same seed as plain-sample)
   eagle-typical     the same drafter with typical acceptance, root sampled with --seed
+  lookup-greedy     prompt lookup alone as the drafter (a chain of up to --lookup tokens, 4 when 0 or unset)
+                    on the same verifier: exact greedy
+  lookup-sample     the same drafter with exact speculative sampling (same seed as plain-sample)
+  lookup-typical    the same drafter with typical acceptance, root sampled with --seed
 
 Our methods (baseline, plain-sample, medusa-*) run on one engine (--cache, --capture; core/kv.py):
 auto is a static KV cache with a CUDA graph per step shape on CUDA, the dynamic cache on a CPU. A
@@ -60,11 +64,13 @@ import torch
 
 from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync
 from ..core.defaults import heads_defaults
+from ..core.drafters import LookupDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
 from ..core.fused import ready
 from ..core.heads import load_heads
 from ..core.kv import describe_engine, prepare_engine
+from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
@@ -88,6 +94,9 @@ ALL_METHODS = (
     "eagle-greedy",
     "eagle-sample",
     "eagle-typical",
+    "lookup-greedy",
+    "lookup-sample",
+    "lookup-typical",
 )
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
 # With the compiled static generate: what a GPU user would race.
@@ -101,6 +110,8 @@ SAMPLED_METHODS = (
     "medusa-typical",
     "eagle-sample",
     "eagle-typical",
+    "lookup-sample",
+    "lookup-typical",
 )
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
 DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
@@ -271,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     # Our methods' engine: the cache, and with a capture the shared static cache, long enough for the
     # widest step the methods below verify (the tree + its lookup branch); the warm-up captures their steps.
     shapes = [tree, with_lookup(tree, lookup)] if tree is not None else []
-    widest = max((t.num_nodes for t in shapes), default=1)
+    widest = max([t.num_nodes for t in shapes] + [1 + (args.lookup or DEFAULT_LOOKUP)])  # + a prompt lookup chain
     try:
         engine = prepare_engine(
             model,
@@ -321,6 +332,13 @@ def main(argv: list[str] | None = None) -> None:
         decoders["eagle-typical"] = ours(
             "medusa-typical", replace(sample_cfg, sample_root=True), eagle=eagle, tree=eagle_tree
         )
+    if any(m.startswith("lookup") for m in methods):  # prompt lookup alone: a chain copied from the context
+        chain = LookupDrafter(args.lookup or DEFAULT_LOOKUP)
+        decoders["lookup-greedy"] = ours(
+            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=chain
+        )
+        decoders["lookup-sample"] = ours("medusa-sample", sample_cfg, drafter=chain)
+        decoders["lookup-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=chain)
     decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = ours("plain", sample_cfg)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..core.decoding import first_difference
 
 # Lossless: same seed, same output as its reference.
-EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample"}
+EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample", "lookup-sample": "plain-sample"}
 
 
 def record_eagle(

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from ..core.decoding import Decoder
 from ..core.defaults import device_kind, record_kind
-from ..core.drafters import Drafter, EagleDrafter, MedusaDrafter
+from ..core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleError, EagleHead, is_eagle_folder, load_eagle
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
@@ -36,7 +36,7 @@ from ..core.tree import MedusaTree
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
 
-DRAFTERS = ("medusa", "eagle")
+DRAFTERS = ("medusa", "eagle", "lookup")
 SHIPPED_HEADS = (
     Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
 )  # the default model's
@@ -218,7 +218,8 @@ class Drafters:
 
     @property
     def available(self) -> tuple[str, ...]:
-        return DRAFTERS if self.eagles else DRAFTERS[:1]
+        """The drafters offered: prompt lookup needs no weights, so it is always there."""
+        return DRAFTERS if self.eagles else tuple(d for d in DRAFTERS if d != "eagle")
 
     @property
     def tree(self) -> DynamicTreeConfig | None:
@@ -230,15 +231,15 @@ class Drafters:
         """A run's drafter: ``drafter`` checked, None or "" meaning the default. One sentence on bad input."""
         if drafter is None or drafter == "":
             return self.default
+        names = '"medusa", "eagle" or "lookup"'
         if not isinstance(drafter, str):
-            raise PlaygroundError(
-                f'The drafter must be "medusa" or "eagle", not {kind(drafter)} (got {shown(drafter)}).'
-            )
+            raise PlaygroundError(f"The drafter must be {names}, not {kind(drafter)} (got {shown(drafter)}).")
         if drafter not in DRAFTERS:
-            raise PlaygroundError(f'The drafter must be "medusa" or "eagle" (got {shown(drafter)}).')
+            raise PlaygroundError(f"The drafter must be {names} (got {shown(drafter)}).")
         if drafter not in self.available:
             raise PlaygroundError(
-                'This server has no EAGLE head for its model, so the drafter must be "medusa" (or left empty).'
+                'This server has no EAGLE head for its model, so the drafter must be "medusa" or "lookup" '
+                "(or left empty)."
             )
         return drafter
 
@@ -251,12 +252,38 @@ class Drafters:
             )
         return self.eagles[numerics]
 
-    def make(self, drafter: str, *, numerics: str, heads: MedusaHeads, tree: Callable[[], MedusaTree]) -> Drafter:
+    def make(
+        self, drafter: str, *, numerics: str, heads: MedusaHeads, tree: Callable[[], MedusaTree], lookup: int
+    ) -> Drafter:
         """The core drafter a run's decoders share: ``drafter`` as ``resolve`` gave it, for the copy of
-        the model with ``numerics``; ``tree()`` is the checked tree of the run's settings (Medusa heads)."""
+        the model with ``numerics``; ``tree()`` is the checked tree of the run's settings (Medusa heads);
+        ``lookup`` the tokens prompt lookup copies a step (the lookup branch's length)."""
         if drafter == "eagle":
             return EagleDrafter(self.head(drafter, numerics))
+        if drafter == "lookup":
+            return LookupDrafter(lookup)
         return MedusaDrafter(heads, tree())
+
+    def tree_label(self, drafter: str, *, medusa: Callable[[], str], lookup: int) -> str:
+        """The name of the tree ``drafter`` verifies, as the JSON gives it (``medusa()``: the heads' tree's)."""
+        if drafter == "eagle":
+            t = self.tree
+            return f"eagle-dynamic (top-k {t.top_k}, depth {t.depth}, {t.num_nodes} nodes)"
+        if drafter == "lookup":
+            return f"prompt-lookup chain (up to {lookup} tokens)"
+        return medusa()
+
+    def note_of(self, drafter: str) -> str:
+        """What the tree controls mean under ``drafter`` ("": the Medusa heads use them)."""
+        if drafter == "eagle":
+            return tree_note(self.tree)
+        if drafter == "lookup":
+            return (
+                "Prompt lookup copies the tokens that followed the latest earlier occurrence of the text's last "
+                "4, 3 or 2 tokens, verified as one chain (no weights, exact like every drafter): the tree preset, "
+                "the custom tree and the lookup switch apply to the Medusa heads only."
+            )
+        return ""
 
 
 def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Drafters:

@@ -18,7 +18,11 @@ import torch
 from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of_entropy
 from .records import RunRecord
 
-DRAFTER_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head"}  # how the page names each drafter (Step.drafter)
+DRAFTER_NAMES = {
+    "medusa": "Medusa heads",
+    "eagle": "EAGLE head",
+    "lookup": "Prompt lookup",
+}  # how the page names each drafter (Step.drafter)
 LABELS = {
     "plain": "Plain (greedy)",
     "medusa-greedy": "Medusa greedy",

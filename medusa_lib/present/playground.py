@@ -454,7 +454,9 @@ class Playground:
         model, heads = self.pair(settings)
         name = self.drafters.resolve(settings.drafter)
         tree = lambda: self.resolve_tree(settings)  # noqa: E731
-        drafter = self.drafters.make(name, numerics=dtype_name(model), heads=heads, tree=tree)
+        drafter = self.drafters.make(
+            name, numerics=dtype_name(model), heads=heads, tree=tree, lookup=self.defaults.lookup
+        )
         ids = self.prompt_ids(prompt, chat_template=settings.chat_template)
         shared = (
             self.static_kv
@@ -467,6 +469,7 @@ class Playground:
                 method=DECODER_METHOD.get(v, v),
                 config=replace(settings.config(v), cache=self.cache),
                 static_kv=shared,
+                heads=heads,
                 drafter=drafter,
             )
             for v in settings.views
@@ -664,13 +667,13 @@ class Playground:
         plain, medusa, _ = settings.views
         check = self.greedy_check(records[plain], records[medusa], settings)
         drafter = self.drafters.resolve(settings.drafter)
-        dynamic = self.drafters.tree
+        tree = self.drafters.tree_label(
+            drafter, medusa=lambda: self.resolve_tree(settings).name, lookup=self.defaults.lookup
+        )
         out = {
             "prompt": prompt,
             "drafter": drafter,
-            "tree": self.resolve_tree(settings).name
-            if drafter == "medusa"
-            else f"eagle-dynamic (top-k {dynamic.top_k}, depth {dynamic.depth}, {dynamic.num_nodes} nodes)",
+            "tree": tree,
             "numerics": dtype_name(self.pair(settings)[0]),
             "methods": {
                 m: {"label": LABELS[m], "drafter": r.drafter, "text": r.text, "token_ids": r.tokens, **r.stats()}
