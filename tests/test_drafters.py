@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -141,3 +142,26 @@ def test_prompt_lookup_on_the_page_and_the_api():
     tree, custom, note = Handlers(pg).drafter_choice("lookup")
     assert tree["interactive"] is False and custom["interactive"] is False and note["visible"] is True
     assert "Prompt lookup copies the tokens that followed" in note["value"]
+
+
+def test_bench_runs_prompt_lookup_as_a_drafter_and_it_stays_exact(tmp_path, capsys):
+    import json
+
+    from conftest import tiny_tokenizer
+
+    from medusa_lib.pipeline import bench
+
+    make_model("llama").save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    prompts = [{"id": "a-1", "category": "alpha", "prompt": "w20 w21 w22 w20 w21 w22 w20 w21"}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    methods = "hf-generate,baseline,lookup-greedy,plain-sample,lookup-sample,lookup-typical"
+    argv = ["--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "prompts.jsonl"), "--methods", methods]
+    argv += ["--temperature", "0.8", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "16"]
+    bench.main([*argv, "--repeats", "1", "--json", str(tmp_path / "out.json")])
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "out.json").read_text())
+    by = {r["method"]: r["output_token_ids"] for r in data["records"]}
+    assert by["lookup-greedy"] == by["hf-generate"] and by["lookup-sample"] == by["plain-sample"]
+    assert data["exact_sampling"]["lookup-sample"]["identical"] == 1
+    assert re.search(r"^\s+lookup-greedy\s+1/1$", printed, re.M)
