@@ -108,8 +108,8 @@ def test_the_verifier_never_names_a_drafter_kind():
         "EagleInput",
         "eagle_run",
         "isinstance(draft",
-        "self.heads",
-        "d.heads",
+        "heads.draft",
+        "self.eagle",
         '"eagle"',
         '"medusa"',
     ]

@@ -280,7 +280,8 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     rule = decoder.rule
 
     def get(bufs: TreeBuffers, drafter) -> tuple[tuple, Program]:
-        key = (rule, bufs.cpu.choices, drafter.lookup, drafter.key) if drafter is not None else (rule, bufs.cpu.choices)
+        # (rule, nucleus, sample_root, tree, lookup length, what the drafter's program holds)
+        key = (*rule, bufs.cpu.choices, drafter.lookup, drafter.key) if drafter else (*rule, bufs.cpu.choices, 0, ())
         if key not in kv.programs:
             kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, drafter=drafter)
         kv.programs.move_to_end(key)  # most recently used last
