@@ -108,7 +108,10 @@ INSPECT_CHOICES = list(INSPECTED)
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
-UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the details and keeps serving: try other settings, and please report it."
+UNEXPECTED = (
+    "The run failed unexpectedly ({name}); the server logged the details and keeps serving: "
+    "try other settings, and please report it."
+)
 DEVICE_WAIT = (
     10.0  # seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
 )
@@ -196,7 +199,8 @@ def empty_summary() -> pd.DataFrame:
 
 
 def summary_frame(records: dict[str, RunRecord]) -> pd.DataFrame:
-    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as NOT_TIMED."""
+    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as
+    NOT_TIMED."""
     rows = [{k: NOT_TIMED if v is None else v for k, v in row.items()} for row in summary_rows(records)]
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -301,7 +305,10 @@ class Handlers:
         )  # EAGLE's tree is a new shape every step
         tree = tree_figure(
             tree_nodes(view, self.pg.tokenizer),
-            title=f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)",
+            title=(
+                f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, "
+                f"{s.accept_length} accepted (+1 bonus)"
+            ),
         )
         z, cols, rows = mask_data(view, self.pg.tokenizer)
         mask = mask_figure(z, cols, rows, title=f"Tree attention mask, step {i} (row attends to column)")
@@ -382,7 +389,8 @@ class Handlers:
                             else ""
                         )
                         upd["status"] = (
-                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
+                            "the three run one after another for fair timing)&hellip;"
                         )
                     if ev.kind == "end" and ev.method == method_of(insp_label, records):
                         upd.update(self.inspector_update(records, insp_label))
@@ -395,7 +403,10 @@ class Handlers:
                 done = (
                     f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
                     if settings.sample
-                    else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. "
+                    else (
+                        f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; "
+                        "speedups are against plain greedy. "
+                    )
                     if t > 0
                     else ""
                 )

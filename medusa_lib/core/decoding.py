@@ -80,7 +80,8 @@ class DecodeConfig:
             raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
         if not is_lookup_length(self.lookup):
             raise DecodeError(
-                f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup})."
+                "lookup (the lookup branch's length) must be a whole number "
+                f"from 0 (off) to {MAX_LOOKUP} (got {self.lookup})."
             )
         if self.cache not in CACHES:
             raise DecodeError(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r}).")

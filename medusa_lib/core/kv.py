@@ -196,7 +196,9 @@ class StaticKV:
             None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
         )
         self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
-        self.programs: OrderedDict = OrderedDict()  # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time replays them
+        # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time
+        # replays them
+        self.programs: OrderedDict = OrderedDict()
         self.state = None  # the device buffers those programs read and write (fused.FusedState)
         self._lock = threading.Lock()
         self._step = (
@@ -365,7 +367,8 @@ class StaticKV:
         return sum(p.captured for p in self.programs.values())
 
     def engine(self, sizes) -> str:
-        """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were captured."""
+        """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were
+        captured."""
         return f"static, {self.capture}" if self.capture != "none" and set(sizes) <= self.captured else "static"
 
     def record(self, fn: Callable[[], object], *, runs: int = 3, reset: Callable[[], None] = lambda: None, graphs=None):
@@ -419,9 +422,15 @@ def static_refusal(model: nn.Module) -> str | None:
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
     if len(devices) > 1:
-        return f"{name} is spread over several devices (device_map), and a static cache with captured steps needs one device; it runs with the dynamic cache."
+        return (
+            f"{name} is spread over several devices (device_map), and a static cache with captured steps "
+            "needs one device; it runs with the dynamic cache."
+        )
     if not getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None):
-        return f"{name}'s config does not give num_hidden_layers, which the static cache is sized by; it runs with the dynamic cache."
+        return (
+            f"{name}'s config does not give num_hidden_layers, which the static cache is sized by; "
+            "it runs with the dynamic cache."
+        )
     return None
 
 
@@ -444,13 +453,15 @@ def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = 
     capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
     if cache not in CACHES or capture not in CAPTURES:
         raise EngineError(
-            f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r})."
+            f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} "
+            f"(got {cache!r}, {capture!r})."
         )
     if capture == "cuda-graph" and torch.device(device).type != "cuda":
         raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
     if cache == "dynamic" and capture != "none":
         raise EngineError(
-            f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none."
+            f"A {capture} capture records fixed-shape steps, which only the static cache has; "
+            "use --cache static or --capture none."
         )
     return cache, capture
 
@@ -474,7 +485,10 @@ def prepare_engine(
     if note:
         cache, capture = "dynamic", "none"
     elif capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
-        note = "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
+        note = (
+            "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly "
+            "(load the model with prepack=False, bench --no-prepack, to compile)."
+        )
         capture = "none"
     if capture == "none":
         description = note or describe_engine(cache, "none")

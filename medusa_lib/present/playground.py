@@ -219,7 +219,8 @@ class Playground:
             self.numerics_speeds, device=device_name(input_device(model))
         )  # the line under the page's choice
         self._warm: set[tuple] = set()  # (numerics, drafter) already warmed up
-        # the Drafter choice: the EAGLE head per numerics ({}: the Medusa heads only), the default and the line that says why (drafter.py)
+        # the Drafter choice: the EAGLE head per numerics ({}: the Medusa heads only), the default and the line that
+        # says why (drafter.py)
         self.drafters = make_drafters(
             dict(eagles or {}),
             defaults=self.defaults,
@@ -304,7 +305,8 @@ class Playground:
                 eagles.update({"float32": load_eagle_for(eagle_folder, m32, named=True)[0]} if e is not None else {})
                 kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
                 say(
-                    f"Numerics: float32 (exact, the comparison's default) and {loaded} ({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)"
+                    f"Numerics: float32 (exact, the comparison's default) and {loaded} "
+                    f"({speeds[loaded] / speeds['float32']:.1f}x float32's plain decoding speed here)"
                 )
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
@@ -411,7 +413,8 @@ class Playground:
         if custom.strip():
             if len(custom) > MAX_TREE_CHARS:
                 raise PlaygroundError(
-                    f"The custom tree text has {len(custom):,} characters; the limit is {MAX_TREE_CHARS:,}: list fewer nodes."
+                    f"The custom tree text has {len(custom):,} characters; "
+                    f"the limit is {MAX_TREE_CHARS:,}: list fewer nodes."
                 )
             choices = parse_choices(custom)
             if len(choices) > MAX_TREE_NODES:
@@ -438,7 +441,8 @@ class Playground:
         bad = next((i for i, ch in enumerate(prompt) if "\ud800" <= ch <= "\udfff"), None)
         if bad is not None:  # half of a UTF-16 pair: no tokenizer can encode it
             raise PlaygroundError(
-                f"The prompt has an invalid character at position {bad + 1:,} (U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again."
+                f"The prompt has an invalid character at position {bad + 1:,} "
+                f"(U+{ord(prompt[bad]):04X}, half of a UTF-16 pair); delete it or paste the text again."
             )
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
@@ -479,7 +483,8 @@ class Playground:
         )  # the model's context first (DecodeError): the hard limit, whatever the server's
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PlaygroundError(
-                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} ({self.prompt_limit_why}): shorten it."
+                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} "
+                f"({self.prompt_limit_why}): shorten it."
             )
         return ids, decoders
 
@@ -612,8 +617,9 @@ class Playground:
     def run_method(
         self, view: str, decoder: Decoder, ids: Sequence[int], *, note: str = "", stop: StopCheck | None = None
     ) -> Iterator[Event]:
-        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its line under the title).
-        ``stop`` is asked before every step; a reason ends the run with RunStopped (its caches closed at once)."""
+        """One column's run (``view``: what the column runs, e.g. plain-sample on the plain decoder; ``note``: its
+        line under the title). ``stop`` is asked before every step; a reason ends the run with RunStopped (its
+        caches closed at once)."""
         detok = Detokenizer(self.tokenizer)
         record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter_name)
         yield Event("start", view, record)
