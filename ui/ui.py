@@ -21,9 +21,9 @@ from .handlers import (
     Handlers,
     empty_paths,
     empty_summary,
-    on_gpu,
 )
 from .lab import build_lab
+from .live import on_gpu
 from .render import (
     LEGEND_HTML,
     badge_html,
