@@ -143,7 +143,8 @@ def main() -> int:
         common = [k for k in before if k in rows]
         differ = [k for k in common if before[k] != rows[k]]
         print(
-            f"compared {len(common)} runs ({len(rows) - len(common)} new, {len(before) - len(common)} gone): {len(differ)} differ"
+            f"compared {len(common)} runs ({len(rows) - len(common)} new, {len(before) - len(common)} gone): "
+            f"{len(differ)} differ"
         )
         for k in differ[:20]:
             a, b = before[k], rows[k]

@@ -1,4 +1,5 @@
-"""The page's Drafter choice (present/drafter.py): an EAGLE head drafts the Medusa columns, exactly, and the page says so."""
+"""The page's Drafter choice (present/drafter.py): an EAGLE head drafts the Medusa columns, exactly, and the page
+says so."""
 
 from __future__ import annotations
 
@@ -98,13 +99,15 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
     assert drafters.default == "eagle"
     assert (
         drafters.note
-        == "The EAGLE head starts selected: it is the faster drafter here (measured in one bench run (float32, 2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
+        == "The EAGLE head starts selected: it is the faster drafter here (measured in one bench run (float32, "
+        "2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
     )
     head.calibration = {"device_kind": "cpu", "speedup": 1.3}
     drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert (
         drafters.default == "medusa"
-        and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) on CPU: Medusa heads 9.00x"
+        and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) "
+        "on CPU: Medusa heads 9.00x"
         in drafters.note
     )
 
@@ -114,7 +117,8 @@ def test_the_shipped_heads_make_medusa_the_default_here(pg):
     assert pg.drafters.note.startswith(
         "The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU"
     )
-    # the shipped heads' own records: the EAGLE head's CPU figure (bench --record-eagle) is below the Medusa heads' calibrated one
+    # the shipped heads' own records: the EAGLE head's CPU figure (bench --record-eagle) is below the Medusa heads'
+    # calibrated one
     from medusa_lib.core.defaults import heads_defaults
     from medusa_lib.core.heads import load_heads
 
@@ -187,7 +191,10 @@ def test_without_an_eagle_head_only_medusa_is_offered():
     assert pg.drafters.available == ("medusa", "lookup") and pg.drafters.default == "medusa"
     with pytest.raises(
         PlaygroundError,
-        match=r'^This server has no EAGLE head for its model, so the drafter must be "medusa" or "lookup" \(or left empty\)\.$',
+        match=(
+            r"^This server has no EAGLE head for its model, "
+            r'so the drafter must be "medusa" or "lookup" \(or left empty\)\.$'
+        ),
     ):
         pg.prepare(PROMPT, Settings(drafter="eagle"))
     assert pg.compare(PROMPT, Settings(max_new_tokens=3, drafter=None))["drafter"] == "medusa"
@@ -312,7 +319,8 @@ def test_the_cli_refuses_a_bad_eagle_folder_in_one_sentence(monkeypatch, tmp_pat
     from test_cli import start
 
     assert start(monkeypatch, "--eagle", str(tmp_path), "--device", "cpu") == (
-        f"error: --eagle {str(tmp_path)!r} holds no EAGLE head: it needs eagle.safetensors and config.json (python -m medusa_lib.pipeline.train_eagle makes them)."
+        f"error: --eagle {str(tmp_path)!r} holds no EAGLE head: it needs eagle.safetensors and config.json "
+        "(python -m medusa_lib.pipeline.train_eagle makes them)."
     )
     assert start(monkeypatch, "--device", "cpu", MEDUSA_EAGLE=str(tmp_path / "x")).startswith(
         f"error: MEDUSA_EAGLE {str(tmp_path / 'x')!r} is not a folder"

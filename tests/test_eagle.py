@@ -226,8 +226,8 @@ def test_a_static_cache_falls_back_to_the_dynamic_one_with_a_sentence(setups):
         config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, cache="static"),
     )
     assert (
-        dec.note
-        == "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); this run uses the dynamic cache."
+        dec.note == "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); "
+        "this run uses the dynamic cache."
     )
     res = dec.run(PROMPT)
     assert res.engine == "dynamic" and res.tokens == plain(model, 20)

@@ -311,8 +311,8 @@ def test_a_failed_compile_is_not_tried_again(llama, heads, monkeypatch):
     first, second = dec.run(PROMPT), dec.run(PROMPT)
     assert first.engine == second.engine == "dynamic" and len(calls) == 1
     assert (
-        dec.note
-        == "Capturing this run's step failed (RuntimeError: inductor cannot lower this op), so it runs with the dynamic cache."
+        dec.note == "Capturing this run's step failed (RuntimeError: inductor cannot lower this op), "
+        "so it runs with the dynamic cache."
     )
 
 

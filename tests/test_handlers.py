@@ -1,4 +1,5 @@
-"""The page's handlers (ui/handlers.py): failures as one sentence, Stop, runs without decode steps, the replay's queue."""
+"""The page's handlers (ui/handlers.py): failures as one sentence, Stop, runs without decode steps, the replay's
+queue."""
 
 from __future__ import annotations
 
@@ -243,8 +244,9 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     assert status == (
         "Done. Medusa columns drafted by the Medusa heads. "  # prompt lookup is always offered beside them
         "Greedy mode: Medusa typical sampled at T = 0.7, seed 0; speedups are against plain greedy. "
-        "Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), so there is no "
-        "decode step to time: tokens/s, tokens/step and speedup show \u2014. Raise Max new tokens to 2 or more to measure them."
+        "Plain (greedy), Medusa greedy, Medusa typical made only the prefill's token (Max new tokens is 1), "
+        "so there is no decode step to time: tokens/s, tokens/step and speedup show \u2014. "
+        "Raise Max new tokens to 2 or more to measure them."
     )
     summary = outs[-1][RUN_OUTPUTS.index("summary")]
     assert summary["tokens/s"].tolist() == ["\u2014"] * 3
@@ -268,7 +270,8 @@ def test_out_of_memory_on_cpu_or_gpu_gets_the_memory_sentence_and_a_bug_the_unex
     from ui.handlers import OUT_OF_MEMORY, UNEXPECTED, cannot_run, no_step_message
 
     cpu = RuntimeError(
-        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 9663676416 bytes."
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 9663676416 bytes."
     )
     for e in (cpu, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError()):
         assert cannot_run(e) == OUT_OF_MEMORY

@@ -316,7 +316,8 @@ def test_the_sampled_comparison_is_fair_and_exact_sampling_equals_plain_sampling
     rows = {r["method"]: r for r in out["summary"]}
     plain = methods["plain-sample"]["tokens_per_second"]
     assert rows["Plain (sampling)"]["speedup"] == 1.0  # the speed-ups are against plain sampling
-    # the row rounds the quotient of the unrounded rates (the JSON holds them to 0.01 tok/s): so it is within 0.005 of this quotient
+    # the row rounds the quotient of the unrounded rates (the JSON holds them to 0.01 tok/s): so it is within 0.005
+    # of this quotient
     assert rows["Medusa exact sampling"]["speedup"] == pytest.approx(
         methods["medusa-sample"]["tokens_per_second"] / plain, abs=0.006
     )
@@ -365,8 +366,8 @@ def test_draw_gap_replays_the_seeded_draw_that_chose_each_token(pg):
     check = pg.greedy_check(rec, fake, settings)
     assert check.sampled and check.first_diff == 9 and check.logit_gap > 0
     assert (
-        check.headline
-        == "Medusa exact sampling differs from plain sampling, same seed (float32) from token 9 on (0-based; 10 vs 10 tokens)."
+        check.headline == "Medusa exact sampling differs from plain sampling, same seed (float32) from token 9 on "
+        "(0-based; 10 vs 10 tokens)."
     )
     assert "log p - log E" in check.reason
 
@@ -475,7 +476,8 @@ def test_load_adds_a_float32_copy_of_a_bfloat16_model(tmp_path):
     assert next(m32.parameters()).dtype == torch.float32 and next(h32.parameters()).dtype == torch.float32
     assert any(
         re.fullmatch(
-            r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 \(\d+\.\dx float32's plain decoding speed here\)",
+            r"Numerics: float32 \(exact, the comparison's default\) and bfloat16 "
+            r"\(\d+\.\dx float32's plain decoding speed here\)",
             s,
         )
         for s in said

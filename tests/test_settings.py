@@ -119,7 +119,8 @@ CASES = [
         "lone surrogate in the prompt",
         "abc \ud800 def",
         {},
-        "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); delete it or paste the text again.",
+        "The prompt has an invalid character at position 5 (U+D800, half of a UTF-16 pair); "
+        "delete it or paste the text again.",
     ),
     (
         "max new tokens true",
@@ -364,7 +365,8 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
 
 
 def test_a_null_or_empty_tree_or_numerics_means_the_default():
-    """What the API's description and docs/serving.md say: null or "" = the default; any other value must name one (a number is refused)."""
+    """What the API's description and docs/serving.md say: null or "" = the default; any other value must name one
+    (a number is refused)."""
     pg = tiny_playground(oracle=False)
     for empty in (None, ""):
         s = pg.settings(8, 0.7, 0.09, 0.3, empty, "", True, True, numerics=empty)

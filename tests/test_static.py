@@ -331,7 +331,8 @@ def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_
     engine = prepare_engine(model, cache="static", capture="compile", max_len=64, say=said.append)
     assert (engine.cache, engine.static_kv) == ("static", None) and engine.description == said[0]
     assert said == [
-        "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
+        "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly "
+        "(load the model with prepack=False, bench --no-prepack, to compile)."
     ]
 
 

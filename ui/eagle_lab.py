@@ -28,7 +28,8 @@ from medusa_lib.present import (
 )
 
 from .figures import _layout, empty_figure
-from .handlers import DeviceTurn, caller_gone, cannot_run, on_gpu
+from .handlers import cannot_run
+from .live import DeviceTurn, caller_gone, on_gpu
 
 SPEEDUP, PER_STEP, DEFAULT = "#D55E00", "#0072B2", "#009E73"  # Okabe-Ito
 

@@ -9,17 +9,11 @@ Any exception ends as one sentence in the status line (and as the API's error), 
 
 from __future__ import annotations
 
-import asyncio
 import html
-import logging
-import threading
 import time
-from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-import anyio
 import gradio as gr
 import pandas as pd
 import torch
@@ -47,25 +41,9 @@ from medusa_lib.present import (
 )
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
+from .live import COLUMN, DeviceTurn, LiveColumns, caller_gone, log
 from .render import badge_html, column_html, drafter_note_html, sampling_html, stopped_column
 
-try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
-    import spaces
-
-    on_gpu: Callable = spaces.GPU
-except ImportError:
-
-    def on_gpu(fn: Callable) -> Callable:
-        return fn
-
-
-COLUMN = {
-    "plain": "col_plain",
-    "plain-sample": "col_plain",
-    "medusa-greedy": "col_greedy",
-    "medusa-sample": "col_greedy",
-    "medusa-typical": "col_typical",
-}
 # The page's inputs of a run, by name, in the order ui.py wires their components (Handlers.run).
 PAGE_INPUTS = (
     "prompt",
@@ -108,62 +86,10 @@ INSPECT_CHOICES = list(INSPECTED)
 STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
-UNEXPECTED = "The run failed unexpectedly ({name}); the server logged the details and keeps serving: try other settings, and please report it."
-DEVICE_WAIT = (
-    10.0  # seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
+UNEXPECTED = (
+    "The run failed unexpectedly ({name}); the server logged the details and keeps serving: "
+    "try other settings, and please report it."
 )
-CANCELLED = "The call was cancelled, so its run stopped."
-GONE = "The caller closed its connection, so its run stopped."
-log = logging.getLogger("medusa_playground")
-
-
-def caller_gone() -> Callable[[], str | None]:
-    """Inside a queued handler's worker thread: a check that says when gradio has let go of the call.
-
-    A plain function runs in a thread that gradio cannot stop: ``/cancel`` (what gradio_client's
-    ``job.cancel()`` posts) cancels the event's asyncio task, and a client that closes its event
-    stream marks the event dead (``alive = False``); the thread sees neither unless it looks. This
-    looks, so a run can end between two steps. A client that never opens its stream sends no
-    signal at all: the wall-time bound (``deadline``) ends its run."""
-    from gradio.context import LocalContext
-
-    event_id, blocks = LocalContext.event_id.get(None), LocalContext.blocks.get(None)
-    queue = getattr(blocks, "_queue", None)
-    if event_id is None or queue is None:  # called directly (tests, a notebook): nobody to lose
-        return lambda: None
-    try:  # the event's task, named "<session>_<fn><gradio-sep><event id>" by gradio's queue
-        tasks = anyio.from_thread.run_sync(asyncio.all_tasks)
-    except RuntimeError:  # not a worker thread of the server's event loop
-        tasks = set()
-    task = next((t for t in tasks if t.get_name().endswith(f"<gradio-sep>{event_id}")), None)
-
-    def check() -> str | None:
-        if task is not None and (task.cancelling() or task.done()):
-            return CANCELLED
-        event = queue.event_ids_to_events.get(event_id)
-        return GONE if event is not None and not event.alive else None
-
-    return check
-
-
-class DeviceTurn:
-    """One run at a time on the device, also after a cancel: gradio frees the queue's slot as soon as
-    it cancels a call, while the cancelled run's thread still finishes its step; the next run waits
-    for it here (at most DEVICE_WAIT seconds), so its timings are not shared with a dying run."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        held = self._lock.acquire(timeout=DEVICE_WAIT)
-        if not held:
-            log.warning("a stopped run held the device for over %g s; running beside it", DEVICE_WAIT)
-        try:
-            yield
-        finally:
-            if held:
-                self._lock.release()
 
 
 def out_of_memory(e: Exception) -> bool:
@@ -196,7 +122,8 @@ def empty_summary() -> pd.DataFrame:
 
 
 def summary_frame(records: dict[str, RunRecord]) -> pd.DataFrame:
-    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as NOT_TIMED."""
+    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as
+    NOT_TIMED."""
     rows = [{k: NOT_TIMED if v is None else v for k, v in row.items()} for row in summary_rows(records)]
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -216,47 +143,6 @@ def best_step(record: RunRecord) -> int:
     if len(record.views) < 2:
         return 1
     return max(range(1, len(record.views)), key=lambda i: (record.views[i].step.accept_length, -i))
-
-
-class LiveColumns:
-    """Per browser session, the columns its run or replay last sent, and whether that has ended.
-
-    Stop's own update and the cancelled run's last frames travel separately, so Stop waits for
-    the run to end and then shows what it last sent (not what the page held at the click), marked
-    stopped. Kept for the most recent MAX_SESSIONS sessions only."""
-
-    MAX_SESSIONS = 1000
-    STOP_WAIT = 5.0  # seconds Stop waits for the cancelled run to finish its step and close
-
-    def __init__(self):
-        self._sessions: OrderedDict[str, tuple[dict[str, str], threading.Event]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def track(self, request: gr.Request | None, names: list[str], frames: Iterator[tuple]) -> Iterator[tuple]:
-        session = getattr(request, "session_hash", None)
-        columns, ended = {}, threading.Event()
-        if session is not None:
-            with self._lock:
-                self._sessions[session] = (columns, ended)
-                self._sessions.move_to_end(session)
-                while len(self._sessions) > self.MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
-        try:
-            for frame in frames:
-                columns.update({n: v for n, v in zip(names, frame) if n in COLUMN.values() and isinstance(v, str)})
-                yield frame
-        finally:  # also on Stop, when gradio closes this generator: close the run (its decoders and caches) first
-            frames.close()
-            ended.set()
-
-    def last_columns(self, request: gr.Request | None, shown: dict[str, str]) -> dict[str, str]:
-        with self._lock:
-            entry = self._sessions.get(getattr(request, "session_hash", None))
-        if entry is None:
-            return shown
-        columns, ended = entry
-        ended.wait(self.STOP_WAIT)
-        return {**shown, **columns}
 
 
 class Handlers:
@@ -301,7 +187,10 @@ class Handlers:
         )  # EAGLE's tree is a new shape every step
         tree = tree_figure(
             tree_nodes(view, self.pg.tokenizer),
-            title=f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, {s.accept_length} accepted (+1 bonus)",
+            title=(
+                f"{label}, step {i}{by}: {s.tree.num_nodes if s.tree else 1} tree tokens, "
+                f"{s.accept_length} accepted (+1 bonus)"
+            ),
         )
         z, cols, rows = mask_data(view, self.pg.tokenizer)
         mask = mask_figure(z, cols, rows, title=f"Tree attention mask, step {i} (row attends to column)")
@@ -382,7 +271,8 @@ class Handlers:
                             else ""
                         )
                         upd["status"] = (
-                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; the three run one after another for fair timing)&hellip;"
+                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
+                            "the three run one after another for fair timing)&hellip;"
                         )
                     if ev.kind == "end" and ev.method == method_of(insp_label, records):
                         upd.update(self.inspector_update(records, insp_label))
@@ -395,7 +285,10 @@ class Handlers:
                 done = (
                     f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
                     if settings.sample
-                    else f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. "
+                    else (
+                        f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; "
+                        "speedups are against plain greedy. "
+                    )
                     if t > 0
                     else ""
                 )

@@ -41,8 +41,9 @@ from medusa_lib.present.lab import (
 
 from .eagle_lab import build_eagle_lab
 from .figures import empty_figure, mask_figure, tree_figure
-from .handlers import DeviceTurn, caller_gone, cannot_run, method_of, on_gpu, pack
+from .handlers import cannot_run, method_of, pack
 from .lab_figures import acceptance_figure, cost_figure, gain_figure, speedup_figure
+from .live import DeviceTurn, caller_gone, on_gpu
 
 EDIT_OUTPUTS = ["lab_status", "lab_paths", "lab_leaf", "lab_tree", "lab_mask", "lab_cost", "lab_gain", "lab_speedup"]
 MEASURE_OUTPUTS = [*EDIT_OUTPUTS, "lab_acceptance", "lab_state"]

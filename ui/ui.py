@@ -21,9 +21,9 @@ from .handlers import (
     Handlers,
     empty_paths,
     empty_summary,
-    on_gpu,
 )
 from .lab import build_lab
+from .live import on_gpu
 from .render import (
     LEGEND_HTML,
     badge_html,
@@ -38,7 +38,8 @@ from .text import HEADER, explain
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
 DEFAULTS = Settings()
-# The Mode choice: the greedy comparison first (Medusa greedy must write plain greedy's text), the sampled one a click away.
+# The Mode choice: the greedy comparison first (Medusa greedy must write plain greedy's text), the sampled one a
+# click away.
 MODE_CHOICES = [("Greedy", "greedy"), ("Sampling", "sampling")]
 MODE_INFO = "Greedy: plain greedy, Medusa greedy, Medusa typical at T. Sampling: all three at T from the seed."
 
@@ -194,12 +195,16 @@ def build_demo(
                                 chat = gr.Checkbox(value=True, label="Use the chat template")
                                 lookup = gr.Checkbox(
                                     value=pg.defaults.lookup_on,
-                                    label=f"Lookup branch ({pg.defaults.lookup} tokens: an n-gram copied from the context)",
+                                    label=(
+                                        f"Lookup branch ({pg.defaults.lookup} tokens: "
+                                        "an n-gram copied from the context)"
+                                    ),
                                     elem_id="lookup-branch",
                                 )
                         if pg.defaults.note:  # the default tree was calibrated on another kind of device
                             gr.HTML(calibration_note_html(pg.defaults.note), elem_id="calibration-note")
-                        # float32 first (exact: Medusa greedy == plain greedy through near-ties); a 16-bit copy is the fast choice (present/numerics.py)
+                        # float32 first (exact: Medusa greedy == plain greedy through near-ties); a 16-bit copy
+                        # is the fast choice (present/numerics.py)
                         numerics = gr.Radio(
                             [
                                 (numerics_label(n, pg.numerics_speeds), n)
@@ -231,7 +236,10 @@ def build_demo(
                     with gr.Column(scale=7):
                         c["summary"] = gr.Dataframe(
                             empty_summary(),
-                            label="Summary: wall = prefill + decode; tokens/s counts the decode steps only; speedup = tokens/s over plain's",
+                            label=(
+                                "Summary: wall = prefill + decode; tokens/s counts the decode steps only; "
+                                "speedup = tokens/s over plain's"
+                            ),
                             interactive=False,
                             elem_id="summary",
                             wrap=True,
@@ -401,22 +409,23 @@ def build_demo(
             numerics: str = pg.default_numerics,
             drafter: str = pg.drafters.default,
         ) -> dict:
-            """Run plain greedy, Medusa greedy and Medusa typical (sampling at `temperature` from `seed`) on the prompt, one after another
-            (the page's Greedy mode); return the three texts, their
-            statistics (tokens/s, tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality
-            check and the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree.
-            sample: the fair sampled comparison instead: plain sampling, Medusa exact sampling (== plain sampling with the same
-            seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain sampling; "sampling_match"
-            instead of "greedy_match", and "sampling" with each run's mean log p and entropy under the model at T.
-            numerics: which loaded copy runs ("float32", exact, the default where a float32 copy is loaded; or the fast 16-bit one, e.g.
-            "bfloat16", whose Medusa outputs may differ from plain's at near-ties); the JSON's "numerics" says which ran.
-            drafter: who drafts the Medusa columns' trees, "medusa" (the Medusa heads and `tree`), "eagle" (the EAGLE head,
-            a new dynamic tree every step) or "lookup" (prompt lookup: the tokens that followed the latest earlier
-            occurrence of the text's last few tokens, as one chain); `tree` and `custom_tree` apply to the Medusa heads
-            only; the JSON's "drafter" says which ran.
-            tree, numerics and drafter: null or "" mean the default (the heads' default tree; float32 where loaded; the faster drafter on this
-            device, by the figures recorded in the heads' config.json); any other value must name one.
-            A cancelled call (gradio_client's job.cancel()) or one whose client closes its event stream stops within a step."""
+            """Run plain greedy, Medusa greedy and Medusa typical (sampling at `temperature` from `seed`) on the
+            prompt, one after another (the page's Greedy mode); return the three texts, their statistics (tokens/s,
+            tokens/step, steps, prefill and wall time, tokens from the lookup branch), the greedy-equality check and
+            the summary rows. lookup_branch: also verify an n-gram copied from the context beside the heads' tree.
+            sample: the fair sampled comparison instead: plain sampling, Medusa exact sampling (== plain sampling
+            with the same seed) and typical acceptance, all at `temperature` from `seed`; speedups against plain
+            sampling; "sampling_match" instead of "greedy_match", and "sampling" with each run's mean log p and
+            entropy under the model at T. numerics: which loaded copy runs ("float32", exact, the default where a
+            float32 copy is loaded; or the fast 16-bit one, e.g. "bfloat16", whose Medusa outputs may differ from
+            plain's at near-ties); the JSON's "numerics" says which ran. drafter: who drafts the Medusa columns'
+            trees, "medusa" (the Medusa heads and `tree`), "eagle" (the EAGLE head, a new dynamic tree every step)
+            or "lookup" (prompt lookup: the tokens that followed the latest earlier occurrence of the text's last
+            few tokens, as one chain); `tree` and `custom_tree` apply to the Medusa heads only; the JSON's
+            "drafter" says which ran. tree, numerics and drafter: null or "" mean the default (the heads' default
+            tree; float32 where loaded; the faster drafter on this device, by the figures recorded in the heads'
+            config.json); any other value must name one. A cancelled call (gradio_client's job.cancel()) or one
+            whose client closes its event stream stops within a step."""
             return h.compare(
                 prompt,
                 max_new_tokens,
@@ -433,9 +442,11 @@ def build_demo(
                 drafter,
             )
 
-        if (
-            max_run_seconds is not None
-        ):  # said in the API's description: a call that never opens its event stream sends no signal when it leaves
-            compare.__doc__ += f" A call runs for at most {max_run_seconds:g} s of wall time (this server's bound), then ends with an error."
+        # said in the API's description: a call that never opens its event stream sends no signal when it leaves
+        if max_run_seconds is not None:
+            compare.__doc__ += (
+                f" A call runs for at most {max_run_seconds:g} s of wall time (this server's bound), "
+                "then ends with an error."
+            )
         gr.api(compare, api_name="compare", concurrency_id="device", concurrency_limit=1)
     return demo

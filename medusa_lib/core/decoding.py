@@ -10,8 +10,6 @@ docs/engine.md tells the whole story; the static engine runs the same rules as o
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, NamedTuple, Sequence
 
@@ -30,60 +28,19 @@ from .acceptance import (
     typical_threshold,
     typical_threshold_of_entropy,
 )
+from .config import METHODS, DecodeConfig, DecodeError
 from .drafters import Drafter, DrafterError, make_drafter
 from .dynamic_tree import DynamicTreeConfig
 from .eagle import EagleHead
 from .fused import fused_steps, ready
 from .heads import MedusaHeads
-from .kv import CACHES, DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
-from .lookup import MAX_LOOKUP, ngram_proposal
-from .lookup import is_length as is_lookup_length
-from .messages import InputError, cause
+from .kv import DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
+from .lookup import ngram_proposal
+from .messages import cause
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
 from .rules import REASONS, accept, cut, knobs_of, rule_of
 from .steps import RunResult, Step, _sync, first_difference
 from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
-
-METHODS = ("plain", "medusa-greedy", "medusa-typical", "medusa-sample")
-
-
-class DecodeError(InputError):
-    """Settings a decoder cannot run with. One sentence that says what to change."""
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    max_new_tokens: int = 128  # stop after this many new tokens
-    temperature: float = 0.0  # 0 = greedy; plain sampling and typical acceptance use softmax(logits / T)
-    top_p: float = 1.0  # nucleus sampling for plain sampling and the sampled root
-    seed: int = 0  # sampling seed (a run is reproducible)
-    posterior_threshold: float = 0.09  # epsilon of typical acceptance (hard threshold)
-    posterior_alpha: float = 0.3  # delta of typical acceptance (entropy-dependent threshold)
-    sample_root: bool = False  # typical: sample the root/bonus token instead of argmax (medusa-sample always samples)
-    stop_on_eos: bool = True
-    record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
-    lookup: int = 0  # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
-    cache: str = "dynamic"  # "dynamic": DynamicCache; "static": StaticCache and fixed-shape steps (kv.py)
-
-    def check(self) -> None:
-        if not (1 <= self.max_new_tokens <= 32768):
-            raise DecodeError(f"max_new_tokens must be between 1 and 32768 (got {self.max_new_tokens}).")
-        if not (0 <= self.temperature < math.inf):
-            raise DecodeError(f"temperature must be 0 (greedy) or a finite positive number (got {self.temperature}).")
-        if not (0 < self.top_p <= 1):
-            raise DecodeError(f"top_p must be in (0, 1] (got {self.top_p}).")
-        if not (0 <= self.posterior_threshold <= 1):
-            raise DecodeError(
-                f"epsilon (posterior_threshold) must be between 0 and 1 (got {self.posterior_threshold})."
-            )
-        if not (0 <= self.posterior_alpha <= 1):
-            raise DecodeError(f"delta (posterior_alpha) must be between 0 and 1 (got {self.posterior_alpha}).")
-        if not is_lookup_length(self.lookup):
-            raise DecodeError(
-                f"lookup (the lookup branch's length) must be a whole number from 0 (off) to {MAX_LOOKUP} (got {self.lookup})."
-            )
-        if self.cache not in CACHES:
-            raise DecodeError(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r}).")
 
 
 class Proposal(NamedTuple):

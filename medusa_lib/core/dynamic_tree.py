@@ -50,7 +50,8 @@ class DynamicTreeConfig:
         most = self.top_k + (self.depth - 1) * self.top_k**2
         if not (1 <= self.num_nodes <= min(most, 128)):
             raise DynamicTreeError(
-                f"The dynamic tree keeps between 1 and {min(most, 128)} nodes with top-k {self.top_k} and depth {self.depth} (got {self.num_nodes})."
+                f"The dynamic tree keeps between 1 and {min(most, 128)} nodes "
+                f"with top-k {self.top_k} and depth {self.depth} (got {self.num_nodes})."
             )
 
     @property

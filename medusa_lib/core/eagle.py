@@ -69,7 +69,10 @@ def eagle_refusal(model: nn.Module) -> str | None:
     """Why an EAGLE head cannot be built on this model (one sentence), or None."""
     body = getattr(model, "base_model", None)
     if getattr(body, "layers", None) is None or getattr(body, "rotary_emb", None) is None:
-        return f"The EAGLE drafter needs a decoder with rotary position embeddings (Llama, Qwen2, Mistral); {type(model).__name__} has none, so use the Medusa heads."
+        return (
+            "The EAGLE drafter needs a decoder with rotary position embeddings (Llama, Qwen2, Mistral); "
+            f"{type(model).__name__} has none, so use the Medusa heads."
+        )
     return None
 
 
@@ -105,8 +108,10 @@ class EagleHead(nn.Module):
         d, V = hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0]
         if self.config.hidden_size != d or self.config.vocab_size != V:
             raise EagleError(
-                f"This EAGLE head was made for hidden size {self.config.hidden_size} and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
-                f"load an EAGLE head trained for this model{f' ({self.config.base_model})' if self.config.base_model else ''}."
+                f"This EAGLE head was made for hidden size {self.config.hidden_size} "
+                f"and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
+                "load an EAGLE head trained for this model"
+                f"{f' ({self.config.base_model})' if self.config.base_model else ''}."
             )
 
     # ------------------------------------------------------------------ the maths
@@ -208,13 +213,15 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
     meta = json.loads((folder / CONFIG_FILE).read_text())
     if meta.get("format") != FORMAT:
         raise EagleError(
-            f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project (format {meta.get('format')!r}, expected {FORMAT!r})."
+            f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project "
+            f"(format {meta.get('format')!r}, expected {FORMAT!r})."
         )
     fields = {k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta}
     cfg = EagleConfig(**fields)
     if cfg.model_type and getattr(model.config, "model_type", None) != cfg.model_type:
         raise EagleError(
-            f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; load an EAGLE head trained for this model."
+            f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; "
+            "load an EAGLE head trained for this model."
         )
     head = EagleHead(model, cfg)
     head.check_fits(model)

@@ -184,8 +184,8 @@ class Program:
         over a valid stand-in state; the state's buffers and lengths are saved first and restored
         after (the stand-in also writes K/V slots past the prefix, which is harmless only because a
         capture happens before a run's prefill, ``Decoder.steps``). A recorded graph is replayed once
-        and must leave the state exactly as the eager step does. Returns the seconds it took; raises when anything fails, and then the
-        program stays eager (``graph`` None)."""
+        and must leave the state exactly as the eager step does. Returns the seconds it took; raises
+        when anything fails, and then the program stays eager (``graph`` None)."""
         if self.failed is not None:
             raise self.failed
         t0 = time.perf_counter()

@@ -35,9 +35,8 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, StaticLayer
 
+from .caches import compact_cache, moved_slots, new_cache, new_static_cache
 from .messages import InputError, cause
 from .model import body_and_lm_head, input_device
 from .packing import is_prepacked
@@ -51,67 +50,6 @@ class EngineError(InputError):
 CACHES = ("dynamic", "static")
 ALIGN = 64  # static lengths are rounded up to a multiple of this
 CAPTURES = ("none", "compile", "cuda-graph")
-
-
-def new_cache() -> DynamicCache:
-    """A cache of full (non-sliding) layers: with our own 4D masks a sliding-window layer's
-    eviction would break the tree-slot arithmetic; runs are capped at the window instead."""
-    return DynamicCache()
-
-
-def new_static_cache(model: nn.Module, max_len: int) -> Cache:
-    """A StaticCache of ``max_len`` full (non-sliding) slots per layer, for the same reason."""
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in range(layers)])
-
-
-def is_static(cache: Cache) -> bool:
-    return bool(cache.layers) and isinstance(cache.layers[0], StaticLayer)
-
-
-def moved_slots(prefix: int | torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compaction rule: the K/V of the accepted tree slots ``prefix + nodes`` (in tree order)
-    move to ``prefix + 0 .. len(nodes) - 1``, right behind the prefix. Returns (source, destination)."""
-    return prefix + nodes, prefix + torch.arange(nodes.numel(), device=nodes.device)
-
-
-def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
-    """Keep the KV entries of the accepted tree nodes, in order, right after the prefix; drop the rest.
-
-    Gather first (source and target ranges overlap), then write; then a dynamic cache is cropped
-    (crop(-n) removes n) and a static one's length is set (its slots beyond are masked anyway).
-    When ``nodes`` (on the host) are already 0..n-1, the entries are in place and only the crop runs:
-    that is every step that accepts nothing, and every one that accepts only the first child.
-    When only the last one is out of place (e.g. [0, 2]: a later sibling accepted at the last
-    depth), that one slot is copied per layer instead of gathering all of them.
-    """
-    n = int(nodes.numel())
-    in_place = nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n, dtype=nodes.dtype))
-    last_only = (
-        not in_place
-        and nodes.device.type == "cpu"
-        and n > 0
-        and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
-    )
-    if last_only:
-        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
-        for layer in cache.layers:
-            layer.keys[..., dst, :] = layer.keys[..., src, :]
-            layer.values[..., dst, :] = layer.values[..., src, :]
-    keep_on: dict[torch.device, torch.Tensor] = {}
-    for layer in cache.layers if not (in_place or last_only) else ():
-        dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
-        if dev not in keep_on:
-            keep_on[dev] = moved_slots(prefix_len, nodes.to(dev))[0]
-        k = layer.keys.index_select(-2, keep_on[dev])
-        v = layer.values.index_select(-2, keep_on[dev])
-        layer.keys[..., prefix_len : prefix_len + n, :] = k
-        layer.values[..., prefix_len : prefix_len + n, :] = v
-    if is_static(cache):
-        for layer in cache.layers:
-            layer.cumulative_length.fill_(prefix_len + n)
-    elif tree_len > n:
-        cache.crop(-(tree_len - n))
 
 
 class DynamicKV:
@@ -196,7 +134,9 @@ class StaticKV:
             None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
         )
         self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
-        self.programs: OrderedDict = OrderedDict()  # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time replays them
+        # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time
+        # replays them
+        self.programs: OrderedDict = OrderedDict()
         self.state = None  # the device buffers those programs read and write (fused.FusedState)
         self._lock = threading.Lock()
         self._step = (
@@ -365,7 +305,8 @@ class StaticKV:
         return sum(p.captured for p in self.programs.values())
 
     def engine(self, sizes) -> str:
-        """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were captured."""
+        """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were
+        captured."""
         return f"static, {self.capture}" if self.capture != "none" and set(sizes) <= self.captured else "static"
 
     def record(self, fn: Callable[[], object], *, runs: int = 3, reset: Callable[[], None] = lambda: None, graphs=None):
@@ -419,9 +360,15 @@ def static_refusal(model: nn.Module) -> str | None:
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
     if len(devices) > 1:
-        return f"{name} is spread over several devices (device_map), and a static cache with captured steps needs one device; it runs with the dynamic cache."
+        return (
+            f"{name} is spread over several devices (device_map), and a static cache with captured steps "
+            "needs one device; it runs with the dynamic cache."
+        )
     if not getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None):
-        return f"{name}'s config does not give num_hidden_layers, which the static cache is sized by; it runs with the dynamic cache."
+        return (
+            f"{name}'s config does not give num_hidden_layers, which the static cache is sized by; "
+            "it runs with the dynamic cache."
+        )
     return None
 
 
@@ -444,13 +391,15 @@ def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = 
     capture = (auto_capture if cache == "static" else "none") if capture in ("auto", "", None) else capture
     if cache not in CACHES or capture not in CAPTURES:
         raise EngineError(
-            f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} (got {cache!r}, {capture!r})."
+            f"The engine must be a cache of {', '.join(CACHES)} and a capture of {', '.join(CAPTURES)} "
+            f"(got {cache!r}, {capture!r})."
         )
     if capture == "cuda-graph" and torch.device(device).type != "cuda":
         raise EngineError("CUDA-graph capture needs a GPU; use --capture none or compile on a CPU.")
     if cache == "dynamic" and capture != "none":
         raise EngineError(
-            f"A {capture} capture records fixed-shape steps, which only the static cache has; use --cache static or --capture none."
+            f"A {capture} capture records fixed-shape steps, which only the static cache has; "
+            "use --cache static or --capture none."
         )
     return cache, capture
 
@@ -474,7 +423,10 @@ def prepare_engine(
     if note:
         cache, capture = "dynamic", "none"
     elif capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
-        note = "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly (load the model with prepack=False, bench --no-prepack, to compile)."
+        note = (
+            "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly "
+            "(load the model with prepack=False, bench --no-prepack, to compile)."
+        )
         capture = "none"
     if capture == "none":
         description = note or describe_engine(cache, "none")

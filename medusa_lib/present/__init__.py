@@ -5,6 +5,7 @@ Uses core/ only; never the offline pipeline. The page's UI (``ui/``) imports fro
 
 from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets, tree_note
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
+from .limits import PROMPT_TOKENS, any_of, deadline, default_prompt_tokens
 from .numerics import default_numerics, numerics_label, numerics_note
 from .page import (
     DRAFTER_NAMES,
@@ -25,15 +26,7 @@ from .page import (
     visible_steps,
     why_it_ended,
 )
-from .playground import (
-    PROMPT_TOKENS,
-    Playground,
-    any_of,
-    deadline,
-    default_prompt_tokens,
-    release_memory,
-    untrained_heads,
-)
+from .playground import Playground, release_memory, untrained_heads
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     GREEDY_VIEWS,
@@ -54,5 +47,17 @@ __all__ = [
     name
     for name in dir()
     if not name.startswith("_")
-    and name not in ("drafter", "inspector", "numerics", "page", "playground", "records", "settings")
+    and name
+    not in (
+        "checks",
+        "drafter",
+        "inputs",
+        "inspector",
+        "limits",
+        "numerics",
+        "page",
+        "playground",
+        "records",
+        "settings",
+    )
 ]

@@ -57,11 +57,13 @@ def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise EagleError(
-            f"{flag} {str(folder)!r} is not a folder; give the folder of an EAGLE head (with {EAGLE_FILE} and {CONFIG_FILE}), 'auto' or 'none'."
+            f"{flag} {str(folder)!r} is not a folder; "
+            f"give the folder of an EAGLE head (with {EAGLE_FILE} and {CONFIG_FILE}), 'auto' or 'none'."
         )
     if not is_eagle_folder(path) or not (path / CONFIG_FILE).is_file():
         raise EagleError(
-            f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} (python -m medusa_lib.pipeline.train_eagle makes them)."
+            f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} "
+            "(python -m medusa_lib.pipeline.train_eagle makes them)."
         )
     import json
 
@@ -71,7 +73,8 @@ def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
         fmt = None
     if fmt != FORMAT:
         raise EagleError(
-            f"{flag} {str(folder)!r}: its {CONFIG_FILE} is not an EAGLE head of this project (format {fmt!r}, expected {FORMAT!r})."
+            f"{flag} {str(folder)!r}: its {CONFIG_FILE} is not an EAGLE head of this project "
+            f"(format {fmt!r}, expected {FORMAT!r})."
         )
 
 
@@ -94,7 +97,8 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
     if folder is None:
         return (
             None,
-            "No EAGLE head was found for this model (none beside the Medusa heads; --eagle names one), so the Medusa heads draft.",
+            "No EAGLE head was found for this model (none beside the Medusa heads; --eagle names one), "
+            "so the Medusa heads draft.",
         )
     try:
         head = load_eagle(folder, model=model)
@@ -109,7 +113,8 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
             ) from None
         return (
             None,
-            f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), so the Medusa heads draft.",
+            f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), "
+            "so the Medusa heads draft.",
         )
     return head, ""
 
@@ -163,7 +168,8 @@ def load_medusa(
 
 # ---------------------------------------------------------------------- the default rule
 def medusa_speedup(defaults, device) -> float | None:
-    """The Medusa heads' recorded speed-up of their default tree on this kind of device (None: no figure for this kind)."""
+    """The Medusa heads' recorded speed-up of their default tree on this kind of device (None: no figure for
+    this kind)."""
     record = getattr(defaults, "calibration", None) or {}
     if not record or defaults.note or record_kind(record) != device_kind(device):
         return None
@@ -198,7 +204,8 @@ def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, de
         f"{source or 'recorded speed-ups'} on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"
     )  # noqa: E731
     if chosen == "eagle":
-        return f"The EAGLE head starts selected: it is the faster drafter here ({figures() if medusa else f'its recorded speed-up on {device}: {eagle:.2f}x plain'})."
+        why = figures() if medusa else f"its recorded speed-up on {device}: {eagle:.2f}x plain"
+        return f"The EAGLE head starts selected: it is the faster drafter here ({why})."
     if eagle is None:
         return (
             f"The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on {device} "
@@ -294,7 +301,8 @@ def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Draft
     eagle = float(record["speedup"]) if record else None
     if record and record.get("medusa_speedup"):  # both drafters measured in one bench run: the ratio the rules ask for
         medusa = float(record["medusa_speedup"])
-        source = f"measured in one bench run ({str(record.get('dtype', '')).removeprefix('torch.')}, {record.get('date', 'undated')})"
+        dtype = str(record.get("dtype", "")).removeprefix("torch.")
+        source = f"measured in one bench run ({dtype}, {record.get('date', 'undated')})"
     else:  # two records, perhaps of two machines or numerics: said so
         medusa = medusa_speedup(defaults, device)
         source = "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines)"
@@ -311,7 +319,8 @@ def tree_note(tree: DynamicTreeConfig | None) -> str:
     if tree is None:
         return ""
     return (
-        f"The EAGLE head grows its own dynamic tree every step (top-k {tree.top_k}, depth {tree.depth}, {tree.num_nodes} nodes besides the root): "
+        "The EAGLE head grows its own dynamic tree every step "
+        f"(top-k {tree.top_k}, depth {tree.depth}, {tree.num_nodes} nodes besides the root): "
         "the tree preset and the custom tree apply to the Medusa heads only; the lookup branch still sits beside it."
     )
 
@@ -364,7 +373,8 @@ def eagle_budgets(
     ref = results.pop(0)
     if any(r.decode_steps == 0 for r in results.values()):
         raise PlaygroundError(
-            "The run ended at its prefill, so there is no EAGLE step to measure; raise Max new tokens and measure again."
+            "The run ended at its prefill, so there is no EAGLE step to measure; "
+            "raise Max new tokens and measure again."
         )
     base_tps = ref.tokens_per_second if ref.decode_steps else 0.0
     return [

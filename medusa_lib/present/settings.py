@@ -18,7 +18,8 @@ MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused 
 MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 MAX_SEED = 2**63 - 1  # a torch.Generator seed
-MAX_RUN_SECONDS = 180.0  # wall time one /compare call may take (app.py: MEDUSA_MAX_RUN_SECONDS): bounds a client that left without a word
+# wall time one /compare call may take (app.py: MEDUSA_MAX_RUN_SECONDS): bounds a client that left without a word
+MAX_RUN_SECONDS = 180.0
 
 # What the three columns run, per mode. Greedy (the page's first view): plain greedy, Medusa greedy
 # (== plain greedy) and typical acceptance sampling at T. Sampling (the fair comparison at a
@@ -83,12 +84,12 @@ class Settings:
     seed: int = 0  # the generator every sampled method starts from
     sample: bool = False  # the sampling mode (SAMPLED_VIEWS) instead of the greedy one
     lookup: int = DEFAULT_LOOKUP  # Medusa: length of the lookup branch verified beside the tree (0 = heads only)
-    numerics: str | None = (
-        None  # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded; Playground.prepare checks it)
-    )
-    drafter: str | None = (
-        None  # who drafts the Medusa columns' trees, "medusa" (heads) or "eagle" (EAGLE head); None: the playground's default (drafter.py)
-    )
+    # which loaded copy runs, "bfloat16" or "float32" (None: the playground's default, float32 where loaded;
+    # Playground.prepare checks it)
+    numerics: str | None = None
+    # who drafts the Medusa columns' trees, "medusa" (heads) or "eagle" (EAGLE head); None: the playground's default
+    # (drafter.py)
+    drafter: str | None = None
 
     def check(self, *, max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT) -> None:
         """The check of the settings a page or an API caller sent (``Playground.settings`` has already
@@ -109,7 +110,8 @@ class Settings:
             raise PlaygroundError(must_be_switch("The sampling switch (sample)", self.sample))
         if self.sample and self.temperature == 0:
             raise PlaygroundError(
-                "Sampling needs a temperature above 0 (at 0 every method is greedy); raise Temperature or turn sampling off."
+                "Sampling needs a temperature above 0 (at 0 every method is greedy); "
+                "raise Temperature or turn sampling off."
             )
         if not is_number(self.seed) or int(self.seed) != self.seed or not 0 <= self.seed <= MAX_SEED:
             raise PlaygroundError(must_be("The seed", f"a whole number from 0 to {MAX_SEED}", self.seed))
@@ -125,7 +127,8 @@ class Settings:
             )
         if not isinstance(self.custom_tree, str):
             raise PlaygroundError(
-                f"The custom tree must be text such as [[0], [0, 0], [1]], not {kind(self.custom_tree)} (got {shown(self.custom_tree)})."
+                "The custom tree must be text such as [[0], [0, 0], [1]], "
+                f"not {kind(self.custom_tree)} (got {shown(self.custom_tree)})."
             )
 
     @property
