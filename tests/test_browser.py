@@ -249,6 +249,28 @@ def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(pa
     page.wait_for_function("!document.querySelector('#tree-preset input').disabled", timeout=30_000)
 
 
+def test_prompt_lookup_drafts_the_medusa_columns_with_the_tree_controls_off(page):
+    """Pick prompt lookup: the tree controls are off with a line saying what it copies, the run stays exact
+    (float32), and the columns name prompt lookup as the drafter."""
+    page.get_by_role("tab", name="Playground").click()
+    page.fill("#prompt textarea", "List the colours red, green, blue, then list the colours red, green, blue again.")
+    page.locator("#drafter input[value='lookup']").check()
+    page.wait_for_function(
+        "document.querySelector('#eagle-tree-note').innerText.includes('Prompt lookup copies')", timeout=30_000
+    )
+    assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
+    page.click("#run-btn")
+    page.wait_for_function(
+        "document.querySelector('#status').innerText.includes('Medusa columns drafted by prompt lookup')",
+        timeout=540_000,
+    )
+    badge = page.query_selector("#greedy-badge [data-equal]")
+    assert badge.get_attribute("data-equal") == "true", badge.inner_text()
+    assert page.get_attribute("#out-greedy .method-drafter", "data-drafter") == "lookup"
+    page.locator("#drafter input[value='medusa']").check()  # back to the default for the tests after this one
+    page.wait_for_function("!document.querySelector('#tree-preset input').disabled", timeout=30_000)
+
+
 def test_a_warning_quoting_a_bad_value_shows_it_as_text(page):
     """gr.Warning renders its message as HTML: a custom tree quoted back in the pop-up must show as typed (issue #26).
     A server of its own (a tiny model), opened in a second tab of the module's browser."""

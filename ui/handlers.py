@@ -20,6 +20,7 @@ import torch
 
 from medusa_lib.core.messages import InputError
 from medusa_lib.present import (
+    DRAFTED_BY,
     DRAFTER_NAMES,
     LABELS,
     MAX_RUN_SECONDS,
@@ -183,7 +184,7 @@ class Handlers:
         view = rec.views[i]
         s = view.step
         by = (
-            f", drafted by the {DRAFTER_NAMES[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""
+            f", drafted by {DRAFTED_BY[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""
         )  # EAGLE's tree is a new shape every step
         tree = tree_figure(
             tree_nodes(view, self.pg.tokenizer),
@@ -266,7 +267,7 @@ class Handlers:
                     }  # plain runs first: it has finished by then
                     if ev.kind == "start":
                         by = (
-                            f", drafted by the {DRAFTER_NAMES[ev.record.drafter]}"
+                            f", drafted by {DRAFTED_BY[ev.record.drafter]}"
                             if ev.record.drafter in DRAFTER_NAMES
                             else ""
                         )
@@ -295,7 +296,7 @@ class Handlers:
                 if (
                     medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1
                 ):  # the server offers a choice: say which ran
-                    done = f"Medusa columns drafted by the {DRAFTER_NAMES[medusa.drafter]}. " + done
+                    done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
                 final = out(
                     status="Done. "
                     + done
@@ -371,7 +372,7 @@ class Handlers:
                 if t == 0 or t >= total:
                     drafter = next((r.drafter for r in records.values() if r.drafter in DRAFTER_NAMES), None)
                     by = (
-                        f" (Medusa columns drafted by the {DRAFTER_NAMES[drafter]})"
+                        f" (Medusa columns drafted by {DRAFTED_BY[drafter]})"
                         if drafter and len(self.pg.drafters.available) > 1
                         else ""
                     )

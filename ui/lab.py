@@ -13,6 +13,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from medusa_lib.present import (
+    DRAFTED_BY,
     LABELS,
     MAX_RUN_SECONDS,
     REFERENCE_NAMES,
@@ -232,10 +233,11 @@ class LabHandlers:
     def last_run(self, state, records) -> go.Figure:
         """Per-head acceptance of the comparison's last Medusa greedy (or exact sampling) run."""
         rec = (records or {}).get(method_of("", records))
-        if rec is not None and rec.drafter == "eagle":  # the heads' ranks mean nothing in EAGLE's dynamic tree
+        if rec is not None and rec.drafter not in (None, "medusa"):  # the heads' ranks mean nothing in another tree
+            see = " See EAGLE's node budgets below." if rec.drafter == "eagle" else ""
             return empty_figure(
-                "The last run was drafted by the EAGLE head; per-head acceptance is about the Medusa heads. "
-                "See EAGLE's node budgets below.",
+                f"The last run was drafted by {DRAFTED_BY[rec.drafter]}; per-head acceptance is about the Medusa heads."
+                + see,
                 title="Per-head acceptance",
                 height=300,
             )

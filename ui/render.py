@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from medusa_lib.present import DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
+from medusa_lib.present import DRAFTED_BY, DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
 
 METHOD_COLORS = {
     "plain": "#555555",
@@ -80,7 +80,7 @@ def column_html(
     note = f'<div class="method-note">{html.escape(record.note)}</div>' if record is not None and record.note else ""
     drafter = record.drafter if record is not None else None  # who drafted this column's trees (Medusa columns only)
     tag = (
-        f'<span class="method-drafter" data-drafter="{drafter}">drafted by the {DRAFTER_NAMES[drafter]}</span>'
+        f'<span class="method-drafter" data-drafter="{drafter}">drafted by {DRAFTED_BY[drafter]}</span>'
         if drafter in DRAFTER_NAMES
         else ""
     )

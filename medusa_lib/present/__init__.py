@@ -8,6 +8,7 @@ from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_lay
 from .limits import PROMPT_TOKENS, any_of, deadline, default_prompt_tokens
 from .numerics import default_numerics, numerics_label, numerics_note
 from .page import (
+    DRAFTED_BY,
     DRAFTER_NAMES,
     LABELS,
     NOT_TIMED,

@@ -22,7 +22,12 @@ DRAFTER_NAMES = {
     "medusa": "Medusa heads",
     "eagle": "EAGLE head",
     "lookup": "Prompt lookup",
-}  # how the page names each drafter (Step.drafter)
+}
+DRAFTED_BY = {
+    "medusa": "the Medusa heads",
+    "eagle": "the EAGLE head",
+    "lookup": "prompt lookup",
+}  # "drafted by ..."  # how the page names each drafter (Step.drafter)
 LABELS = {
     "plain": "Plain (greedy)",
     "medusa-greedy": "Medusa greedy",
