@@ -93,7 +93,8 @@ class Program:
         self.draft = drafter.draft if drafter is not None else None
         self.lookup, self.top1 = (drafter.lookup, drafter.top1) if drafter is not None else (0, ())
         dev = kv.device
-        self.depth = bufs.depth
+        # cached properties (a lock inside) read now, never inside a captured or compiled step
+        self.depth, self.num_nodes, self.paths, self.valid = bufs.depth, bufs.num_nodes, bufs.paths, bufs.valid
         self.children = bufs.children if rule.name == "sample" else None
         self.j = torch.arange(self.depth + 1, device=dev)
         if self.lookup:
@@ -108,7 +109,7 @@ class Program:
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
         """One whole decode step on the device; writes ``state.result`` and the next tree's tokens."""
-        s, kv, L = self.s, self.kv, self.bufs.num_nodes
+        s, kv, L = self.s, self.kv, self.num_nodes
         seq_len = s.seq_len.view(1)
         prefix = seq_len - 1
         toks = s.tokens[:L]
@@ -125,7 +126,7 @@ class Program:
         # accept: the rule, and the bonus token
         knobs = Knobs(s.temperature, s.top_p, s.seed, s.epsilon, s.delta)
         n, nodes, best, bonus = accept(
-            self.rule, logits, toks, self.bufs.paths, self.bufs.valid, self.children, knobs=knobs, seq_len=seq_len
+            self.rule, logits, toks, self.paths, self.valid, self.children, knobs=knobs, seq_len=seq_len
         )
         last = nodes.gather(0, n)
         # cut at the budget, the context and EOS
@@ -165,7 +166,7 @@ class Program:
     def write_draft(self, hidden: torch.Tensor, root: torch.Tensor) -> None:
         """The next step's tree tokens, in place: the drafter's tree from ``hidden`` [d] under
         ``root`` [1], then the lookup branch matched in the history (the root alone without a draft)."""
-        s, L = self.s, self.bufs.num_nodes
+        s, L = self.s, self.num_nodes
         if self.draft is None:
             s.tokens[:1].copy_(root)
             return
