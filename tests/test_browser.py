@@ -255,9 +255,8 @@ def test_prompt_lookup_drafts_the_medusa_columns_with_the_tree_controls_off(page
     page.get_by_role("tab", name="Playground").click()
     page.fill("#prompt textarea", "List the colours red, green, blue, then list the colours red, green, blue again.")
     page.locator("#drafter input[value='lookup']").check()
-    page.wait_for_function(
-        "document.querySelector('#eagle-tree-note').innerText.includes('Prompt lookup copies')", timeout=30_000
-    )
+    page.wait_for_selector("#eagle-tree-note .eagle-tree-note", timeout=30_000)
+    assert "Prompt lookup copies" in page.inner_text("#eagle-tree-note")
     assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
     page.click("#run-btn")
     page.wait_for_function(

@@ -353,3 +353,16 @@ def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
     assert 'class="speedup" data-speedup=' in typical  # its speed-up over plain greedy, in the column
     at_zero = list(h.run(PROMPT, 16, 0, 0.09, 0.3, "topk-3x2x1", "", True, True, 7, None, INSPECT_CHOICES[0]))[-1]
     assert "Sampled at" not in at_zero[at["status"]] and "sampled at" not in at_zero[at["status"]]
+
+
+def test_gradio_hands_the_run_its_request_so_a_stop_or_a_closed_stream_finds_the_run():
+    """gradio injects ``gr.Request`` only into a positional parameter annotated with it: a handler taking
+    ``*values`` would get None, and Stop and the closed-stream check would lose the session's run."""
+    from gradio.helpers import special_args
+
+    from ui.handlers import PAGE_INPUTS, Handlers
+
+    request = object()
+    inputs = [f"value-{name}" for name in PAGE_INPUTS]
+    args, *_ = special_args(Handlers(tiny_playground(oracle=False)).run, list(inputs), request)
+    assert args[: len(PAGE_INPUTS)] == inputs and args[len(PAGE_INPUTS)] is request

@@ -213,17 +213,34 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(self, *values, request: gr.Request = None, **named) -> Iterator[tuple]:
+    def run(
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        epsilon,
+        delta,
+        tree,
+        custom_tree,
+        chat_template,
+        lookup_branch,
+        seed,
+        numerics,
+        insp_label,
+        mode="greedy",
+        drafter=None,
+        request: gr.Request = None,
+    ) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
-        ``values``: the page's inputs in ``PAGE_INPUTS`` order, or ``named`` (the ones left off keep their
-        defaults).
+        The parameters are the page's inputs (``PAGE_INPUTS``), named here because gradio passes them in
+        order and finds ``request`` by its annotation; they go on as one value, by name.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        frames = self._run(dict(zip(PAGE_INPUTS, values)) | named)
-        yield from self.live.track(request, RUN_OUTPUTS, frames)
+        page = {name: value for name, value in locals().items() if name in PAGE_INPUTS}
+        yield from self.live.track(request, RUN_OUTPUTS, self._run(page))
 
     def _run(self, page: dict) -> Iterator[tuple]:
         """A run of the page's inputs, by name."""
