@@ -16,7 +16,6 @@ from typing import Iterator
 
 import torch
 
-from .acceptance import greedy_tokens, sample_token
 from .lookup import ngram_match
 from .rules import REASONS, Knobs, Rule, accept, cut
 from .steps import Step, _sync
@@ -336,12 +335,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
     ).last_hidden_state[0, -1]
     logits = d.lm_head(hidden)
-    drawn = d.rule.name == "sample" or d.rule.sample_root
-    root = (
-        sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=n)
-        if drawn
-        else greedy_tokens(logits)
-    )
+    root = d._pick_root(logits, n)  # the first new token, as the dynamic decoder picks it
     new, reason = d._finish([int(root)], 0, n)
     state.start(ids[0], root=root, config=cfg, eos=tuple(d.info.eos_token_ids or ()), context=limit)
     if tree is not None and reason is None:
