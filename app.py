@@ -89,6 +89,9 @@ MAX_NEW_TOKENS = env_number("MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=())
 MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=())
 # Wall time one API call may take: ends a run whose client left unseen.
 MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())
+# Calls that may wait for the device at once, and of them from one client address: past either, "busy, try again".
+MAX_QUEUE = env_number("MEDUSA_MAX_QUEUE", "16", low=1, also=())
+MAX_QUEUE_PER_CLIENT = env_number("MEDUSA_MAX_QUEUE_PER_CLIENT", "4", low=1, also=())
 EXAMPLES = ROOT / "assets" / "examples.json"
 
 
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_serving(args, argv)
     from medusa_lib.present import Playground, load_examples
-    from ui import build_demo, launch_options  # imported here: --help needs nothing heavy
+    from ui import DeviceTurn, build_demo, serve  # imported here: --help needs nothing heavy
 
     try:
         pg = Playground.load(
@@ -242,18 +245,35 @@ def main(argv: list[str] | None = None) -> None:
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
+    device = DeviceTurn()  # every run, whatever its route, on this thread: the one that loaded the model
     demo = build_demo(
-        pg, examples=examples, model_name=args.model, max_new_tokens=MAX_NEW_TOKENS, max_run_seconds=MAX_RUN_SECONDS
+        pg,
+        examples=examples,
+        model_name=args.model,
+        max_new_tokens=MAX_NEW_TOKENS,
+        max_run_seconds=MAX_RUN_SECONDS,
+        device=device,
     )
     try:
-        demo.queue(default_concurrency_limit=1).launch(
-            server_name=args.host, server_port=args.port, share=args.share, **launch_options()
+        serve(
+            demo,
+            server_name=args.host,
+            server_port=args.port,
+            share=args.share,
+            queue_size=MAX_QUEUE,
+            per_client=MAX_QUEUE_PER_CLIENT,
+            prevent_thread_lock=True,
         )
     except OSError as e:  # the port was taken while the model loaded ...
         sys.exit(
             f"error: cannot serve on {args.host}:{args.port} "
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
         )
+    try:
+        device.serve_forever()  # the server runs on its own threads; the runs run here
+    except KeyboardInterrupt:
+        print("Keyboard interruption in main thread... closing server.")
+        demo.close()
 
 
 if __name__ == "__main__":

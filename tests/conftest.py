@@ -334,13 +334,11 @@ def column_text(col_html: str) -> str:
 
 
 def launch(pg: Playground):
-    from ui import build_demo, launch_options
+    from ui import build_demo, serve
 
     demo = build_demo(pg, max_new_tokens=16)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(
-        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
-    )
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     return demo, f"http://127.0.0.1:{port}/"
 
 

@@ -17,13 +17,11 @@ def server():
     from gradio_client import Client
 
     from medusa_lib.present import load_examples
-    from ui import build_demo, launch_options
+    from ui import build_demo, serve
 
     demo = build_demo(tiny_playground(), examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=16)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(
-        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
-    )
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         yield Client(f"http://127.0.0.1:{port}/", verbose=False)
     finally:

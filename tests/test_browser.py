@@ -40,7 +40,7 @@ def url():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip(f"chromium is not installed ({CHROMIUM} missing; `apt-get install -y chromium`)")
     from medusa_lib.present import Playground, load_examples
-    from ui import build_demo, launch_options
+    from ui import build_demo, serve
 
     heads = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
     # bfloat16 (the CPU default where it is native) plus the float32 copy the page's Numerics choice runs:
@@ -49,9 +49,7 @@ def url():
     assert list(pg.variants) == ["bfloat16", "float32"]
     demo = build_demo(pg, examples=load_examples(ROOT / "assets" / "examples.json"), max_new_tokens=MAX_NEW_TOKENS)
     port = free_port()
-    demo.queue(default_concurrency_limit=1).launch(
-        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options()
-    )
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -125,16 +125,16 @@ class EagleLabHandlers:
 
         try:
             progress(0, desc=f"Run 1 of {total}: plain greedy")
-            with self.device.turn():
-                points = eagle_budgets(
-                    self.pg,
-                    prompt,
-                    max_new_tokens=max_new_tokens,
-                    chat_template=bool(chat_template),
-                    numerics=numerics or None,
-                    stop=stop,
-                    progress=step,
-                )
+            points = self.device.call(
+                eagle_budgets,
+                self.pg,
+                prompt,
+                max_new_tokens=max_new_tokens,
+                chat_template=bool(chat_template),
+                numerics=numerics or None,
+                stop=stop,
+                progress=step,
+            )
         except Exception as e:
             return gr.skip(), f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}"
         tree = self.pg.drafters.tree

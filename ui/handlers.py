@@ -29,6 +29,7 @@ from medusa_lib.present import (
     SUMMARY_COLUMNS,
     Playground,
     RunRecord,
+    RunStopped,
     any_of,
     deadline,
     mask_data,
@@ -147,14 +148,22 @@ def best_step(record: RunRecord) -> int:
 
 
 class Handlers:
-    def __init__(self, playground: Playground, *, max_run_seconds: float | None = MAX_RUN_SECONDS):
+    def __init__(
+        self,
+        playground: Playground,
+        *,
+        max_run_seconds: float | None = MAX_RUN_SECONDS,
+        device: DeviceTurn | None = None,
+    ):
         self.pg = playground
         self.live = LiveColumns()
-        self.device = DeviceTurn()
+        self.device = device or DeviceTurn()  # every run of every route, one at a time on its one thread
         self.max_run_seconds = max_run_seconds  # an API call's wall-time bound (None: none)
 
     def api_stop(self) -> Callable[[], str | None]:
-        """What ends an API call's run between steps: its caller cancelled or left, or the wall-time bound."""
+        """What ends a call's run between steps, whatever its route (the page's Run, the race replay, ``/run``,
+        ``/compare``): its caller cancelled or left, or the server's bound on one call's wall time. Made on
+        gradio's thread for the call, where the call's task is found."""
         return any_of(caller_gone(), deadline(self.max_run_seconds))
 
     # ---------------------------------------------------------------- settings
@@ -240,10 +249,12 @@ class Handlers:
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
         page = {name: value for name, value in locals().items() if name in PAGE_INPUTS}
-        yield from self.live.track(request, RUN_OUTPUTS, self._run(page))
+        stop = self.api_stop()  # here, on gradio's thread for this call: it finds the call's task
+        yield from self.live.track(request, RUN_OUTPUTS, self.device.stream(self._run(page, stop)))
 
-    def _run(self, page: dict) -> Iterator[tuple]:
-        """A run of the page's inputs, by name."""
+    def _run(self, page: dict, stop: Callable[[], str | None] | None = None) -> Iterator[tuple]:
+        """A run of the page's inputs, by name, on the device's thread; ``stop`` ends it between two steps
+        (its caller cancelled or left, or the server's bound on one call's wall time)."""
         page = {"mode": "greedy", "drafter": None, **page}
         prompt, insp_label = page.pop("prompt", None), page.pop("insp_label", None)
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
@@ -268,66 +279,61 @@ class Handlers:
         )
         last = 0.0
         try:
-            with self.device.turn():  # the page's turn on the device, as an API call's
-                for ev in self.pg.run(ids, decoders):
-                    records[ev.method] = ev.record
-                    now = time.perf_counter()
-                    if ev.kind == "step" and now - last < STREAM_EVERY:
-                        continue
-                    last = now
-                    state = "done" if ev.kind == "end" else "running"
-                    upd: dict[str, Any] = {
-                        COLUMN[ev.method]: column_html(
-                            ev.method, ev.record, state=state, reference=reference_of(records, ev.method)
-                        ),
-                        "timeline": timeline_figure(records),
-                    }  # plain runs first: it has finished by then
-                    if ev.kind == "start":
-                        by = (
-                            f", drafted by {DRAFTED_BY[ev.record.drafter]}"
-                            if ev.record.drafter in DRAFTER_NAMES
-                            else ""
-                        )
-                        upd["status"] = (
-                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
-                            "the three run one after another for fair timing)&hellip;"
-                        )
-                    if ev.kind == "end" and ev.method == method_of(insp_label, records):
-                        upd.update(self.inspector_update(records, insp_label))
-                    yield out(**upd)
-                plain, medusa = records[views[0]], records[views[1]]
-                check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
-                rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
-                note = untimed_note(records)
-                t, seed = settings.temperature, settings.seed
-                done = (
-                    f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
-                    if settings.sample
-                    else (
-                        f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; "
-                        "speedups are against plain greedy. "
-                    )
-                    if t > 0
-                    else ""
-                )
-                if (
-                    medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1
-                ):  # the server offers a choice: say which ran
-                    done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
-                final = out(
-                    status="Done. "
-                    + done
-                    + (
-                        note
-                        if note
-                        else "Press **Race replay** to watch the three runs side by side at their measured speed."
+            for ev in self.pg.run(ids, decoders, stop=stop):
+                records[ev.method] = ev.record
+                now = time.perf_counter()
+                if ev.kind == "step" and now - last < STREAM_EVERY:
+                    continue
+                last = now
+                state = "done" if ev.kind == "end" else "running"
+                upd: dict[str, Any] = {
+                    COLUMN[ev.method]: column_html(
+                        ev.method, ev.record, state=state, reference=reference_of(records, ev.method)
                     ),
-                    badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
-                    summary=summary_frame(records),
-                    sampling=sampling_html(rows, temperature=float(settings.temperature)),
-                    session=records,
-                    **self.inspector_update(records, insp_label),
+                    "timeline": timeline_figure(records),
+                }  # plain runs first: it has finished by then
+                if ev.kind == "start":
+                    by = f", drafted by {DRAFTED_BY[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
+                    upd["status"] = (
+                        f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
+                        "the three run one after another for fair timing)&hellip;"
+                    )
+                if ev.kind == "end" and ev.method == method_of(insp_label, records):
+                    upd.update(self.inspector_update(records, insp_label))
+                yield out(**upd)
+            plain, medusa = records[views[0]], records[views[1]]
+            check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
+            rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
+            note = untimed_note(records)
+            t, seed = settings.temperature, settings.seed
+            done = (
+                f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
+                if settings.sample
+                else (
+                    f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; "
+                    "speedups are against plain greedy. "
                 )
+                if t > 0
+                else ""
+            )
+            if (
+                medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1
+            ):  # the server offers a choice: say which ran
+                done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
+            final = out(
+                status="Done. "
+                + done
+                + (
+                    note
+                    if note
+                    else "Press **Race replay** to watch the three runs side by side at their measured speed."
+                ),
+                badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
+                summary=summary_frame(records),
+                sampling=sampling_html(rows, temperature=float(settings.temperature)),
+                session=records,
+                **self.inspector_update(records, insp_label),
+            )
         except (
             Exception
         ) as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
@@ -363,9 +369,12 @@ class Handlers:
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
         """Replay the recorded runs together, each step appearing at its measured time."""
-        yield from self.live.track(request, REPLAY_OUTPUTS, self._replay(records, speed))
+        stop = self.api_stop()
+        yield from self.live.track(request, REPLAY_OUTPUTS, self.device.stream(self._replay(records, speed, stop)))
 
-    def _replay(self, records: dict | None, speed: str) -> Iterator[tuple]:
+    def _replay(
+        self, records: dict | None, speed: str, stop: Callable[[], str | None] | None = None
+    ) -> Iterator[tuple]:
         out = lambda **kw: pack(REPLAY_OUTPUTS, **kw)  # noqa: E731
         if not records or len(records) < 3:
             gr.Warning("Run the three methods first: the race replay uses their recorded step times.")
@@ -399,6 +408,8 @@ class Handlers:
                 yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
                 if t >= total:
                     break
+                if stop is not None and (why := stop()):
+                    raise RunStopped(why)
                 time.sleep(1 / REPLAY_FPS)
                 t = (time.perf_counter() - start) * factor
         except Exception as e:  # a bug: one sentence, the replay stops
@@ -428,8 +439,7 @@ class Handlers:
             request |= dict(tree=tree, custom_tree=custom_tree, chat_template=chat_template)
             request |= dict(lookup_branch=lookup_branch, sample=sample, seed=seed, numerics=numerics, drafter=drafter)
             settings = self.pg.settings_of(request)
-            with self.device.turn():
-                return self.pg.compare(prompt, settings, stop=stop)
+            return self.device.call(self.pg.compare, prompt, settings, stop=stop)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
 

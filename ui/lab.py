@@ -172,20 +172,20 @@ class LabHandlers:
         st, stop = self.state(state), self.stop()
         try:
             sample = sample_of_mode(mode)
-            with self.device.turn():
-                m = measure_tree(
-                    self.pg,
-                    prompt,
-                    text,
-                    max_new_tokens=max_new_tokens,
-                    chat_template=bool(chat_template),
-                    lookup_on=bool(lookup_on),
-                    numerics=numerics or None,
-                    sample=sample,
-                    temperature=temperature,
-                    seed=seed,
-                    stop=stop,
-                )
+            m = self.device.call(
+                measure_tree,
+                self.pg,
+                prompt,
+                text,
+                max_new_tokens=max_new_tokens,
+                chat_template=bool(chat_template),
+                lookup_on=bool(lookup_on),
+                numerics=numerics or None,
+                sample=sample,
+                temperature=temperature,
+                seed=seed,
+                stop=stop,
+            )
         except Exception as e:
             return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}")
         st = {**st, "measured": m}
@@ -215,8 +215,7 @@ class LabHandlers:
 
         try:
             progress(0, desc="Timing one verify step of each size")
-            with self.device.turn():
-                lab = measure_costs(self.pg, st["lab"], progress=step)
+            lab = self.device.call(measure_costs, self.pg, st["lab"], progress=step)
         except Exception as e:
             return pack(
                 COST_OUTPUTS, lab_note=f"**Cannot measure the costs:** {html.escape(cannot_run(e), quote=False)}"

@@ -1,18 +1,20 @@
 """A call's life on the one device: the GPU it asks for, its turn, its caller, and what Stop shows.
 
 Gradio cannot stop the thread a run streams from: a run checks between two steps whether its
-caller is gone (``caller_gone``), takes the device one run at a time (``DeviceTurn``), and leaves
+caller is gone (``caller_gone``), runs on the device's one thread, one run at a time (``DeviceTurn``), and leaves
 per browser session the columns it last sent (``LiveColumns``), which Stop shows marked stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import os
+import queue
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import anyio
 import gradio as gr
@@ -35,11 +37,10 @@ COLUMN = {
     "medusa-sample": "col_greedy",
     "medusa-typical": "col_typical",
 }
-# seconds a call waits for a cancelled run to notice and give the device back (it checks between steps)
-DEVICE_WAIT = 10.0
 CANCELLED = "The call was cancelled, so its run stopped."
 GONE = "The caller closed its connection, so its run stopped."
 log = logging.getLogger("medusa_playground")
+T = TypeVar("T")
 
 
 def caller_gone() -> Callable[[], str | None]:
@@ -72,23 +73,106 @@ def caller_gone() -> Callable[[], str | None]:
 
 
 class DeviceTurn:
-    """One run at a time on the device, also after a cancel: gradio frees the queue's slot as soon as
-    it cancels a call, while the cancelled run's thread still finishes its step; the next run waits
-    for it here (at most DEVICE_WAIT seconds), so its timings are not shared with a dying run."""
+    """The device's one line: every run, whatever its route (the page, ``/compare``, the race replay,
+    the Tree lab's measurements, a client that skips the page), executes on one long-lived thread, in
+    the order it arrived, so no run ever overlaps another and every run's timings are its own.
+
+    The thread is app.py's main thread (``serve_forever``), the thread that loaded the model, as in
+    ``page_check`` and any script; elsewhere (tests, a notebook) a daemon thread started at the first
+    run. torch keeps per-thread state (the OpenMP team of the thread that calls it, its allocator
+    arena): running every step on one thread keeps that state warm instead of paying for it again on
+    whichever of gradio's pool threads a call or a streamed frame lands on.
+
+    A call's handler waits for its run here and hands on what it yields; when the caller stops
+    reading (Stop, a closed stream), the run is closed on the device's thread after the step it is in,
+    before the next run starts. In a process forked from the server (ZeroGPU's spaces.GPU) runs go
+    inline: the fork holds the calling thread only."""
 
     def __init__(self):
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
 
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        held = self._lock.acquire(timeout=DEVICE_WAIT)
-        if not held:
-            log.warning("a stopped run held the device for over %g s; running beside it", DEVICE_WAIT)
+    def serve_forever(self) -> None:
+        """Run the device's jobs on the calling thread, for ever (app.py's main thread, after launch)."""
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("the device's runs already have a thread")
+            self._thread = threading.current_thread()
+        self._serve()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get().run()
+
+    def _inline(self) -> bool:
+        """Run on the calling thread: it is the device's (a run inside a run), or a fork that lacks it."""
+        if os.getpid() != self._pid or threading.current_thread() is self._thread:
+            return True
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="medusa-device", daemon=True)
+                self._thread.start()
+        return False
+
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the device's thread when its turn comes; its result, or its exception."""
+        if self._inline():
+            return fn(*args, **kwargs)
+        for _, value in self.stream(_once(fn, args, kwargs)):
+            return value
+        raise RuntimeError("the server stopped before the run ended")
+
+    def stream(self, frames: Iterator[T]) -> Iterator[T]:
+        """``frames`` iterated on the device's thread when its turn comes, each handed on as it is made.
+        Closing this iterator closes ``frames`` there, after the step it is in (or before it starts)."""
+        if self._inline():
+            yield from frames
+            return
+        job = _Job(frames, contextvars.copy_context())  # gr.Warning and gr.Progress find their call in it
+        self._jobs.put(job)
         try:
-            yield
+            while True:
+                kind, value = job.out.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
         finally:
-            if held:
-                self._lock.release()
+            job.abandoned = True
+
+
+class _Job:
+    def __init__(self, frames: Iterator, context: contextvars.Context):
+        self.frames, self.context = frames, context
+        self.out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.abandoned = False  # its caller stopped reading: close it at the next step
+
+    def run(self) -> None:
+        try:
+            while not self.abandoned:
+                try:
+                    frame = self.context.run(next, self.frames)
+                except StopIteration:
+                    break
+                self.out.put(("frame", frame))
+        except Exception as e:  # the caller raises it; the device's thread goes on
+            self.out.put(("error", e))
+        except BaseException:  # Ctrl-C on the main thread: the server stops
+            self.out.put(("error", RuntimeError("the server stopped during the run")))
+            raise
+        finally:
+            try:
+                self.context.run(self.frames.close)  # its decoders and caches go back now, before the next run
+            except Exception as e:
+                log.error("closing a run failed", exc_info=e)
+            self.out.put(("end", None))
+
+
+def _once(fn: Callable[..., T], args: tuple, kwargs: dict) -> Iterator[tuple[str, T]]:
+    yield "result", fn(*args, **kwargs)
 
 
 class LiveColumns:

@@ -23,7 +23,7 @@ from .handlers import (
     empty_summary,
 )
 from .lab import build_lab
-from .live import on_gpu
+from .live import DeviceTurn, on_gpu
 from .render import (
     LEGEND_HTML,
     badge_html,
@@ -58,8 +58,11 @@ def build_demo(
     model_name: str = "default",
     max_new_tokens: int = DEFAULTS.max_new_tokens,
     max_run_seconds: float | None = MAX_RUN_SECONDS,
+    device: DeviceTurn | None = None,
 ) -> gr.Blocks:
-    pg, h = playground, Handlers(playground, max_run_seconds=max_run_seconds)
+    """The page around ``playground``. ``device``: the line every run takes (app.py serves it on its main
+    thread); by default one of the page's own, served by a thread it starts at the first run."""
+    pg, h = playground, Handlers(playground, max_run_seconds=max_run_seconds, device=device)
     limit = pg.max_new_tokens_limit  # the same limit for the slider and the API
     start = min(max_new_tokens, limit)  # the same starting value for the slider and the API's default
     c: dict[str, gr.components.Component] = {}
