@@ -228,3 +228,17 @@ def test_uploads_are_capped_small(served_small):
     )
     status, answer = post(url, "gradio_api/upload", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert status == 413, (status, answer)
+
+
+def test_the_app_s_queue_limits_are_the_server_s_and_a_bad_one_gets_its_sentence(monkeypatch):
+    from test_cli import load_app_module
+
+    from ui.serve import CLIENT_SHARE, QUEUE_SIZE
+
+    for k in ("MEDUSA_MAX_QUEUE", "MEDUSA_MAX_QUEUE_PER_CLIENT"):
+        monkeypatch.delenv(k, raising=False)
+    app_cli = load_app_module(monkeypatch)
+    assert (app_cli.MAX_QUEUE, app_cli.MAX_QUEUE_PER_CLIENT) == (QUEUE_SIZE, CLIENT_SHARE)
+    with pytest.raises(SystemExit) as e:
+        load_app_module(monkeypatch, MEDUSA_MAX_QUEUE="0")
+    assert str(e.value) == "error: MEDUSA_MAX_QUEUE='0' is not a whole number from 1 up; fix it or unset it."
