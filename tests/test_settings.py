@@ -64,6 +64,12 @@ CASES = [
         f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5).",
     ),
     ("negative temperature", PROMPT, {"temperature": -0.5}, "Temperature must be between 0 and 2 (got -0.5)."),
+    (
+        "temperature too small for float32 (1e-46 rounds to 0)",
+        PROMPT,
+        {"temperature": 1e-46},
+        "Temperature must be 0 (greedy) or between 1e-30 and 2 (got 1e-46).",
+    ),
     ("epsilon out of range", PROMPT, {"epsilon": 1.5}, "Epsilon must be between 0 and 1 (got 1.5)."),
     ("delta out of range", PROMPT, {"delta": -0.1}, "Delta must be between 0 and 1 (got -0.1)."),
     (
