@@ -19,6 +19,7 @@ from conftest import (
     PROMPT,
     api_args,
     call_api,
+    status_text,
     tiny_playground,
 )
 
@@ -333,7 +334,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
                     drafter=a["drafter"],
                 )
             )
-        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", (
+        assert status_text(outs[-1][status]) == f"**Cannot run:** {message}", (
             case
         )  # escaped for the Markdown: shows as typed
         assert html.unescape(str(warned[-1].message)) == message, (

@@ -113,8 +113,10 @@ def build_demo(
                                 scale=2,
                                 elem_id="replay-speed",
                             )
-                        c["status"] = gr.Markdown(
-                            "Pick an example or type a prompt, then press **Run**.", elem_id="status"
+                        c["status"] = gr.Markdown(  # no LaTeX: a quoted value's $$ shows as typed (Handlers.refuse)
+                            "Pick an example or type a prompt, then press **Run**.",
+                            elem_id="status",
+                            latex_delimiters=[],
                         )
                     with gr.Column(scale=4, elem_id="settings"):
                         with gr.Row():
