@@ -141,7 +141,7 @@ def test_handlers_bad_tree_shows_one_sentence_in_status():
             )
         )
     status = outs[-1][RUN_OUTPUTS.index("status")]
-    assert status == "**Cannot run:** Tree node [0, 0] has no parent: add [0] to the tree."
+    assert status == r"**Cannot run:** Tree node \[0, 0\] has no parent: add \[0\] to the tree."  # Markdown: as typed
     with pytest.warns(UserWarning, match="Run the three methods first"):
         replay = list(h.replay(None, "1x"))
     assert "press Run first" in replay[-1][0]

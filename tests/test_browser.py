@@ -269,8 +269,9 @@ def test_prompt_lookup_drafts_the_medusa_columns_with_the_tree_controls_off(page
 
 
 def test_a_warning_quoting_a_bad_value_shows_it_as_text(page):
-    """gr.Warning renders its message as HTML: a custom tree quoted back in the pop-up must show as typed (issue #26).
-    A server of its own (a tiny model), opened in a second tab of the module's browser."""
+    """gr.Warning renders its message as HTML: a custom tree quoted back in the pop-up must show as typed (issue #26),
+    and in the status line, which is Markdown (issue #35). A server of its own (a tiny model), opened in a second
+    tab of the module's browser."""
     from conftest import launch, tiny_playground
 
     demo, url = launch(tiny_playground(oracle=False))
@@ -279,14 +280,19 @@ def test_a_warning_quoting_a_bad_value_shows_it_as_text(page):
         tab.goto(url)
         tab.wait_for_selector("#run-btn", timeout=60_000)
         tab.fill("#prompt textarea", "w10 w11")
-        tab.fill("#custom-tree textarea", '[[0], [0, "<b id=injected>x</b>"]]')
+        tab.fill("#custom-tree textarea", '[[0], [0, "<b id=injected>x</b> *b* `c`"]]')
         tab.click("#run-btn")
         toast = tab.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
         tab.wait_for_function(
             "document.querySelector(\"[data-testid='toast-body']\").innerText.includes('must contain')", timeout=30_000
         )
         text = toast.inner_text()
-        assert '[0, "<b id=injected>x</b>"]' in text, text  # the value as typed, tags and all
+        typed = '[0, "<b id=injected>x</b> *b* `c`"]'
+        assert typed in text, text  # the value as typed, tags and all
+        tab.wait_for_function("document.querySelector('#status').innerText.includes('must contain')", timeout=30_000)
+        status = tab.inner_text("#status")
+        assert typed in status, status  # the status line's Markdown shows its marks as typed too (issue #35)
+        assert not tab.query_selector_all("#status em, #status code, #status a, #status b")
         assert tab.query_selector("#injected") is None  # nothing of it became markup
     finally:
         tab.close()

@@ -757,10 +757,12 @@ def test_path_conditioned_heads_draft_each_tree_from_its_root_and_greedy_stays_e
 
 @pytest.mark.parametrize("cache", CACHES)
 # ------------------------------------------------------------------ tiny temperatures
-@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-30, 1e-8])
+@pytest.mark.parametrize("temperature", [5e-324, 1e-46, 1e-45, 1e-40, 1e-30, 1e-8])
 def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(cache, models, temperature):
     """softmax(logits / T) overflowed to NaN for T ~ 1e-40 and typical acceptance silently accepted
-    nothing (issue #17). The tempered distribution is now the argmax's one-hot in the limit."""
+    nothing (issue #17); a T that rounds to 0 in float32 (1e-46) made 0 / 0 = NaN and every column
+    drew token 0. The tempered distribution is now the argmax's one-hot in the limit, and every
+    method at such a T writes greedy's tokens."""
     from medusa_lib.core.decoding import tempered_probs
 
     model = models["llama"]
@@ -774,6 +776,20 @@ def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(cache, models, temp
     typical = run_method(model, PROMPT, method="medusa-typical", heads=heads, tree=TREES["mc_sim_7b_63"], config=cfg)
     assert typical.tokens == ref and typical.tokens_per_step > 2  # accepts like greedy, does not stall at 1.0
     assert run_method(model, PROMPT, method="plain", config=cfg).tokens == ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [1e-30, 1.1754944e-38, 1e-40, 1e-46, 0.0])
+def test_tempered_probs_at_a_tiny_temperature_is_the_argmax_in_every_dtype(dtype, temperature):
+    """1e-30 is the page's least temperature (Settings.check): it, and anything smaller down to a T
+    that float32 rounds to 0, gives the argmax's one-hot from logits of every dtype, never NaN."""
+    from medusa_lib.core.decoding import tempered_probs
+
+    logits = torch.tensor([[3.0, -1.0, 2.5, -60000.0], [0.0, 0.0, 1e-3, -1e-3], [-7.0, 8.0, 7.5, 0.0]]).to(dtype)
+    want = torch.nn.functional.one_hot(logits.float().argmax(-1), 4).float()
+    for t in (temperature, torch.tensor(temperature, dtype=torch.float32)):  # the dynamic and the static step's T
+        p = tempered_probs(logits, t)
+        assert p.dtype == torch.float32 and torch.equal(p, want), (dtype, temperature, p)
 
 
 def test_infinite_or_nan_temperature_is_refused():

@@ -264,6 +264,16 @@ def test_how_to_read_this_page_says_what_eagle_reads_that_medusa_never_sees(pg):
     assert "reads only h_t" in text and pg.drafters.note in text
 
 
+def test_how_to_read_this_page_names_the_three_drafters_of_the_drafter_choice(pg):
+    from medusa_lib.present import DRAFTER_NAMES
+    from ui.text import explain
+
+    text = " ".join(explain(drafter_note=pg.drafters.note).split())
+    assert "**Three drafters: Medusa heads, an EAGLE head or prompt lookup.**" in text and "Two drafters" not in text
+    assert list(DRAFTER_NAMES.values()) == ["Medusa heads", "EAGLE head", "Prompt lookup"]  # the choice's words
+    assert "*Prompt lookup* needs no weights" in text and "the same for all three" in text
+
+
 def test_the_lab_measures_eagles_node_budgets(pg):
     done = []
     points = eagle_budgets(pg, PROMPT, max_new_tokens=12, budgets=(2, 8), progress=lambda d, t: done.append((d, t)))

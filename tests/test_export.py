@@ -223,16 +223,3 @@ def test_the_page_says_whether_the_heads_export_and_with_which_command(tmp_path,
         "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` "
         "(docs/serving.md#serving-your-heads)."
     )
-
-
-def test_the_page_shows_the_export_hint_beside_the_heads_and_in_the_tree_lab():
-    from conftest import tiny_playground
-
-    from medusa_lib.present.export import export_hint
-    from ui import build_demo
-
-    pg = tiny_playground(oracle=False)
-    demo = build_demo(pg, max_new_tokens=16)
-    shown = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in demo.config["components"]}
-    assert shown["export-hint"] == shown["lab-export"] == export_hint(pg.heads)
-    assert "untrained heads" in shown["export-hint"]

@@ -18,6 +18,7 @@ from conftest import (
     column_text,
     launch,
     make_model,
+    status_text,
     tiny_playground,
     tiny_tokenizer,
 )
@@ -102,6 +103,31 @@ def test_an_unexpected_error_is_one_sentence_on_the_page_and_in_the_api(served, 
     assert client.predict(PROMPT, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2  # still serving
 
 
+def test_a_refused_run_s_status_shows_markdown_in_a_quoted_value_as_typed():
+    """The status line is Markdown: a preset name quoted back shows its marks (emphasis, code, a link,
+    a tag) as typed, never as formatting (issue #35); the pop-up renders HTML, so it gets HTML escaping only."""
+    from markdown_it import MarkdownIt
+
+    from ui.handlers import RUN_OUTPUTS, Handlers
+
+    name = "*bold* _it_ `code` [a](http://x) <b>"
+    pg = tiny_playground(oracle=False)
+    message = f"Unknown tree preset {name!r}; choose one of: {', '.join(pg.tree_names())}."
+    with pytest.warns(UserWarning) as warned:
+        outs = list(
+            Handlers(pg).run(PROMPT, 4, 0.7, 0.09, 0.3, name, "", True, True, 0, None, "Medusa greedy / exact sampling")
+        )
+    status = outs[-1][RUN_OUTPUTS.index("status")]
+    assert status.startswith(
+        r"**Cannot run:** Unknown tree preset '\*bold\* \_it\_ \`code\` \[a\](http://x) &lt;b&gt;'"
+    )
+    assert status_text(status) == f"**Cannot run:** {message}"
+    shown = MarkdownIt("commonmark").enable("strikethrough").render(status)  # what the page's Markdown makes of it
+    assert shown.count("<strong>") == 1 and not any(t in shown for t in ("<em>", "<code>", "<a ", "<b>")), shown
+    assert html.unescape(re.sub(r"<[^>]+>", "", shown)).strip() == f"Cannot run: {message}"
+    assert str(warned[-1].message) == html.escape(message, quote=False)  # the pop-up: HTML escaped, no backslashes
+
+
 def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(monkeypatch):
     from ui.handlers import RUN_OUTPUTS, UNEXPECTED, Handlers
 
@@ -123,9 +149,7 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
             )
         )
     last = outs[-1]
-    assert (
-        html.unescape(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
-    )
+    assert status_text(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
     greedy = last[RUN_OUTPUTS.index("col_greedy")]
     assert 'data-state="stopped"' in greedy and column_text(greedy)  # its tokens so far stay, it no longer says running
     assert (

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import html
-
 import pytest
 from conftest import (
     PROMPT,
     assert_refused_on_the_api_and_the_page,
     column_text,
     make_model,
+    status_text,
     tiny_playground,
     tiny_tokenizer,
 )
@@ -51,7 +50,7 @@ def test_sliding_window_model_refuses_prompts_beyond_the_window():
                 long, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
             )
         )
-    assert html.unescape(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
+    assert status_text(outs[-1][RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {message}"
     assert (
         pg.compare("w10 w11", Settings(max_new_tokens=4, tree="chain-2"))["methods"]["plain"]["tokens"] >= 1
     )  # inside the window: runs
@@ -114,10 +113,18 @@ def test_the_prompt_token_limit_s_message_says_where_it_comes_from(served):
             "The prompt has 300 tokens; this server takes at most 64 (the fixed limit of a server on a CPU, "
             "which prefills the prompt once per method): shorten it.",
         )
+        assert_refused_on_the_api_and_the_page(  # over both limits: the smaller one, the server's, speaks
+            pg,
+            client,
+            over_context,
+            "The prompt has 602 tokens; this server takes at most 64 (the fixed limit of a server on a CPU, "
+            "which prefills the prompt once per method): shorten it.",
+        )
+        pg.max_prompt_tokens = 1000  # an operator's limit beyond the model's context: the context speaks
         assert_refused_on_the_api_and_the_page(
             pg, client, over_context, "The prompt has 602 tokens but the model's context holds 512; shorten the prompt."
         )
-        pg.prompt_limit_why = "the limit its operator set"  # MEDUSA_MAX_PROMPT_TOKENS
+        pg.max_prompt_tokens, pg.prompt_limit_why = 64, "the limit its operator set"  # MEDUSA_MAX_PROMPT_TOKENS
         assert_refused_on_the_api_and_the_page(
             pg,
             client,
@@ -127,6 +134,28 @@ def test_the_prompt_token_limit_s_message_says_where_it_comes_from(served):
     finally:
         pg.max_prompt_tokens = None
     assert client.predict(long, 2, api_name="/compare")["methods"]["plain"]["tokens"] == 2
+
+
+def test_a_long_cjk_prompt_is_told_the_server_s_limit_with_thousands_separators():
+    """6,000 CJK characters (under the 32,000-character limit) are three byte-level tokens each: over the
+    server's 2,048 tokens and the model's 8,192-token context. The smaller limit, the server's, speaks;
+    every figure has its thousands separators, the context's too."""
+    model = make_model("llama", max_position_embeddings=8192)
+    tok = byte_level_tokenizer()
+    prompt = "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0" * 1000
+    n = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert n > 8192
+    why = "the fixed limit of a server on a CPU, which prefills the prompt once per method"
+    pg = Playground(model, tok, untrained_heads(model), max_prompt_tokens=2048, prompt_limit_why=why)
+    settings = Settings(max_new_tokens=4, tree="chain-2", chat_template=False)
+    with pytest.raises(ValueError) as err:
+        pg.prepare(prompt, settings)
+    assert str(err.value) == f"The prompt has {n:,} tokens; this server takes at most 2,048 ({why}): shorten it."
+    assert "," in f"{n:,}"
+    pg.max_prompt_tokens = None  # a GPU server: only the model's context limits the prompt
+    with pytest.raises(ValueError) as err:
+        pg.prepare(prompt, settings)
+    assert str(err.value) == f"The prompt has {n:,} tokens but the model's context holds 8,192; shorten the prompt."
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +218,9 @@ def test_the_prompt_token_limit_is_the_same_at_every_start_however_busy_the_mach
 
 
 def test_a_tiny_temperature_through_the_api_accepts_like_greedy(served):
+    """The least temperature /compare takes (1e-30; smaller ones are refused: test_settings' CASES)."""
     _, _, client = served
-    out = client.predict(PROMPT, 24, 1e-40, api_name="/compare")["methods"]
+    out = client.predict(PROMPT, 24, 1e-30, api_name="/compare")["methods"]
     assert out["medusa-typical"]["token_ids"] == out["medusa-greedy"]["token_ids"] == out["plain"]["token_ids"]
     assert out["medusa-typical"]["tokens_per_step"] > 1.5  # was 1.0: NaN probabilities accepted nothing
 

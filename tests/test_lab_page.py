@@ -278,3 +278,32 @@ def test_the_lab_s_measurements_end_at_the_api_s_bound(pg, monkeypatch):
     monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
     out = outputs(COST_OUTPUTS, h.measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
     assert out["lab_note"] == f"**Cannot measure the costs:** {bound}"
+
+
+def test_the_page_shows_the_export_hint_once_in_the_tree_lab_and_not_above_the_tabs():
+    """A developer's note: not in a student's first look above the tabs, and once in the Tree lab, under
+    the heads' per-head acceptance (issue #35)."""
+    from medusa_lib.present.export import export_hint
+    from ui import build_demo
+
+    pg = tiny_playground(oracle=False)
+    demo = build_demo(pg, max_new_tokens=16)
+    components = demo.config["components"]
+    hints = [c for c in components if "Serving in vLLM" in str(c.get("props", {}).get("value", ""))]
+    assert [c["props"]["elem_id"] for c in hints] == ["lab-export"]
+    assert hints[0]["props"]["value"] == export_hint(pg.heads) and "untrained heads" in export_hint(pg.heads)
+    by_id = {c["id"]: c.get("props", {}) for c in components}
+
+    def ancestors(node, target, path=()):  # elem_ids of the layout's blocks that hold ``target``
+        if node["id"] == target:
+            return path
+        for child in node.get("children", []):
+            found = ancestors(child, target, path + (by_id.get(node["id"], {}).get("elem_id"),))
+            if found is not None:
+                return found
+        return None
+
+    above = ancestors(demo.config["layout"], hints[0]["id"])
+    assert "lab-tab" in above and "playground-tab" not in above
+    order = [c["props"].get("elem_id") for c in components if c.get("props", {}).get("elem_id")]
+    assert order.index("lab-acceptance") < order.index("lab-export")  # where the heads are discussed

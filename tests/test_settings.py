@@ -19,6 +19,7 @@ from conftest import (
     PROMPT,
     api_args,
     call_api,
+    status_text,
     tiny_playground,
 )
 
@@ -64,6 +65,12 @@ CASES = [
         f"Max new tokens must be a whole number from 1 to {LIMIT} (got 2.5).",
     ),
     ("negative temperature", PROMPT, {"temperature": -0.5}, "Temperature must be between 0 and 2 (got -0.5)."),
+    (
+        "temperature too small for float32 (1e-46 rounds to 0)",
+        PROMPT,
+        {"temperature": 1e-46},
+        "Temperature must be 0 (greedy) or between 1e-30 and 2 (got 1e-46).",
+    ),
     ("epsilon out of range", PROMPT, {"epsilon": 1.5}, "Epsilon must be between 0 and 1 (got 1.5)."),
     ("delta out of range", PROMPT, {"delta": -0.1}, "Delta must be between 0 and 1 (got -0.1)."),
     (
@@ -327,7 +334,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
                     drafter=a["drafter"],
                 )
             )
-        assert html.unescape(outs[-1][status]) == f"**Cannot run:** {message}", (
+        assert status_text(outs[-1][status]) == f"**Cannot run:** {message}", (
             case
         )  # escaped for the Markdown: shows as typed
         assert html.unescape(str(warned[-1].message)) == message, (

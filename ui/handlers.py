@@ -44,7 +44,7 @@ from medusa_lib.present import (
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
 from .live import COLUMN, DeviceTurn, LiveColumns, caller_gone, log
-from .render import badge_html, column_html, drafter_note_html, sampling_html, stopped_column
+from .render import badge_html, column_html, drafter_note_html, literal_markdown, sampling_html, stopped_column
 
 # The page's inputs of a run, by name, in the order ui.py wires their components (Handlers.run).
 PAGE_INPUTS = (
@@ -353,7 +353,7 @@ class Handlers:
         gr.Warning(
             html.escape(msg, quote=False)
         )  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
-        return f"**Cannot run:** {html.escape(msg, quote=False)}"
+        return f"**Cannot run:** {literal_markdown(msg)}"  # the status is Markdown: a quoted value shows as typed
 
     def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
         """Stop: the event's ``cancels`` end the session's run or replay; this waits until it has ended

@@ -274,7 +274,6 @@ def build_lab(
         "Edit a tree below: its point moves on the three curves at once, without running the model.",
         elem_id="lab-title",
     )
-    gr.Markdown(export_hint(pg.heads), elem_id="lab-export")  # whether these heads can be served in vLLM, and how
     with gr.Row(equal_height=True):
         c["lab_note"] = gr.Markdown(" ".join(n for n in (h.base.cost_note, h.base.gain_note) if n), elem_id="lab-note")
         costs_btn = gr.Button(
@@ -311,6 +310,8 @@ def build_lab(
         with gr.Column(scale=2):
             c["lab_mask"] = gr.Plot(first["lab_mask"], show_label=False, elem_id="lab-mask")
     c["lab_acceptance"] = gr.Plot(acceptance_figure(h.base), show_label=False, elem_id="lab-acceptance")
+    # under the heads' own figure, the page's one word on serving them (a developer's note, not a first look's)
+    gr.Markdown(export_hint(pg.heads), elem_id="lab-export")  # whether these heads can be served in vLLM, and how
     c["lab_state"] = gr.State(None)
     build_eagle_lab(
         pg,

@@ -7,6 +7,7 @@ Generated text is untrusted: every token goes through html.escape, so a model th
 from __future__ import annotations
 
 import html
+import re
 from typing import Sequence
 
 from medusa_lib.present import DRAFTED_BY, DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
@@ -26,6 +27,17 @@ STATE_BADGES = {
     "replay": "replay",
     "stopped": "stopped",
 }  # top right of a column
+
+
+# what makes Markdown format inline text (emphasis, code, links and images, strike-through, tables, headings);
+# a backslash before any of them shows the character itself
+MARKDOWN_MARKS = re.compile(r"([\\`*_\[\]#~|!])")
+
+
+def literal_markdown(text: str) -> str:
+    """Text the user typed (a preset name, a custom tree) inside a Markdown line, shown as typed: HTML
+    escaped and Markdown's marks backslash-escaped, so *bold*, `code` or [a](http://x) is not formatting."""
+    return MARKDOWN_MARKS.sub(r"\\\1", html.escape(text, quote=False))
 
 
 def tokens_html(pieces: Sequence[Piece]) -> str:

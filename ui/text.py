@@ -46,17 +46,19 @@ not a sample any more: the panel under the badge (Sampling mode) shows how far i
 model's likely ones. Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the
 text is drawn from the model itself; lowering them does the opposite.
 
-**Two drafters: Medusa heads or an EAGLE head.** The **Drafter** choice picks who proposes the tree that the
-Medusa columns verify (the plain column never drafts). A Medusa head reads only h_t, the base model's hidden state
-at the last token (the embedded heads add the embeddings of their own branch's tokens, never a feature of the model
-after them), and must guess position t+k without knowing which tokens the model will pick before it. The
-EAGLE head ([Li et al., 2024](https://arxiv.org/abs/2401.15077)) is one small decoder layer that is fed what the
-heads never see: the embedding of the token actually chosen at t+1 together with the base model's feature f_t.
+**Three drafters: Medusa heads, an EAGLE head or prompt lookup.** The **Drafter** choice picks who proposes the
+tree that the Medusa columns verify (the plain column never drafts). A Medusa head reads only h_t, the base model's
+hidden state at the last token (the embedded heads add the embeddings of their own branch's tokens, never a feature
+of the model after them), and must guess position t+k without knowing which tokens the model will pick before it.
+The EAGLE head ([Li et al., 2024](https://arxiv.org/abs/2401.15077)) is one small decoder layer that is fed what
+the heads never see: the embedding of the token actually chosen at t+1 together with the base model's feature f_t.
 It runs autoregressively at the feature level, feeding its own predicted feature back in beside the token it
 drafted, so each deeper draft knows which token was picked before it. It also scores its guesses as it goes and
 grows a new tree every step (EAGLE-2's *dynamic tree*: the best few continuations per level, then the best N nodes
-overall), so the inspector's tree changes shape from step to step and the tree preset does not apply to it.
-Verification, acceptance and the badge are the same for both: a drafter changes the speed, never what Medusa
+overall), so the inspector's tree changes shape from step to step and the tree preset does not apply to it. *Prompt
+lookup* needs no weights at all: it drafts one chain, the tokens that followed the last earlier place where the
+text's last few tokens appeared (the lookup branch on its own), so the tree controls do not apply either.
+Verification, acceptance and the badge are the same for all three: a drafter changes the speed, never what Medusa
 greedy writes. {drafter_note}
 
 **Numerics.** The comparison starts in float32, where both identities hold on every prompt. The 16-bit copy

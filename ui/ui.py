@@ -9,7 +9,6 @@ from typing import Sequence
 import gradio as gr
 
 from medusa_lib.present import DRAFTER_NAMES, MAX_RUN_SECONDS, Playground, Settings, numerics_label
-from medusa_lib.present.export import export_hint
 
 from .figures import empty_figure, timeline_figure
 from .handlers import (
@@ -81,9 +80,6 @@ def build_demo(
             ),
             elem_id="info",
         )
-        gr.Markdown(
-            export_hint(pg.heads), elem_id="export-hint"
-        )  # can these heads be served in vLLM, and how (docs/serving.md)
 
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="playground-tab"):
@@ -116,8 +112,10 @@ def build_demo(
                                 scale=2,
                                 elem_id="replay-speed",
                             )
-                        c["status"] = gr.Markdown(
-                            "Pick an example or type a prompt, then press **Run**.", elem_id="status"
+                        c["status"] = gr.Markdown(  # no LaTeX: a quoted value's $$ shows as typed (Handlers.refuse)
+                            "Pick an example or type a prompt, then press **Run**.",
+                            elem_id="status",
+                            latex_delimiters=[],
                         )
                     with gr.Column(scale=4, elem_id="settings"):
                         with gr.Row():

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+SMALLEST_T = torch.finfo(torch.float32).tiny  # float32's smallest normal number: tempered_probs' least T
+
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
@@ -35,14 +37,16 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     others to -inf (probability 0) instead of overflowing to inf - inf = NaN, and the distribution
     tends to the argmax's one-hot (ties share it), the T -> 0 limit the rules are defined by. T is
     divided as a float32 tensor on the logits' device: CUDA divides by a Python number as a multiply
-    by its reciprocal (one bit off), and the static engine's step divides by its device scalar."""
+    by its reciprocal (one bit off), and the static engine's step divides by its device scalar. A T
+    below float32's smallest normal number (1.2e-38; 1e-46 even rounds to 0, and 0 / 0 is NaN) is
+    taken as that number: the same T -> 0 limit, for logits of any dtype (they are widened first)."""
     z = logits.float()
     t = (
         temperature
         if isinstance(temperature, torch.Tensor)
         else torch.full((), float(temperature), dtype=torch.float32, device=z.device)
     )
-    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / t, dim=-1)
+    return torch.softmax((z - z.max(dim=-1, keepdim=True).values) / t.clamp_min(SMALLEST_T), dim=-1)
 
 
 def nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:

@@ -148,13 +148,13 @@ class Decoder:
             raise DecodeError("The prompt is empty; type some text first.")
         if ids.numel() >= self.info.context_limit:
             why = (
-                f" (its sliding-window attention of {self.info.sliding_window} tokens limits tree attention)"
+                f" (its sliding-window attention of {self.info.sliding_window:,} tokens limits tree attention)"
                 if self.info.sliding_window
                 else ""
             )
             raise DecodeError(
-                f"The prompt has {ids.numel()} tokens but the model's context holds "
-                f"{self.info.context_limit}{why}; shorten the prompt."
+                f"The prompt has {ids.numel():,} tokens but the model's context holds "
+                f"{self.info.context_limit:,}{why}; shorten the prompt."
             )
         return ids.to(self.device).unsqueeze(0)
 

@@ -292,14 +292,15 @@ class Playground(RequestInputs, ExactnessChecks):
             )
             for v in settings.views
         }
-        next(iter(decoders.values()))._prompt_tensor(
-            ids
-        )  # the model's context first (DecodeError): the hard limit, whatever the server's
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+        # the smaller limit speaks, so a long prompt is told the figure it must get under: the server's (2,048 on
+        # a CPU) before the model's context (DecodeError); an operator's limit at or beyond the context, never
+        first, limit = next(iter(decoders.values())), self.max_prompt_tokens
+        if limit is not None and limit < first.info.context_limit and len(ids) > limit:
             raise PlaygroundError(
-                f"The prompt has {len(ids):,} tokens; this server takes at most {self.max_prompt_tokens:,} "
+                f"The prompt has {len(ids):,} tokens; this server takes at most {limit:,} "
                 f"({self.prompt_limit_why}): shorten it."
             )
+        first._prompt_tensor(ids)
         return ids, decoders
 
     # ------------------------------------------------------------------ running

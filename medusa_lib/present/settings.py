@@ -18,6 +18,9 @@ MAX_PROMPT_CHARS = 32_000  # checked before tokenising: a 1 MB paste is refused 
 MAX_TREE_CHARS = 4_000  # custom tree text; the largest reference tree (63 nodes) is ~700 characters
 MAX_TREE_NODES = 128  # a verify step attends over every node: cost grows with the tree's size
 MAX_SEED = 2**63 - 1  # a torch.Generator seed
+# the least temperature above 0: a normal number in float32 and bfloat16, so (logits - max) / T is never 0 / 0
+# (1e-46 rounds to 0 in float32); below it softmax is the argmax's one-hot anyway (core: tempered_probs)
+MIN_TEMPERATURE = 1e-30
 # wall time one /compare call may take (app.py: MEDUSA_MAX_RUN_SECONDS): bounds a client that left without a word
 MAX_RUN_SECONDS = 180.0
 
@@ -106,6 +109,10 @@ class Settings:
         ):
             if not is_number(value) or not low <= value <= high:
                 raise PlaygroundError(must_be(label, f"between {low} and {high}", value))
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise PlaygroundError(
+                must_be("Temperature", f"0 (greedy) or between {MIN_TEMPERATURE:g} and 2", self.temperature)
+            )
         if not isinstance(self.sample, bool):
             raise PlaygroundError(must_be_switch("The sampling switch (sample)", self.sample))
         if self.sample and self.temperature == 0:
