@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import LIMIT, PROMPT, api_args, free_port, tiny_playground
+from conftest import LIMIT, PROMPT, api_args, free_port, status_text, tiny_playground
 from test_concurrency import assert_stops_and_the_next_run_is_quick, count_runs, wait_for
 
 from ui.live import DeviceTurn
@@ -107,7 +107,7 @@ def test_the_page_s_run_stops_at_the_bound_with_its_sentence(monkeypatch):
     pg = tiny_playground(oracle=False)
     stats = count_runs(monkeypatch, pg, step_seconds=0.02)
     outs = list(Handlers(pg, max_run_seconds=0.5).run(*PAGE_ARGS))
-    assert outs[-1][0] == (
+    assert status_text(outs[-1][0]) == (
         "**Cannot run:** The run was stopped after 0.5 s, the most this server gives one call "
         "(MEDUSA_MAX_RUN_SECONDS); ask for fewer new tokens or send a shorter prompt."
     )
@@ -123,7 +123,7 @@ def test_the_race_replay_stops_at_the_bound():
     t0 = time.perf_counter()
     outs = list(h.replay(records, "0.001x"))  # a replay of several minutes
     assert time.perf_counter() - t0 < 5
-    assert "stopped after 0.5 s" in outs[-1][REPLAY_OUTPUTS.index("status")]
+    assert "stopped after 0.5 s" in status_text(outs[-1][REPLAY_OUTPUTS.index("status")])
 
 
 # ---------------------------------------------------------------- a live server
