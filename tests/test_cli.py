@@ -481,3 +481,85 @@ def test_a_bad_device_override_names_the_variable(monkeypatch, no_model_load):
     assert start(monkeypatch, MEDUSA_DEVICE="tpu9") == (
         "error: MEDUSA_DEVICE='tpu9': Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."
     )
+
+
+# ------------------------------------------------------------------ the pipeline's command lines: bench, page_check
+@pytest.fixture
+def cli_files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text("{x\n")
+    (tmp_path / "no-prompt.jsonl").write_text('{"id": 1}\n')
+    (tmp_path / "good.jsonl").write_text('{"id": "a", "category": "c", "prompt": "w5 w6"}\n')
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+BAD_RUNS = [  # (arguments, the message's start; {t}: the tmp folder); refused before the model loads
+    (["--prompts", "{t}/missing.jsonl"], "error: --prompts '{t}/missing.jsonl' is not a file; give a JSONL file"),
+    (["--prompts", "{t}/empty.jsonl"], "error: --prompts '{t}/empty.jsonl' holds no prompts; give a JSONL file"),
+    (["--prompts", "{t}/bad.jsonl"], "error: --prompts '{t}/bad.jsonl' cannot be read as JSONL (JSONDecodeError: "),
+    (
+        ["--prompts", "{t}/no-prompt.jsonl"],
+        'error: --prompts \'{t}/no-prompt.jsonl\': its entry 1 is not an object with a "prompt" text ({{"id": 1}}).',
+    ),
+    (["--json", "{t}/afile/out.json"], "error: --json '{t}/afile/out.json' is under '{t}/afile', which is a file"),
+    (["--json", "/proc/medusa.json"], "error: --json '/proc/medusa.json' cannot be written: '/proc' takes no files"),
+    (["--heads", "{t}/no-heads"], "error: --heads '{t}/no-heads' does not exist; give the folder of trained heads"),
+    (["--device", "tpu9"], "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."),
+]
+BENCH_ONLY = [
+    (["--tree", "nosuch"], "error: --tree 'nosuch' is not a tree preset; choose one of: calibrated-3, "),
+    (["--repeats", "0"], "argument --repeats: must be a whole number of at least 1 (got 0)"),
+    (["--limit", "-1"], "argument --limit: must be a whole number of at least 0 (got -1)"),
+    (["--lookup", "99"], "argument --lookup: must be a whole number from 0 to 8 (got 99)"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be a whole number of at least 1 (got 0)"),
+]
+
+
+def run_cli(main, argv, capsys) -> str:
+    """A pipeline CLI's main() until it exits: its error sentence (argparse's on stderr)."""
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code != 0
+    text = str(err.value.code) if isinstance(err.value.code, str) else capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in text
+    return text
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS + BENCH_ONLY)
+def test_bench_refuses_bad_arguments_before_the_model_loads(monkeypatch, capsys, cli_files, argv, message):
+    from medusa_lib.pipeline import bench
+
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--methods", "baseline,medusa-greedy"]
+    said = run_cli(bench.main, base + [a.format(t=cli_files) for a in argv], capsys)
+    assert message.format(t=cli_files) in said, said
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS + BENCH_ONLY[-1:])
+def test_page_check_refuses_bad_arguments_before_the_model_loads(monkeypatch, capsys, cli_files, argv, message):
+    from medusa_lib.pipeline import page_check
+
+    monkeypatch.setattr(page_check.Playground, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--no-examples"]
+    said = run_cli(page_check.main, base + [a.format(t=cli_files) for a in argv], capsys)
+    assert message.format(t=cli_files) in said, said
+
+
+@pytest.mark.parametrize("tool", ["bench", "page_check"])
+def test_a_folder_without_a_model_or_heads_with_a_bad_config_is_one_sentence(capsys, cli_files, model_folder, tool):
+    import importlib
+
+    main = importlib.import_module(f"medusa_lib.pipeline.{tool}").main
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--device", "cpu", "--dtype", "float32"]
+    base += ["--methods", "baseline,medusa-greedy"] if tool == "bench" else ["--no-examples", "--numerics", "float32"]
+    assert run_cli(main, base + ["--model", "/etc"], capsys).startswith(
+        "error: The folder '/etc' has no config.json, so it holds no model"
+    )
+    heads = cli_files / "heads"
+    random_heads().save(heads)
+    (heads / "config.json").write_text("[]")
+    said = run_cli(main, base + ["--model", str(model_folder), "--heads", str(heads)], capsys)
+    assert said == f"error: {heads}/config.json holds a list, not an object of settings; " + (
+        "copy the heads again or train new ones."
+    )
