@@ -73,7 +73,9 @@ DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")
 # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
 CACHE = os.environ.get("MEDUSA_CACHE", "auto")
+CACHE_CHOICES = ("auto", "dynamic", "static")
 CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
+CAPTURE_CHOICES = ("auto", "none", "compile", "cuda-graph")
 SHARE = env_switch("MEDUSA_SHARE")
 # Run a Hub model's own Python code: the operator's call, never the page's.
 TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")
@@ -129,14 +131,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--cache",
         default=CACHE,
-        choices=["auto", "dynamic", "static"],
+        choices=CACHE_CHOICES,
         help="KV cache of every run: static = fixed-shape steps over a StaticCache (default auto: static on a GPU, "
         "dynamic on a CPU)",
     )
     ap.add_argument(
         "--capture",
         default=CAPTURE,
-        choices=["auto", "none", "compile", "cuda-graph"],
+        choices=CAPTURE_CHOICES,
         help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, "
         "none on a CPU)",
     )
@@ -200,14 +202,31 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
                 f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); "
                 f"pick another {port} or {host}."
             )
+    for name, choices in (("cache", CACHE_CHOICES), ("capture", CAPTURE_CHOICES)):
+        value = getattr(args, name)
+        if value not in choices:  # argparse checks the flag's value, not its environment override's
+            sys.exit(
+                f"error: {flag('--' + name, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
+                f"{', '.join(choices)}; fix it or unset it."
+            )
     from medusa_lib.core.kv import resolve_engine
     from medusa_lib.core.model import resolve_device, resolve_dtype
 
+    def named(e: ValueError, name: str) -> str:  # a value from the environment: say which variable
+        who = flag("--" + name, "MEDUSA_" + name.upper(), argv)
+        return f"error: {e}" if who.startswith("--") else f"error: {who}={getattr(args, name)!r}: {e}"
+
     try:
         device = resolve_device(args.device)
+    except ValueError as e:  # ModelError
+        sys.exit(named(e, "device"))
+    try:
         resolve_dtype(args.dtype, device)
+    except ValueError as e:
+        sys.exit(named(e, "dtype"))
+    try:
         resolve_engine(device, cache=args.cache, capture=args.capture)
-    except ValueError as e:  # ModelError (--device, --dtype), EngineError (--cache/--capture)
+    except ValueError as e:  # EngineError (--cache/--capture)
         sys.exit(f"error: {e}")
     from medusa_lib.present.drafter import find_eagle
 
@@ -240,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
             max_prompt_chars=MAX_PROMPT_CHARS,
             max_prompt_tokens=MAX_PROMPT_TOKENS,
         )
-    except ValueError as e:  # ModelError / HeadsError: one sentence, no traceback
-        sys.exit(f"error: {e}")
+    except ValueError as e:  # ModelError / HeadsError / EagleError: one sentence, no traceback
+        sys.exit(f"error: {str(e).replace('--eagle', flag('--eagle', 'MEDUSA_EAGLE', argv), 1)}")
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    free_port,
-    random_heads,
-)
+from conftest import free_port, random_heads
+
+from medusa_lib.present import Playground
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -305,3 +304,262 @@ def test_a_damaged_heads_file_is_one_sentence(monkeypatch, model_folder, tmp_pat
         f"error: The heads file {weights} is not a readable safetensors file ("
     ) and message.endswith("); copy the heads again or train new ones."), message
     assert "\n" not in message
+
+
+# ------------------------------------------------------------------ start-up: damaged heads, trees, EAGLE heads, models
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def edit_json(path: Path, **fields) -> None:
+    import json
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+@pytest.fixture
+def served(model_folder, tmp_path):
+    """A tiny model's heads (with the shipped trees.json) and an EAGLE head beside them, as app.py finds it."""
+    import shutil
+
+    from conftest import make_model
+
+    from medusa_lib.core.dynamic_tree import DynamicTreeConfig
+    from medusa_lib.core.eagle import new_eagle_head
+
+    heads, eagle = tmp_path / "heads", tmp_path / "heads-eagle"
+    random_heads().save(heads)
+    shutil.copy(ROOT / "assets" / "heads" / "smollm2-135m-instruct" / "trees.json", heads / "trees.json")
+    new_eagle_head(make_model("llama"), tree=DynamicTreeConfig(top_k=2, depth=3, num_nodes=6)).save(eagle)
+    return heads, eagle
+
+
+EAGLE_DAMAGE = {
+    "cut eagle.safetensors": (
+        lambda e: cut(e / "eagle.safetensors"),
+        "eagle.safetensors are not a readable safetensors file (SafetensorError: ",
+    ),
+    "random eagle.safetensors": (
+        lambda e: (e / "eagle.safetensors").write_bytes(os.urandom(4096)),
+        "eagle.safetensors are not a readable safetensors file (SafetensorError: ",
+    ),
+    "hidden_size as text": (
+        lambda e: edit_json(e / "config.json", hidden_size="64"),
+        "config.json has hidden_size='64'; it must be a whole number of at least 1",
+    ),
+    "config.json of []": (
+        lambda e: (e / "config.json").write_text("[]"),
+        "config.json holds a list, not an object, so it is not an EAGLE head of this project",
+    ),
+    "a tree that cannot be built": (
+        lambda e: edit_json(e / "config.json", num_nodes=1000),
+        "config.json holds a dynamic tree that cannot be built (The dynamic tree keeps between 1 and 10 nodes",
+    ),
+    "calibration as text": (
+        lambda e: edit_json(e / "config.json", calibration={"speedup": "fast"}),
+        "config.json has a calibration that is not a record of numbers",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(EAGLE_DAMAGE))
+def test_a_damaged_eagle_head_found_beside_the_heads_is_left_out_with_a_note(model_folder, served, damage):
+    heads, eagle = served
+    spoil, fragment = EAGLE_DAMAGE[damage]
+    spoil(eagle)
+    said: list[str] = []
+    pg = Playground.load(
+        model=str(model_folder), heads=heads, device="cpu", dtype="float32", numerics_copy=False, progress=said.append
+    )
+    notes = [line for line in said if line.startswith("note: The EAGLE head beside the Medusa heads is left out")]
+    assert len(notes) == 1 and fragment in notes[0], said
+    assert "eagle" not in pg.drafters.available and pg.drafters.available == ("medusa", "lookup")
+
+
+def test_the_server_serves_with_a_damaged_eagle_head_beside_its_heads(monkeypatch, capsys, model_folder, served):
+    import gradio
+
+    heads, eagle = served
+    cut(eagle / "eagle.safetensors")
+    monkeypatch.setattr(gradio.Blocks, "launch", lambda self, **kw: sys.exit("serving"))
+    assert start(monkeypatch, "--model", str(model_folder), "--heads", str(heads), "--device", "cpu") == "serving"
+    assert "note: The EAGLE head beside the Medusa heads is left out" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", list(EAGLE_DAMAGE))
+@pytest.mark.parametrize("named_by", ["--eagle", "MEDUSA_EAGLE"])
+def test_a_named_damaged_eagle_head_is_refused_before_the_model_loads(
+    monkeypatch, no_model_load, served, damage, named_by
+):
+    heads, eagle = served
+    spoil, fragment = EAGLE_DAMAGE[damage]
+    spoil(eagle)
+    argv, env = ("--heads", str(heads)), {}
+    if named_by == "--eagle":
+        argv += ("--eagle", str(eagle))
+    else:
+        env["MEDUSA_EAGLE"] = str(eagle)
+    message = start(monkeypatch, *argv, "--device", "cpu", **env)
+    assert message.startswith(f"error: {named_by} {str(eagle)!r}: ") and fragment in message, message
+    assert "\n" not in message
+
+
+HEADS_DAMAGE = {
+    "config.json of []": (
+        lambda h: (h / "config.json").write_text("[]"),
+        "config.json holds a list, not an object of settings; copy the heads again or train new ones.",
+    ),
+    "trees.json not JSON": (
+        lambda h: (h / "trees.json").write_text("{x"),
+        "trees.json cannot be read (JSONDecodeError",
+    ),
+    "trees.json of a list": (
+        lambda h: (h / "trees.json").write_text("[[0], [1]]"),
+        'trees.json holds a list, not an object of named trees like {"t": [[0], [1]]}; calibrate again',
+    ),
+    "trees.json tree of text": (
+        lambda h: (h / "trees.json").write_text('{"t": "abc"}'),
+        "trees.json has a tree 't' these heads cannot verify (it is text, not a list of paths)",
+    ),
+    "trees.json tree deeper than the heads": (
+        lambda h: (h / "trees.json").write_text('{"t": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]}'),
+        "trees.json has a tree 't' these heads cannot verify (The tree is 5 levels deep",
+    ),
+    "accuracies as text": (
+        lambda h: edit_json(h / "config.json", calibration={"accuracy": [["0.5", "0.1"]]}),
+        'config.json has calibration.accuracy=[["0.5", "0.1"]], but a calibration is an object whose accuracy',
+    ),
+    "default_tree a number": (
+        lambda h: edit_json(h / "config.json", default_tree=5),
+        "config.json has default_tree=5; it must be the name of a tree (text) or left out.",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(HEADS_DAMAGE))
+def test_damaged_heads_settings_are_one_sentence_naming_the_file(monkeypatch, model_folder, served, damage):
+    heads, _ = served
+    spoil, fragment = HEADS_DAMAGE[damage]
+    spoil(heads)
+    message = start(monkeypatch, "--model", str(model_folder), "--heads", str(heads), "--device", "cpu")
+    assert message.startswith(f"error: {heads}/") and fragment in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("[]", "holds a list, not an object of settings; copy the model again, or give another folder or Hub id."),
+        (
+            {"num_hidden_layers": "2"},
+            "(StrictDataclassFieldValidationError: Validation error for field 'num_hidden_layers'); check its files",
+        ),
+    ],
+)
+def test_a_damaged_model_config_is_one_sentence(monkeypatch, model_folder, tmp_path, config, message):
+    import shutil
+
+    damaged = tmp_path / "model"
+    shutil.copytree(model_folder, damaged)
+    if isinstance(config, str):
+        (damaged / "config.json").write_text(config)
+    else:
+        edit_json(damaged / "config.json", **config)
+    said = start(monkeypatch, "--model", str(damaged), "--device", "cpu", "--eagle", "none")
+    assert said.startswith("error: ") and message in said and "\n" not in said, said
+
+
+@pytest.mark.parametrize("name, value", [("MEDUSA_CACHE", "bogus"), ("MEDUSA_CAPTURE", "graphs")])
+def test_a_bad_cache_or_capture_override_names_the_variable(monkeypatch, no_model_load, name, value):
+    choices = "auto, dynamic, static" if name == "MEDUSA_CACHE" else "auto, none, compile, cuda-graph"
+    assert start(monkeypatch, **{name: value}) == (
+        f"error: {name}={value!r} must be one of {choices}; fix it or unset it."
+    )
+
+
+def test_a_bad_device_override_names_the_variable(monkeypatch, no_model_load):
+    assert start(monkeypatch, MEDUSA_DEVICE="tpu9") == (
+        "error: MEDUSA_DEVICE='tpu9': Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."
+    )
+
+
+# ------------------------------------------------------------------ the pipeline's command lines: bench, page_check
+@pytest.fixture
+def cli_files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text("{x\n")
+    (tmp_path / "no-prompt.jsonl").write_text('{"id": 1}\n')
+    (tmp_path / "good.jsonl").write_text('{"id": "a", "category": "c", "prompt": "w5 w6"}\n')
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+BAD_RUNS = [  # (arguments, the message's start; {t}: the tmp folder); refused before the model loads
+    (["--prompts", "{t}/missing.jsonl"], "error: --prompts '{t}/missing.jsonl' is not a file; give a JSONL file"),
+    (["--prompts", "{t}/empty.jsonl"], "error: --prompts '{t}/empty.jsonl' holds no prompts; give a JSONL file"),
+    (["--prompts", "{t}/bad.jsonl"], "error: --prompts '{t}/bad.jsonl' cannot be read as JSONL (JSONDecodeError: "),
+    (
+        ["--prompts", "{t}/no-prompt.jsonl"],
+        'error: --prompts \'{t}/no-prompt.jsonl\': its entry 1 is not an object with a "prompt" text ({{"id": 1}}).',
+    ),
+    (["--json", "{t}/afile/out.json"], "error: --json '{t}/afile/out.json' is under '{t}/afile', which is a file"),
+    (["--json", "/proc/medusa.json"], "error: --json '/proc/medusa.json' cannot be written: '/proc' takes no files"),
+    (["--heads", "{t}/no-heads"], "error: --heads '{t}/no-heads' does not exist; give the folder of trained heads"),
+    (["--device", "tpu9"], "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."),
+]
+BENCH_ONLY = [
+    (["--tree", "nosuch"], "error: --tree 'nosuch' is not a tree preset; choose one of: calibrated-3, "),
+    (["--repeats", "0"], "argument --repeats: must be a whole number of at least 1 (got 0)"),
+    (["--limit", "-1"], "argument --limit: must be a whole number of at least 0 (got -1)"),
+    (["--lookup", "99"], "argument --lookup: must be a whole number from 0 to 8 (got 99)"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be a whole number of at least 1 (got 0)"),
+]
+
+
+def run_cli(main, argv, capsys) -> str:
+    """A pipeline CLI's main() until it exits: its error sentence (argparse's on stderr)."""
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code != 0
+    text = str(err.value.code) if isinstance(err.value.code, str) else capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in text
+    return text
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS + BENCH_ONLY)
+def test_bench_refuses_bad_arguments_before_the_model_loads(monkeypatch, capsys, cli_files, argv, message):
+    from medusa_lib.pipeline import bench
+
+    monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--methods", "baseline,medusa-greedy"]
+    said = run_cli(bench.main, base + [a.format(t=cli_files) for a in argv], capsys)
+    assert message.format(t=cli_files) in said, said
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS + BENCH_ONLY[-1:])
+def test_page_check_refuses_bad_arguments_before_the_model_loads(monkeypatch, capsys, cli_files, argv, message):
+    from medusa_lib.pipeline import page_check
+
+    monkeypatch.setattr(page_check.Playground, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--no-examples"]
+    said = run_cli(page_check.main, base + [a.format(t=cli_files) for a in argv], capsys)
+    assert message.format(t=cli_files) in said, said
+
+
+@pytest.mark.parametrize("tool", ["bench", "page_check"])
+def test_a_folder_without_a_model_or_heads_with_a_bad_config_is_one_sentence(capsys, cli_files, model_folder, tool):
+    import importlib
+
+    main = importlib.import_module(f"medusa_lib.pipeline.{tool}").main
+    base = ["--prompts", str(cli_files / "good.jsonl"), "--device", "cpu", "--dtype", "float32"]
+    base += ["--methods", "baseline,medusa-greedy"] if tool == "bench" else ["--no-examples", "--numerics", "float32"]
+    assert run_cli(main, base + ["--model", "/etc"], capsys).startswith(
+        "error: The folder '/etc' has no config.json, so it holds no model"
+    )
+    heads = cli_files / "heads"
+    random_heads().save(heads)
+    (heads / "config.json").write_text("[]")
+    said = run_cli(main, base + ["--model", str(model_folder), "--heads", str(heads)], capsys)
+    assert said == f"error: {heads}/config.json holds a list, not an object of settings; " + (
+        "copy the heads again or train new ones."
+    )

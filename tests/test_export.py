@@ -160,6 +160,35 @@ def test_bad_command_lines_get_one_sentence(tmp_path):
     assert str(err.value) == "error: Unknown dtype 'int8' for the export; use float32 or bfloat16."
 
 
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            "out under a file",
+            "error: --out '{tmp}/afile/out' is under '{tmp}/afile', which is a file, not a folder; give another path.",
+        ),
+        ("out in /proc", "error: --out '/proc/medusa-export' cannot be written: '/proc' takes no files ("),
+        (
+            "heads config.json of []",
+            "error: {tmp}/heads/config.json holds a list, not an object of settings; "
+            "copy the heads again or train new ones.",
+        ),
+    ],
+)
+def test_a_bad_out_or_heads_config_is_one_sentence(tmp_path, case, message):
+    random_heads(shared=False).save(tmp_path / "heads")
+    (tmp_path / "afile").write_text("x")
+    out = {"out under a file": tmp_path / "afile" / "out", "out in /proc": Path("/proc/medusa-export")}.get(
+        case, tmp_path / "out"
+    )
+    if case == "heads config.json of []":
+        (tmp_path / "heads" / "config.json").write_text("[]")
+    with pytest.raises(SystemExit) as err:
+        main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(out)])
+    assert str(err.value).startswith(message.format(tmp=tmp_path)), err.value
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path):
     heads = tmp_path / "heads"
     random_heads(root=True).save(heads)

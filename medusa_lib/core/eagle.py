@@ -37,7 +37,7 @@ from transformers import DynamicCache
 
 from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
 from .heads import hidden_size_of
-from .messages import InputError
+from .messages import InputError, cause, is_number, kind, shown
 from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
 
 EAGLE_FILE = "eagle.safetensors"
@@ -203,21 +203,81 @@ def is_eagle_folder(folder: str | Path) -> bool:
     return (Path(folder) / EAGLE_FILE).exists()
 
 
-def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
-    """An EAGLE head from ``folder``, checked against ``model`` and placed like its lm_head."""
-    from safetensors.torch import load_file
+INT_FIELDS = ("hidden_size", "vocab_size", "top_k", "depth", "num_nodes")  # whole numbers >= 1
+TEXT_FIELDS = ("base_model", "model_type")
+
+
+def read_eagle_config(folder: str | Path) -> EagleConfig:
+    """The checked ``EagleConfig`` of an EAGLE folder, without a model: config.json is this project's,
+    its sizes are whole numbers, its dynamic tree can be built, and the weights file's header reads.
+    One sentence (EagleError) naming the file otherwise."""
+    from safetensors import SafetensorError, safe_open
 
     folder = Path(folder).expanduser()
     if not is_eagle_folder(folder):
         raise EagleError(f"No EAGLE head at {str(folder)!r}: give a folder with {EAGLE_FILE} and {CONFIG_FILE}.")
-    meta = json.loads((folder / CONFIG_FILE).read_text())
+    where = folder / CONFIG_FILE
+    try:
+        meta = json.loads(where.read_text())
+    except (OSError, ValueError) as e:
+        raise EagleError(
+            f"{where} cannot be read ({cause(e, 120)}); copy the EAGLE head again or train a new one."
+        ) from None
+    if not isinstance(meta, dict):
+        raise EagleError(
+            f"{where} holds {kind(meta)}, not an object, so it is not an EAGLE head of this project; "
+            "copy the EAGLE head again or train a new one."
+        )
     if meta.get("format") != FORMAT:
         raise EagleError(
-            f"{folder}/{CONFIG_FILE} is not an EAGLE head of this project "
-            f"(format {meta.get('format')!r}, expected {FORMAT!r})."
+            f"{where} is not an EAGLE head of this project (format {meta.get('format')!r}, expected {FORMAT!r})."
         )
-    fields = {k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta}
-    cfg = EagleConfig(**fields)
+    for name in INT_FIELDS + ("num_proposal_tokens",):
+        value = meta.get(name)
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if whole or (value is None and name not in ("hidden_size", "vocab_size")):  # the others have defaults
+            continue
+        raise EagleError(
+            f"{where} has {name}={shown(value)}; it must be a whole number of at least 1 "
+            "(copy the EAGLE head again or train a new one)."
+        )
+    for name in TEXT_FIELDS:
+        if meta.get(name) is not None and not isinstance(meta[name], str):
+            raise EagleError(f"{where} has {name}={shown(meta[name])}; it must be text (a name) or left out.")
+    record = meta.get("calibration")
+    figures = [record.get(k) for k in ("speedup", "medusa_speedup")] if isinstance(record, dict) else []
+    if record is not None and (not isinstance(record, dict) or not all(v is None or is_number(v) for v in figures)):
+        raise EagleError(
+            f"{where} has a calibration that is not a record of numbers ({shown(record)}); "
+            "measure it again (python -m medusa_lib.pipeline.bench --record-eagle) or delete calibration."
+        )
+    cfg = EagleConfig(**{k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta})
+    try:
+        cfg.tree.check()
+    except InputError as e:
+        raise EagleError(
+            f"{where} holds a dynamic tree that cannot be built ({str(e).rstrip('.')}); "
+            "fix its top_k, depth and num_nodes or train a new head."
+        ) from None
+    try:
+        with safe_open(str(folder / EAGLE_FILE), framework="pt") as f:
+            f.keys()
+    except (SafetensorError, OSError) as e:
+        raise EagleError(
+            f"The EAGLE weights {folder / EAGLE_FILE} are not a readable safetensors file ({cause(e, 120)}); "
+            "copy the EAGLE head again or train a new one."
+        ) from None
+    return cfg
+
+
+def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
+    """An EAGLE head from ``folder`` (``read_eagle_config``), checked against ``model`` and placed like its lm_head."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder).expanduser()
+    cfg = read_eagle_config(folder)
+    meta = json.loads((folder / CONFIG_FILE).read_text())
     if cfg.model_type and getattr(model.config, "model_type", None) != cfg.model_type:
         raise EagleError(
             f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; "
@@ -225,7 +285,13 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
         )
     head = EagleHead(model, cfg)
     head.check_fits(model)
-    state = load_file(str(folder / EAGLE_FILE))
+    try:
+        state = load_file(str(folder / EAGLE_FILE))
+    except (SafetensorError, OSError) as e:  # cut short after its header
+        raise EagleError(
+            f"The EAGLE weights {folder / EAGLE_FILE} are not a readable safetensors file ({cause(e, 120)}); "
+            "copy the EAGLE head again or train a new one."
+        ) from None
     try:
         head.load_state_dict(state, strict=False)
         missing = [k for k in head.state_dict() if k not in state and not k.startswith("rotary.")]

@@ -23,7 +23,9 @@ from torch import nn
 
 from .lookup import MAX_LOOKUP
 from .lookup import is_length as is_lookup_length
-from .messages import HeadsError
+from .messages import HeadsError, cause, is_number, shown
+from .messages import kind as kind_of
+from .tree import TreeError, validate_choices
 from .vllm_format import read_vllm_medusa
 
 HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
@@ -150,6 +152,47 @@ def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
         ) from None
 
 
+def read_trees(path: Path, *, num_heads: int) -> dict[str, list[list[int]]]:
+    """A heads folder's trees.json, {name: choices}, every tree one these heads can verify; else one sentence."""
+    fix = "calibrate again (python -m medusa_lib.pipeline.calibrate --write) or delete it"
+    try:
+        trees = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise HeadsError(f"{path} cannot be read ({cause(e, 120)}); {fix}.") from None
+    if not isinstance(trees, dict):
+        raise HeadsError(
+            f'{path} holds {kind_of(trees)}, not an object of named trees like {{"t": [[0], [1]]}}; {fix}.'
+        )
+    for name, choices in trees.items():
+        try:
+            if not isinstance(choices, list):
+                raise TreeError(f"it is {kind_of(choices)}, not a list of paths")
+            validate_choices(choices, num_heads=num_heads)
+        except TreeError as e:
+            raise HeadsError(
+                f"{path} has a tree {shown(name)} these heads cannot verify ({str(e).rstrip('.')}); {fix}."
+            )
+    return trees
+
+
+def check_record(record, *, where: str, name: str) -> dict | None:
+    """A calibration record as the lab reads it: an object whose ``accuracy`` (if any) is one row of
+    numbers per head; else one sentence naming the file."""
+    if record is None:
+        return None
+    accuracy = record.get("accuracy") if isinstance(record, dict) else None
+    rows_ok = accuracy is None or (
+        isinstance(accuracy, list) and all(isinstance(r, list) and all(map(is_number, r)) for r in accuracy)
+    )
+    if not isinstance(record, dict) or not rows_ok:
+        what = f"{name}.accuracy={shown(accuracy)}" if isinstance(record, dict) else f"{name}={shown(record)}"
+        raise HeadsError(
+            f"{where} has {what}, but a calibration is an object whose accuracy is a list of numbers per head; "
+            f"recalibrate (python -m medusa_lib.pipeline.calibrate --write) or delete {name}."
+        )
+    return record
+
+
 def device_calibrations(value, *, where: str) -> dict[str, dict]:
     """config.json's ``calibrations``: device kind -> calibration record (``default_tree`` and
     ``lookup`` included), one per kind of device the heads were calibrated on besides the top-level one."""
@@ -166,6 +209,7 @@ def device_calibrations(value, *, where: str) -> dict[str, dict]:
                 f"{where} has a {kind!r} calibration that is not a record; recalibrate on that device or delete "
                 f"calibrations.{kind}."
             )
+        check_record(record, where=where, name=f"calibrations.{kind}")
         tree, lookup = record.get("default_tree"), record.get("lookup")
         if not isinstance(tree, str) or not tree:
             raise HeadsError(
@@ -188,6 +232,10 @@ def read_checkpoint(
     folder = _resolve_folder(name_or_path, local_only=local_only)
     config_path = folder / CONFIG_FILE
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    if not isinstance(config, dict):
+        raise HeadsError(
+            f"{config_path} holds {kind_of(config)}, not an object of settings; copy the heads again or train new ones."
+        )
     state: dict[str, torch.Tensor] = {}
     for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin"):
         if (folder / name).exists():
@@ -206,10 +254,15 @@ def read_settings(heads: nn.Module, folder: Path, config: dict) -> None:
     """What the folder says beside the tensors, set on ``heads``: its calibrated trees (trees.json), the
     default tree, lookup length and calibrations of config.json; and the conditioning the tensors must have."""
     if (folder / TREES_FILE).exists():
-        heads.tree_presets = json.loads((folder / TREES_FILE).read_text())
+        heads.tree_presets = read_trees(folder / TREES_FILE, num_heads=heads.num_heads)
     heads.folder = folder  # where they came from (the page's export command names it)
     heads.default_tree = config.get("default_tree")
-    heads.calibration = config.get("calibration")
+    if heads.default_tree is not None and not isinstance(heads.default_tree, str):
+        raise HeadsError(
+            f"{folder}/config.json has default_tree={shown(heads.default_tree)}; it must be the name of a tree "
+            "(text) or left out."
+        )
+    heads.calibration = check_record(config.get("calibration"), where=f"{folder}/config.json", name="calibration")
     heads.lookup = config.get("lookup")
     if heads.lookup is not None and not is_lookup_length(heads.lookup):
         raise HeadsError(

@@ -15,6 +15,7 @@ in the user's cache folder; with internet it is also the Hub id below.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import time
@@ -24,12 +25,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from torch import nn
 
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
-from .messages import InputError
+from .messages import InputError, kind
 from .packing import prepack_linear_weights
 
 DEFAULT_MODEL = "default"
@@ -263,6 +265,20 @@ def _save_default_cache(model: nn.Module, tokenizer, folder: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _check_config(path: Path, *, name: str) -> None:
+    """A model folder's config.json is an object of settings (transformers would fail on anything else with a
+    traceback); one sentence otherwise. Unreadable JSON is transformers' own OSError, reported as such."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        raise ModelError(
+            f"The config.json of model {name!r} holds {kind(config)}, not an object of settings; "
+            "copy the model again, or give another folder or Hub id."
+        )
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     *,
@@ -324,6 +340,8 @@ def load_model(
             f"The folder {str(name_or_path)!r} has no config.json, so it holds no model; "
             f"give a folder with config.json and the weights, or a Hub id such as {DEFAULT_HUB_ID}."
         )
+    if gguf_file is None and folder.is_dir():
+        _check_config(folder / "config.json", name=str(name_or_path))
     say(f"Loading tokenizer from {source}...")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, trust_remote_code=trust_remote_code)
@@ -339,8 +357,10 @@ def load_model(
         ValueError,
         KeyError,
         RuntimeError,
+        TypeError,  # a config.json value of the wrong type
         SafetensorError,
-    ) as e:  # a damaged weights file raises SafetensorError (an Exception)
+        StrictDataclassError,
+    ) as e:  # a damaged weights file raises SafetensorError, a config field of the wrong type StrictDataclassError
         if isinstance(e, ModelError):
             raise
         first = (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__).rstrip(" :,;")

@@ -70,15 +70,23 @@ from ..core.eagle import load_eagle
 from ..core.fused import ready
 from ..core.heads import load_heads
 from ..core.kv import describe_engine, prepare_engine
-from ..core.lookup import DEFAULT_LOOKUP
+from ..core.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree, with_lookup
 from .bench_report import EXACT_SAMPLERS, identical_outputs, record_eagle, reference_of, report
 from .bench_runs import e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
-from .cli import add_model_arguments
-from .jsonl import load_jsonl
+from .cli import (
+    add_model_arguments,
+    check_heads_path,
+    check_model_arguments,
+    check_tree_name,
+    check_writable,
+    fail,
+    read_prompts,
+    whole_number,
+)
 
 ALL_METHODS = (
     "hf-generate",
@@ -118,6 +126,16 @@ DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smol
 DEFAULT_EAGLE = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct-eagle"
 
 
+def check_arguments(args: argparse.Namespace, methods: list[str]) -> None:
+    """What can be refused before the model loads, one sentence each (cli.py)."""
+    check_model_arguments(args)
+    if any(m.startswith("medusa") for m in methods):
+        check_heads_path(args.heads)
+        check_tree_name(args.tree, heads=args.heads)
+    if args.json:
+        check_writable(args.json, flag="--json")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
@@ -135,11 +153,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}",
     )
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=whole_number(1), default=128)
     ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
     ap.add_argument(
         "--lookup",
-        type=int,
+        type=whole_number(0, MAX_LOOKUP),
         default=None,
         help="lookup-branch length of the medusa methods (default: the heads' calibrated one, "
         "0 if calibrated without it, else 4; 0 = heads only)",
@@ -158,9 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         help="write eagle-greedy's measured speed-up over baseline into the EAGLE head's config.json "
         "(calibration: the page's Drafter default reads it for this kind of device)",
     )
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts")
-    ap.add_argument("--per-category", type=int, default=0, help="only the first N prompts of each category")
+    ap.add_argument("--repeats", type=whole_number(1), default=3)
+    ap.add_argument("--limit", type=whole_number(0), default=0, help="only the first N prompts (0: all)")
+    ap.add_argument(
+        "--per-category", type=whole_number(0), default=0, help="only the first N prompts of each category (0: all)"
+    )
     ap.add_argument(
         "--temperature",
         type=float,
@@ -229,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
             "plain-sample and medusa-sample need --temperature > 0 (at 0 they are baseline and medusa-greedy)."
         )
     sampled = [m for m in methods if m in SAMPLED_METHODS and args.temperature > 0]
-    prompts = load_jsonl(args.prompts)
+    check_arguments(args, methods)
+    prompts = read_prompts(args.prompts)
     if args.per_category:
         seen: dict[str, int] = defaultdict(int)
         kept = []
@@ -240,15 +261,17 @@ def main(argv: list[str] | None = None) -> None:
         prompts = kept
     if args.limit:
         prompts = prompts[: args.limit]
-
-    model, tok = load_model(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        prepack=not args.no_prepack,
-        packed_gqa=not args.stock_attention,
-        progress=lambda m: print(m, flush=True),
-    )
+    try:
+        model, tok = load_model(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            prepack=not args.no_prepack,
+            packed_gqa=not args.stock_attention,
+            progress=lambda m: print(m, flush=True),
+        )
+    except InputError as e:  # ModelError: one sentence
+        fail(e)
     prepacked = is_prepacked(model)
     attention = model.config._attn_implementation
     dtype = next(model.parameters()).dtype
@@ -270,13 +293,19 @@ def main(argv: list[str] | None = None) -> None:
     decoders = {}
     tree_name, lookup, note, tree = None, 0, None, None
     if any(m.startswith("medusa") for m in methods):
-        heads = load_heads(args.heads, model=model)
+        try:
+            heads = load_heads(args.heads, model=model)
+        except InputError as e:  # HeadsError: one sentence
+            fail(e)
         defaults = heads_defaults(heads, device)  # the playground's defaults too (this device kind's calibration)
         note = defaults.note  # calibrated on another kind of device only
         if note:
             print(f"note: {note}", flush=True)
         tree_name = args.tree or defaults.tree
-        tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
+        try:
+            tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
+        except InputError as e:  # TreeError: a preset deeper than these heads
+            fail(f"--tree: {e}")
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
     # Our methods' engine: the cache, and with a capture the shared static cache, long enough for the

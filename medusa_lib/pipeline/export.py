@@ -26,6 +26,7 @@ from ..core.heads import HeadsError, load_heads
 from ..core.messages import InputError
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, default_model_folder, load_model
 from ..core.vllm_format import EXPORTED_BY, VLLM_WEIGHTS, to_vllm_medusa, vllm_refusal
+from .cli import check_writable, fail
 
 TARGETS = ("vllm",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -163,11 +164,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32", help="float type of the exported weights: float32 or bfloat16")
     args = ap.parse_args(argv)
     if args.to not in TARGETS:
-        raise SystemExit(f"error: Unknown target {args.to!r} for --to; the heads export to: {', '.join(TARGETS)}.")
+        fail(f"Unknown target {args.to!r} for --to; the heads export to: {', '.join(TARGETS)}.")
+    check_writable(args.out, flag="--out")
     try:
         out = export_vllm(Path(args.heads), Path(args.out), model=args.model, dtype=args.dtype)
     except InputError as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(e)
+    except OSError as e:  # the disk filled, or --out was taken away while the export ran
+        fail(f"Could not write --out {args.out!r} ({e.strerror or type(e).__name__}); give another folder.")
     print(f"wrote {out}: serve it as its README.md says ({out / 'README.md'})")
 
 

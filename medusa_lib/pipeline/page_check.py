@@ -26,11 +26,20 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..core.messages import InputError
 from ..present.page import load_examples
 from ..present.playground import Playground
 from ..present.settings import MODES, Settings
 from .bench import DEFAULT_HEADS, DEFAULT_PROMPTS
-from .cli import add_model_arguments
+from .cli import (
+    add_model_arguments,
+    check_heads_path,
+    check_model_arguments,
+    check_writable,
+    fail,
+    read_prompts,
+    whole_number,
+)
 from .jsonl import load_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--no-examples", action="store_true", help="the bench prompts only, not the page's examples")
     ap.add_argument(
-        "--per-category", type=int, default=0, help="only the first N bench prompts of each category (0: all)"
+        "--per-category",
+        type=whole_number(0),
+        default=0,
+        help="only the first N bench prompts of each category (0: all)",
     )
     ap.add_argument("--modes", default="greedy,sampling", help="comma list of greedy, sampling")
     ap.add_argument(
@@ -165,22 +177,31 @@ def main(argv: list[str] | None = None) -> None:
         default="float32,bfloat16",
         help="comma list of the loaded copies to run (the model loads in --dtype, plus a float32 copy)",
     )
-    ap.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
+    ap.add_argument("--max-new-tokens", type=whole_number(1), default=Settings.max_new_tokens)
     ap.add_argument("--json", default=None, help="write the rows and the summary to this JSON file")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise SystemExit(f"--modes takes a comma list of {', '.join(MODES)} (got {args.modes!r}).")
     numerics = [n.strip() for n in args.numerics.split(",") if n.strip()]
-    pg = Playground.load(
-        model=args.model,
-        heads=args.heads,
-        default_heads=args.heads,
-        device=args.device,
-        dtype=args.dtype,
-        max_prompt_tokens=None,
-        progress=lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    check_model_arguments(args)
+    if args.heads != str(DEFAULT_HEADS):  # a --heads that names nothing is refused, not replaced by untrained heads
+        check_heads_path(args.heads)
+    read_prompts(args.prompts)
+    if args.json:
+        check_writable(args.json, flag="--json")
+    try:
+        pg = Playground.load(
+            model=args.model,
+            heads=args.heads,
+            default_heads=DEFAULT_HEADS,
+            device=args.device,
+            dtype=args.dtype,
+            max_prompt_tokens=None,
+            progress=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except InputError as e:  # ModelError, HeadsError, EagleError: one sentence
+        fail(e)
     missing = [n for n in numerics if n not in pg.variants]
     if missing:
         raise SystemExit(

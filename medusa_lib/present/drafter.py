@@ -29,7 +29,7 @@ from ..core.decoding import Decoder
 from ..core.defaults import device_kind, record_kind
 from ..core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleError, EagleHead, is_eagle_folder, load_eagle
+from ..core.eagle import CONFIG_FILE, EAGLE_FILE, EagleError, EagleHead, is_eagle_folder, load_eagle, read_eagle_config
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
 from ..core.tree import MedusaTree
@@ -65,17 +65,10 @@ def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
             f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} "
             "(python -m medusa_lib.pipeline.train_eagle makes them)."
         )
-    import json
-
     try:
-        fmt = json.loads((path / CONFIG_FILE).read_text()).get("format")
-    except (ValueError, OSError, AttributeError):
-        fmt = None
-    if fmt != FORMAT:
-        raise EagleError(
-            f"{flag} {str(folder)!r}: its {CONFIG_FILE} is not an EAGLE head of this project "
-            f"(format {fmt!r}, expected {FORMAT!r})."
-        )
+        read_eagle_config(path)  # a damaged config.json or weights file, before any model loads
+    except EagleError as e:
+        raise EagleError(f"{flag} {str(folder)!r}: {e}") from None
 
 
 def find_eagle(eagle: str | Path | None, *, heads: str | Path | None) -> tuple[Path | None, bool]:
@@ -101,12 +94,18 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
             "so the Medusa heads draft.",
         )
     try:
+        read_eagle_config(folder)  # its own files: damaged or not
+    except EagleError as e:
+        if named:
+            raise EagleError(f"--eagle {str(folder)!r}: {e}") from None
+        return None, f"The EAGLE head beside the Medusa heads is left out, so the Medusa heads draft: {e}"
+    try:
         head = load_eagle(folder, model=model)
     except EagleError as e:
         if named:
             raise
         return None, f"The EAGLE head beside the Medusa heads does not fit this model ({e}), so the Medusa heads draft."
-    except (ValueError, OSError, RuntimeError) as e:  # a damaged file: one sentence
+    except (ValueError, OSError, RuntimeError) as e:  # a damaged file the checks above missed: one sentence
         if named:
             raise EagleError(
                 f"Could not read the EAGLE head at {folder} ({cause(e, 200)}); check the files or train a new head."

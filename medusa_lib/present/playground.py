@@ -201,7 +201,11 @@ class Playground(RequestInputs, ExactnessChecks):
         h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
         say(f"Medusa: {h.num_heads} {note}")
         e, kwargs["eagle_note"] = load_eagle_for(eagle_folder, m, named=eagle_named)
-        say(f"EAGLE: the head from {_short_path(eagle_folder)}" if e is not None else f"EAGLE: {kwargs['eagle_note']}")
+        say(
+            f"EAGLE: the head from {_short_path(eagle_folder)}"
+            if e is not None
+            else f"{'note' if eagle_folder is not None else 'EAGLE'}: {kwargs['eagle_note']}"  # one left out: a note
+        )
         eagles = {dtype_name(m): e} if e is not None else {}
         loaded = dtype_name(m)
         if numerics_copy and loaded != "float32":
