@@ -61,9 +61,16 @@ def wait_until_up(url: str, server: subprocess.Popen, timeout: float) -> None:
     sys.exit(f"error: the server did not answer at {url} within {timeout:g} s.")
 
 
-def rates(out: dict) -> dict[str, float | None]:
+def rates(out: dict) -> dict:
+    """The decode rates of one comparison, and what must be the same on both paths: tokens, tree, drafter."""
     return {m: out["methods"][m]["tokens_per_second"] for m in METHODS} | {
-        "tokens": tuple(out["methods"][METHODS[0]]["token_ids"])
+        "same": (
+            [out["methods"][m]["token_ids"] for m in METHODS],
+            [out["methods"][m]["steps"] for m in METHODS],
+            out["tree"],
+            out["drafter"],
+            out["numerics"],
+        )
     }
 
 
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from gradio_client import Client
 
     from medusa_lib.pipeline.page_check import page_prompts
-    from medusa_lib.present import Playground, Settings
+    from medusa_lib.present import Playground
 
     prompts = [p for _, p in page_prompts(per_category=1, examples=None)][: args.prompts]
     url = f"http://127.0.0.1:{args.port}/"
@@ -95,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         pg = Playground.load(progress=lambda *a: None)
         wait_until_up(url, server, 600)
         client = Client(url, verbose=False)
-        settings = Settings(max_new_tokens=args.max_new_tokens)
+        settings = pg.settings_of({"max_new_tokens": args.max_new_tokens})  # /compare's defaults, by name
         paths = {
             "server (/compare)": lambda p: client.predict(p, args.max_new_tokens, api_name="/compare"),
             "in-process (Playground.compare)": lambda p: pg.compare(p, settings),
@@ -129,8 +136,14 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(len(prompts))
         )
         print(f"server / in-process, {m}: {ratio:.3f} (median over prompts of the median over repeats)")
-    differ = {s["prompt"] for s, x in zip(server_rows, local_rows) if s["tokens"] != x["tokens"]}
-    print("tokens: the same on both paths" if not differ else f"tokens DIFFER on prompts {sorted(differ)}")
+    differ = {s["prompt"] for s, x in zip(server_rows, local_rows) if s["same"] != x["same"]}
+    _, _, tree, drafter, numerics = server_rows[0]["same"]
+    print(f"tree {tree}, drafter {drafter}, numerics {numerics}")
+    print(
+        "tokens, steps, tree, drafter and numerics: the same on both paths"
+        if not differ
+        else f"the two paths DIFFER (tokens, steps, tree, drafter or numerics) on prompts {sorted(differ)}"
+    )
 
 
 if __name__ == "__main__":
