@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "medusa_lib"
 ALLOWED = {"core": {"core"}, "present": {"core", "present"}, "pipeline": {"core", "pipeline"}}
-PAGE_PATH = {"medusa_lib.pipeline.page_check": {"present"}}  # measures Playground.compare, the page's own path
+# these measure Playground.compare, the page's own path (server_check: against the live server's /compare)
+PAGE_PATH = {"medusa_lib.pipeline.page_check": {"present"}, "medusa_lib.pipeline.server_check": {"present"}}
 
 
 def module_name(path: Path) -> str:

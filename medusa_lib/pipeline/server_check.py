@@ -1,8 +1,8 @@
 """Does the server decode as fast as the code? ``/compare`` on a live ``python app.py`` against
 ``Playground.compare`` in this process, on the same prompts, one after the other, same model and settings.
 
-    python -m ui.server_check                          # 6 prompts x 3 repeats, 64 new tokens, greedy
-    python -m ui.server_check --prompts 8 --repeats 5 --max-new-tokens 96
+    python -m medusa_lib.pipeline.server_check                          # 6 prompts x 3 repeats, 64 new tokens, greedy
+    python -m medusa_lib.pipeline.server_check --prompts 8 --repeats 5 --max-new-tokens 96
 
 Prints, per path, the median decode tokens/s of plain greedy and Medusa greedy and the median speed-up,
 then the median per-prompt ratio server / in-process (1.00 = the same speed). The two paths never run at
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("plain", "medusa-greedy")
 
 
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --{name.replace('_', '-')} must be a whole number from 1 up (got {getattr(args, name)}).")
     from gradio_client import Client
 
-    from medusa_lib.pipeline.page_check import page_prompts
-    from medusa_lib.present import Playground
+    from ..present import Playground
+    from .page_check import page_prompts
 
     prompts = [p for _, p in page_prompts(per_category=1, examples=None)][: args.prompts]
     url = f"http://127.0.0.1:{args.port}/"
