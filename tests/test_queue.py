@@ -123,7 +123,10 @@ def test_the_race_replay_stops_at_the_bound():
     t0 = time.perf_counter()
     outs = list(h.replay(records, "0.001x"))  # a replay of several minutes
     assert time.perf_counter() - t0 < 5
-    assert "stopped after 0.5 s" in status_text(outs[-1][REPLAY_OUTPUTS.index("status")])
+    assert status_text(outs[-1][REPLAY_OUTPUTS.index("status")]) == (
+        "**Cannot run:** The replay was stopped after 0.5 s, the most this server gives one call "
+        "(MEDUSA_MAX_RUN_SECONDS); pick a faster replay speed."
+    )
 
 
 # ---------------------------------------------------------------- a live server

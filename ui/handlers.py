@@ -369,7 +369,8 @@ class Handlers:
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
         """Replay the recorded runs together, each step appearing at its measured time."""
-        stop = self.api_stop()
+        bound = deadline(self.max_run_seconds, what="replay", advice="pick a faster replay speed")
+        stop = any_of(caller_gone(), bound)  # here, on gradio's thread for this call: it finds the call's task
         yield from self.live.track(request, REPLAY_OUTPUTS, self.device.stream(self._replay(records, speed, stop)))
 
     def _replay(

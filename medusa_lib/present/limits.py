@@ -19,14 +19,21 @@ from .settings import MAX_TREE_NODES
 StopCheck = Callable[[], "str | None"]
 
 
-def deadline(seconds: float | None, *, start: float | None = None) -> StopCheck:
-    """A check that ends a run ``seconds`` after ``start`` (now): the server's bound on one call's wall time."""
+def deadline(
+    seconds: float | None,
+    *,
+    start: float | None = None,
+    what: str = "run",
+    advice: str = "ask for fewer new tokens or send a shorter prompt",
+) -> StopCheck:
+    """A check that ends a run ``seconds`` after ``start`` (now): the server's bound on one call's wall time.
+    ``what`` ended and ``advice``, what to change, make its sentence (a replay: a faster replay speed)."""
     if seconds is None:
         return lambda: None
     end = (time.perf_counter() if start is None else start) + seconds
     why = (
-        f"The run was stopped after {seconds:g} s, the most this server gives one call (MEDUSA_MAX_RUN_SECONDS); "
-        "ask for fewer new tokens or send a shorter prompt."
+        f"The {what} was stopped after {seconds:g} s, the most this server gives one call "
+        f"(MEDUSA_MAX_RUN_SECONDS); {advice}."
     )
     return lambda: why if time.perf_counter() > end else None
 
