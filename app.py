@@ -274,25 +274,28 @@ def main(argv: list[str] | None = None) -> None:
         device=device,
     )
     try:
-        serve(
-            demo,
-            server_name=args.host,
-            server_port=args.port,
-            share=args.share,
-            queue_size=MAX_QUEUE,
-            per_client=MAX_QUEUE_PER_CLIENT,
-            prevent_thread_lock=True,
-        )
-    except OSError as e:  # the port was taken while the model loaded ...
-        sys.exit(
-            f"error: cannot serve on {args.host}:{args.port} "
-            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
-        )
-    try:
+        try:
+            serve(
+                demo,
+                server_name=args.host,
+                server_port=args.port,
+                share=args.share,
+                queue_size=MAX_QUEUE,
+                per_client=MAX_QUEUE_PER_CLIENT,
+                prevent_thread_lock=True,
+            )
+        except OSError as e:  # the port was taken while the model loaded ...
+            sys.exit(
+                f"error: cannot serve on {args.host}:{args.port} "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
+            )
         device.serve_forever()  # the server runs on its own threads; the runs run here
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, also while the server starts
         print("Keyboard interruption in main thread... closing server.")
-        demo.close()
+        try:
+            demo.close()
+        except KeyboardInterrupt:  # a second Ctrl-C while it closes: stop at once, without a traceback
+            pass
 
 
 if __name__ == "__main__":

@@ -245,3 +245,46 @@ def test_the_app_s_queue_limits_are_the_server_s_and_a_bad_one_gets_its_sentence
     with pytest.raises(SystemExit) as e:
         load_app_module(monkeypatch, MEDUSA_MAX_QUEUE="0")
     assert str(e.value) == "error: MEDUSA_MAX_QUEUE='0' is not a whole number from 1 up; fix it or unset it."
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_ctrl_c_closes_the_server_without_a_traceback(model_folder, tmp_path, interrupts):
+    """app.py runs every run on its main thread (DeviceTurn.serve_forever): Ctrl-C still reaches it and closes the
+    server, once or twice pressed."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import random_heads
+
+    port, heads = free_port(), tmp_path / "heads"
+    random_heads().save(heads)
+    root = Path(__file__).resolve().parents[1]
+    server = subprocess.Popen(
+        [sys.executable, str(root / "app.py"), "--model", str(model_folder), "--heads", str(heads), "--device", "cpu"]
+        + ["--port", str(port)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job starts with it ignored
+    )
+    try:
+
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
+                return True
+            except OSError:
+                return server.poll() is not None  # it exited: nothing to wait for
+
+        assert wait_for(up, 120) < 120 and server.poll() is None, server.stdout.read().decode()[-2000:]
+        time.sleep(1)
+        for _ in range(interrupts):
+            server.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        server.wait(20)
+    finally:
+        server.kill()
+    out = server.stdout.read().decode()
+    assert "Keyboard interruption in main thread... closing server." in out and "Traceback" not in out, out[-2000:]

@@ -104,7 +104,11 @@ class DeviceTurn:
 
     def _serve(self) -> None:
         while True:
-            self._jobs.get().run()
+            try:  # a timeout, so that Ctrl-C reaches the main thread while it waits
+                job = self._jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            job.run()
 
     def _inline(self) -> bool:
         """Run on the calling thread: it is the device's (a run inside a run), or a fork that lacks it."""
