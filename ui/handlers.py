@@ -160,11 +160,12 @@ class Handlers:
         self.device = device or DeviceTurn()  # every run of every route, one at a time on its one thread
         self.max_run_seconds = max_run_seconds  # an API call's wall-time bound (None: none)
 
-    def api_stop(self) -> Callable[[], str | None]:
+    def api_stop(self, **words: str) -> Callable[[], str | None]:
         """What ends a call's run between steps, whatever its route (the page's Run, the race replay, ``/run``,
-        ``/compare``): its caller cancelled or left, or the server's bound on one call's wall time. Made on
-        gradio's thread for the call, where the call's task is found."""
-        return any_of(caller_gone(), deadline(self.max_run_seconds))
+        ``/compare``): its caller cancelled or left, or the server's bound on one call's wall time (``words``:
+        what its sentence calls the run and advises). Made on gradio's thread for the call, where the call's
+        task is found."""
+        return any_of(caller_gone(), deadline(self.max_run_seconds, **words))
 
     # ---------------------------------------------------------------- settings
     def threshold(self, epsilon: float, delta: float):
@@ -369,8 +370,7 @@ class Handlers:
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
         """Replay the recorded runs together, each step appearing at its measured time."""
-        bound = deadline(self.max_run_seconds, what="replay", advice="pick a faster replay speed")
-        stop = any_of(caller_gone(), bound)  # here, on gradio's thread for this call: it finds the call's task
+        stop = self.api_stop(what="replay", advice="pick a faster replay speed")  # here, on gradio's thread
         yield from self.live.track(request, REPLAY_OUTPUTS, self.device.stream(self._replay(records, speed, stop)))
 
     def _replay(
