@@ -138,6 +138,38 @@ def test_bench_can_keep_stock_weights(saved, capsys):
     assert "stock linear weights" in printed and re.search(r"^\s+baseline\s+3/3$", printed, re.M)
 
 
+def test_bench_reports_every_drafters_acceptance_as_vllm_does(saved, capsys):
+    from medusa_lib.pipeline.bench_report import method_acceptance
+
+    out = saved / "acceptance.json"
+    methods = ["baseline", "medusa-greedy", "lookup-greedy"]
+    common = [
+        "--model",
+        str(saved / "model"),
+        "--heads",
+        str(saved / "heads"),
+        "--prompts",
+        str(saved / "prompts.jsonl"),
+    ]
+    bench.main(
+        [*common, "--methods", ",".join(methods), "--dtype", "float32", "--limit", "2", "--max-new-tokens", "12"]
+        + ["--repeats", "1", "--json", str(out)]
+    )
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert list(data["acceptance"]) == ["medusa-greedy", "lookup-greedy"]  # the drafters; plain decoding has none
+    for m in ("medusa-greedy", "lookup-greedy"):
+        recs = [r for r in data["records"] if r["method"] == m]
+        assert all(len(r["accept_lengths"]) == len(r["draft_depths"]) == len(r["draft_tokens"]) for r in recs)
+        acc = data["acceptance"][m]
+        assert acc == method_acceptance(data["records"], m).as_dict()
+        assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["accepted_tokens"] / acc["drafts"], abs=1e-4)
+        # chain-3 + a lookup branch of 4, and a lookup chain of 4: positions 1 .. 4 each
+        assert len(acc["acceptance_rate_per_position"]) == 4 and all(r["draft_positions"] == 4 for r in recs)
+        assert re.search(rf"^{m}\s+\d+\.\d\d\s+\d\.\d\d\s+{acc['mean_acceptance_length']:.2f}\s", printed, re.M)
+    assert "acceptance as vLLM reports it" in printed and printed.count("given the one before") == 2
+
+
 def test_forward_costs_table(saved, capsys):
     bench.main(["--model", str(saved / "model"), "--dtype", "float32", "--forward-costs", "--repeats", "1"])
     printed = capsys.readouterr().out

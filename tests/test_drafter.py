@@ -22,7 +22,8 @@ GREEDY_LABEL = "Medusa greedy / exact sampling"
 
 def trained_eagle(model, ids: list[int], answer: list[int], steps: int = 120):
     """A tiny EAGLE head over-fitted to the model's own greedy answer, so its paths get accepted."""
-    from medusa_lib.pipeline.train_eagle import FeatureCache, eagle_loss
+    from medusa_lib.pipeline.eagle_loss import eagle_loss
+    from medusa_lib.pipeline.feature_cache import FeatureCache
 
     with torch.no_grad():
         cache = FeatureCache.build(model, [{"prompt_ids": ids, "answer_ids": answer}], desc="test features")

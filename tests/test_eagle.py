@@ -14,7 +14,8 @@ from medusa_lib.core.dynamic_tree import (
     select_tree,
 )
 from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
-from medusa_lib.pipeline.train_eagle import FeatureCache, eagle_loss
+from medusa_lib.pipeline.eagle_loss import eagle_loss
+from medusa_lib.pipeline.feature_cache import FeatureCache
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 32

@@ -26,6 +26,7 @@ from medusa_lib.present import (
     deadline,
     eagle_budgets,
 )
+from medusa_lib.present.lab import acceptance_text
 
 from .figures import _layout, empty_figure
 from .handlers import cannot_run
@@ -140,7 +141,7 @@ class EagleLabHandlers:
         tree = self.pg.drafters.tree
         best = max((p for p in points if p.speedup is not None), key=lambda p: p.speedup, default=None)
         rows = "; ".join(
-            f"{p.nodes} nodes: {p.tokens_per_step:.2f} tokens/step, "
+            f"{p.nodes} nodes: {p.tokens_per_step:.2f} tokens/step, {acceptance_text(p.acceptance, short=True)}, "
             + (f"{p.speedup:.2f}\u00d7" if p.speedup is not None else "\u2014")
             for p in points
         )

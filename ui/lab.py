@@ -25,6 +25,7 @@ from medusa_lib.present import (
 )
 from medusa_lib.present.export import export_hint
 from medusa_lib.present.lab import (
+    acceptance_text,
     add_best_node,
     choices_text,
     curves,
@@ -196,7 +197,8 @@ class LabHandlers:
         )
         status = (
             f"Measured on this prompt: {m.tokens_per_step:.2f} tokens/step, {speed} "
-            f"({LABELS[m.medusa.method]}, {len(m.medusa.tokens)} tokens)."
+            f"({LABELS[m.medusa.method]}, {len(m.medusa.tokens)} tokens). "
+            f"Acceptance as vLLM reports it: {acceptance_text(m.acceptance)}."
         )
         return pack(
             MEASURE_OUTPUTS,

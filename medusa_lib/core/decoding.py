@@ -343,7 +343,7 @@ class Decoder:
         history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
         if reason is None and run is not None:  # pairs (f_t, x_{t+1}) along the accepted path, the bonus last
             tokens = torch.tensor(accepted + [int(bonus)], device=self.device)
-            run.verified(hidden[nodes.to(hidden.device)], tokens, seq_len - 1)
+            run.verified(hidden[nodes.to(hidden.device)], tokens, seq_len - 1, rows=nodes)
         return new, reason, bonus
 
     def _decode_step(
@@ -374,14 +374,23 @@ class Decoder:
             best_path=verdict.best if detail else None,
             finish_reason=reason,
             drafter=self.drafter_name,
+            draft_depth=proposal.buffers.depth,  # 0 for a root-only step (no draft, or near the context limit)
+            draft_tokens=proposal.buffers.num_nodes - 1,
         )
 
     def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
-        cfg, dev = self.config, self.device
         seq_len = ids.shape[1]
-        history = torch.empty(seq_len + cfg.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens
+        history = torch.empty(seq_len + self.config.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens
         history[:seq_len] = ids[0].cpu()
         run = self.drafter.open()
+        try:  # a drafter that hooked the model (EAGLE-3's layer inputs) lets go of it however the run ends
+            yield from self._medusa_loop(ids, kv, run, history)
+        finally:
+            run.close()
+
+    def _medusa_loop(self, ids, kv, run, history) -> Iterator[Step]:
+        dev = self.device
+        seq_len = ids.shape[1]
 
         # Prefill: the prompt's KV and the root (the first new token); the drafter reads the prompt's
         # features and the token after each.
@@ -393,7 +402,7 @@ class Decoder:
             use_cache=True,
         ).last_hidden_state[0]
         root = self._pick_root(self.lm_head(features[-1]), seq_len)
-        run.verified(features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0)
+        run.verified(features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0, rows=None)
         new, reason = self._finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
         yield self._prefill_step(new, reason, t0, kv)

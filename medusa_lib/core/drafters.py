@@ -48,12 +48,17 @@ class StaticDraft(NamedTuple):
 
 
 class DraftRun:
-    """One run's drafter state. ``verified(features [n, d], tokens [n], start)``: the base model's
+    """One run's drafter state. ``verified(features [n, d], tokens [n], start, rows=)``: the base model's
     features at positions start .. start + n - 1 and the token after each (the last one is the next
-    root); ``propose(root, history=, seq_len=)``: the next Draft, or None for a root-only step."""
+    root), taken from the rows ``rows`` of the latest base forward (None: all of its rows);
+    ``propose(root, history=, seq_len=)``: the next Draft, or None for a root-only step; ``close()``
+    when the run ends, however it ends."""
 
-    def verified(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
+    def verified(self, features: torch.Tensor, tokens: torch.Tensor, start: int, rows=None) -> None:
         self.hidden, self.root = features[-1], tokens[-1]
+
+    def close(self) -> None:
+        pass
 
     def propose(self, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Draft | None:
         raise NotImplementedError
@@ -139,9 +144,23 @@ class MedusaDrafter(Drafter):
 class _EagleRun(DraftRun):
     def __init__(self, drafter: "EagleDrafter"):
         self.d, self.run, self.pending = drafter, EagleRun(drafter.head, drafter.tree), []
+        self.inputs, self.hooks = {}, []
+        for k in drafter.head.config.fuse_layers or ():  # EAGLE-3 reads what enters these layers of every forward
+            hook = lambda module, args, kwargs, k=k: self.inputs.__setitem__(  # noqa: E731
+                k, (args[0] if args else kwargs["hidden_states"])[0].detach()
+            )
+            self.hooks.append(drafter.layers[k].register_forward_pre_hook(hook, with_kwargs=True))
 
-    def verified(self, features, tokens, start):  # pairs (f_t, x_{t+1}); read before the next draft
+    def verified(self, features, tokens, start, rows=None):  # pairs (f_t, x_{t+1}); read before the next draft
+        if self.hooks:  # the fused layer inputs at the same rows of the same forward: [n, layers, d]
+            fused = torch.stack([self.inputs[k] for k in self.d.head.config.fuse_layers], dim=-2)
+            features = fused if rows is None else fused[rows.to(fused.device)]
         self.pending.append((features, tokens, start))
+
+    def close(self):
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
 
     def propose(self, root, *, history, seq_len):
         if self.pending:  # the verified features replace what the drafter drafted there
@@ -168,6 +187,7 @@ class EagleDrafter(Drafter):
 
     def _bind(self, dec) -> None:
         self.head.check_fits(dec.model)
+        self.layers = dec.model.base_model.layers
 
     def open(self) -> DraftRun:
         return _EagleRun(self)

@@ -59,6 +59,17 @@ class EagleConfig:
     top_k: int = 8  # default dynamic tree (dynamic_tree.DynamicTreeConfig)
     depth: int = 5
     num_nodes: int = 24
+    # EAGLE-3 (arXiv 2503.01840): the drafter reads the inputs of these base layers (low, middle, high),
+    # fused, where EAGLE-1 reads f_t (None). Its drafted g then needs not regress f_{t+1}.
+    fuse_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.fuse_layers is not None:
+            object.__setattr__(self, "fuse_layers", tuple(self.fuse_layers))
+
+    @property
+    def recipe(self) -> str:
+        return "EAGLE-3 (fused features)" if self.fuse_layers else "EAGLE-1 (top feature)"
 
     @property
     def tree(self) -> DynamicTreeConfig:
@@ -90,6 +101,8 @@ class EagleHead(nn.Module):
         text.num_hidden_layers = 1
         body = model.base_model
         self.fc = nn.Linear(2 * d, d, bias=True)
+        if config.fuse_layers:
+            self.fuse = nn.Linear(len(config.fuse_layers) * d, d, bias=False)
         self.layer = type(body.layers[0])(text, layer_idx=0)  # the base model's own decoder-layer class
         self.rotary = type(body.rotary_emb)(config=text)  # positions as the base model encodes them
         if config.num_proposal_tokens:
@@ -103,6 +116,15 @@ class EagleHead(nn.Module):
         object.__setattr__(self, "_embed", model.get_input_embeddings())
         object.__setattr__(self, "_lm_head", model.get_output_embeddings())
         self._proposal_key = None
+
+    def draft_input(self, features: torch.Tensor) -> torch.Tensor:
+        """What the drafter reads at a verified position: f_t [..., d] (EAGLE-1), or the fused layer inputs
+        [..., n, d] (EAGLE-3): each RMS-normalised (they hold massive activations), concatenated, projected."""
+        if not self.config.fuse_layers:
+            return features
+        x = features.to(self.fuse.weight.dtype)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.fuse(x.flatten(-2))
 
     def check_fits(self, model: nn.Module) -> None:
         d, V = hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0]
@@ -181,6 +203,7 @@ def new_eagle_head(
     proposal_ids: torch.Tensor | None = None,
     base_model: str | None = None,
     tree: DynamicTreeConfig = DynamicTreeConfig(),
+    fuse_layers: tuple[int, ...] | None = None,
 ) -> EagleHead:
     """A fresh (random) EAGLE head for ``model``, in float32 on the CPU."""
     cfg = EagleConfig(
@@ -192,6 +215,7 @@ def new_eagle_head(
         top_k=tree.top_k,
         depth=tree.depth,
         num_nodes=tree.num_nodes,
+        fuse_layers=fuse_layers,
     )
     head = EagleHead(model, cfg).float()
     if proposal_ids is not None:
@@ -244,6 +268,14 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     for name in TEXT_FIELDS:
         if meta.get(name) is not None and not isinstance(meta[name], str):
             raise EagleError(f"{where} has {name}={shown(meta[name])}; it must be text (a name) or left out.")
+    fuse = meta.get("fuse_layers")
+    if fuse is not None and not (
+        isinstance(fuse, list) and fuse and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in fuse)
+    ):
+        raise EagleError(
+            f"{where} has fuse_layers={shown(fuse)}; it must be a list of layer numbers "
+            "(copy the EAGLE head again or train a new one)."
+        )
     record = meta.get("calibration")
     figures = [record.get(k) for k in ("speedup", "medusa_speedup")] if isinstance(record, dict) else []
     if record is not None and (not isinstance(record, dict) or not all(v is None or is_number(v) for v in figures)):
@@ -283,6 +315,12 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
             f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; "
             "load an EAGLE head trained for this model."
         )
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    if cfg.fuse_layers and max(cfg.fuse_layers) >= layers:
+        raise EagleError(
+            f"This EAGLE head fuses layer {max(cfg.fuse_layers)} but the model has {layers} layers; "
+            "load an EAGLE head trained for this model."
+        )
     head = EagleHead(model, cfg)
     head.check_fits(model)
     try:
@@ -300,6 +338,8 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
     except RuntimeError as e:
         raise EagleError(f"The EAGLE checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
     head.calibration = meta.get("calibration")
+    about = meta.get("about")  # which EAGLE it is and what its training measured, one line for the page
+    head.about = f"This is {cfg.recipe}" + (f": {about}" if isinstance(about, str) and about.strip() else ".")
     p = next(model.parameters())
     head.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
     head.requires_grad_(False)
@@ -335,14 +375,15 @@ class EagleRun:
         return torch.cat([torch.zeros(q, self.stable, dtype=self.dtype, device=self.device), extra], dim=1)[None, None]
 
     def extend(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
-        """Append verified pairs (f_t, x_{t+1}) for t = start .. start + n - 1 (drafts dropped first)."""
+        """Append verified pairs (f_t, x_{t+1}) for t = start .. start + n - 1 (drafts dropped first);
+        ``features`` [n, d], or [n, layers, d] for a head that fuses layers (``EagleHead.draft_input``)."""
         if self.cache.get_seq_length() > self.stable:
             self.cache.crop(-(self.cache.get_seq_length() - self.stable))
         n = features.shape[0]
         pos = torch.arange(start, start + n, device=self.device)[None]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         g = self.head(
-            features[None].to(self.device),
+            self.head.draft_input(features.to(self.device))[None],
             tokens[None].to(self.device),
             pos,
             attention_mask=self._mask(causal),

@@ -369,5 +369,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
             best_path=best if detail and prog is tree else None,
             finish_reason=reason,
             drafter=d.drafter_name,
+            draft_depth=prog.bufs.depth,  # a static step verifies its whole tree, a lookup branch past its match too
+            draft_tokens=L - 1,
         )
         seq_len, index = seq_len + len(new), index + 1

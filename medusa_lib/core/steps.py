@@ -33,6 +33,8 @@ class Step:
     drafter: str | None = (
         None  # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
     )
+    draft_depth: int = 0  # deepest drafted position the step verified (0: the root alone, no draft; spec_metrics.py)
+    draft_tokens: int = 0  # drafted tokens it verified: the tree's nodes besides the root, a lookup branch included
 
     @property
     def kind(self) -> str:

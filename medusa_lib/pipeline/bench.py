@@ -47,7 +47,8 @@ concurrently); medians over ``--repeats``. "e2e tok/s" (end to end) = new tokens
 (prefill + decode) for every method, so HF and ours are measured the same way; the playground's
 "tokens/s" counts the decode steps only (its prefill is shown apart), so the two differ by design.
 Forward calls of the HF methods are counted with a hook (steps), and its first call gives their
-prefill time.
+prefill time. The drafter methods' acceptance (mean acceptance length, rate per draft position, over the
+steps that drafted) is reported as vLLM reports it (core/spec_metrics.py; docs/engine.md), also in --json.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree, with_lookup
-from .bench_report import EXACT_SAMPLERS, identical_outputs, record_eagle, reference_of, report
-from .bench_runs import e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
+from .bench_report import acceptance_by_method, exact_sampling, record_eagle, reference_of, report
+from .bench_runs import RUN_DETAIL, e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
 from .cli import (
     add_model_arguments,
     check_heads_path,
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
                 **{k: med[k] for k in ("output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds")},
             }
             rec["total_seconds_runs"] = [r["prefill_seconds"] + r["decode_seconds"] for r in runs]
-            for k in ("phase_seconds", "lookup_tokens", "accept_lengths"):
+            for k in RUN_DETAIL:  # what our runs record beside the timings (bench_runs.py)
                 if k in med:
                     rec[k] = med[k]
             records.append(rec)
@@ -466,11 +467,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
         out["speedup_reference"] = {m: reference_of(m, methods, sampled) for m in methods}
-        out["exact_sampling"] = {
-            m: identical_outputs(records, m, ref)
-            for m, ref in EXACT_SAMPLERS.items()
-            if m in methods and ref in methods
-        }
+        out["exact_sampling"] = exact_sampling(records, methods)
+        out["acceptance"] = acceptance_by_method(records, methods)  # vLLM's metrics per drafter (bench_report.py)
         out["warmup_seconds"] = warmup_seconds
         out["static_cache_len"] = static_cache_len if "hf-generate-static" in methods else None
         out["calibration_note"] = note

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..core.decoding import first_difference
+from ..core.spec_metrics import Acceptance, acceptance
 
 # Lossless: same seed, same output as its reference.
 EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample", "lookup-sample": "plain-sample"}
@@ -78,6 +79,63 @@ def identical_outputs(records: list[dict], method: str, reference: str) -> dict:
     return {"reference": reference, "identical": len(diffs) - len(bad), "prompts": len(diffs), "first_difference": bad}
 
 
+def exact_sampling(records: list[dict], methods: list[str]) -> dict:
+    """Per exact sampler that ran beside its reference: its identical outputs (``identical_outputs``)."""
+    return {
+        m: identical_outputs(records, m, ref) for m, ref in EXACT_SAMPLERS.items() if m in methods and ref in methods
+    }
+
+
+def method_acceptance(records: list[dict], method: str) -> Acceptance | None:
+    """A drafter method's acceptance over its records' full decode steps (``core/spec_metrics.py``);
+    None for methods that record none (plain decoding, ``model.generate``). Records written before
+    the draft depths were recorded count every step as a draft."""
+    rs = [r for r in records if r["method"] == method and "accept_lengths" in r]
+    if not rs or method.startswith(("baseline", "plain")):
+        return None
+    lists = {k: [x for r in rs for x in r.get(k, [])] for k in ("accept_lengths", "draft_depths", "draft_tokens")}
+    depth = max(r.get("draft_positions", 0) for r in rs)  # every position the drafter can reach gets a column
+    if not all("draft_depths" in r and "draft_tokens" in r for r in rs):
+        return acceptance(lists["accept_lengths"], depth=depth)
+    return acceptance(**lists, depth=depth)
+
+
+def acceptance_by_method(records: list[dict], methods: list[str]) -> dict:
+    """The JSON's "acceptance": per drafter method, ``Acceptance.as_dict`` (vLLM's metrics and their counts)."""
+    return {m: a.as_dict() for m in methods if (a := method_acceptance(records, m)) is not None}
+
+
+def acceptance_table(records: list[dict], methods: list[str]) -> list[str]:
+    """Per drafter method: tokens/step, the share of full steps that drafted, the mean acceptance length
+    and draft acceptance rate, the acceptance rate at each draft position, and below it the rate given
+    the position before (docs/engine.md, "How acceptance is reported")."""
+    rows = [(m, a) for m in methods if (a := method_acceptance(records, m)) is not None and a.steps]
+    if not rows:
+        return []
+    depth = max(a.depth for _, a in rows)
+
+    def cells(rates, n):  # "-" past this method's deepest position, or where undefined
+        return "".join(f"{x:>7.2f}" if x is not None else f"{'-':>7}" for x in [*rates, *[None] * (depth - n)])
+
+    lines = [
+        "",
+        "acceptance as vLLM reports it, over the full decode steps that drafted (mean acc len = 1 + the row's sum)",
+        f"{'method':<24}{'tok/step':>9}{'drafted':>9}{'mean acc len':>14}{'acc/drafted':>13}"
+        + "".join(f"{'@' + str(i):>7}" for i in range(1, depth + 1)),
+    ]
+    for m, a in rows:
+        rs = [r for r in records if r["method"] == m]
+        tps = sum(r["new_tokens"] for r in rs) / max(sum(r["steps"] for r in rs), 1)
+        mal, dar, share = a.mean_acceptance_length, a.draft_acceptance_rate, a.drafted_share
+
+        def num(x, width):
+            return f"{x:>{width}.2f}" if x is not None else f"{'-':>{width}}"
+
+        lines.append(f"{m:<24}{tps:>9.2f}{num(share, 9)}{num(mal, 14)}{num(dar, 13)}" + cells(a.rates, a.depth))
+        lines.append(f"{'  given the one before':<69}" + cells(a.given_previous, a.depth))
+    return lines
+
+
 def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) -> str:
     """The tables: per method, per category, per phase, output equality of the greedy methods against
     hf-generate and of the exact sampler against plain-sample (``sampled``: the methods that sampled)."""
@@ -142,20 +200,7 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
                     tot[k] += v
             lines.append(f"{m:<24}" + "".join(f"{1000 * tot[p] / steps:>10.2f}" for p in names))
 
-    depth_rows = [
-        m for m in methods if any(r.get("accept_lengths") for r in by[m]) and not m.startswith(("baseline", "plain"))
-    ]
-    if depth_rows:  # how deep the drafts got accepted: share of full steps that accepted >= k drafted tokens
-        lines += [
-            "",
-            "share of decode steps accepting >= k drafted tokens (tokens/step = 1 + the sum of the row)",
-            f"{'method':<24}" + "".join(f"{'>=' + str(k):>8}" for k in range(1, 7)),
-        ]
-        for m in depth_rows:
-            acc = [a for r in by[m] for a in r.get("accept_lengths", [])]
-            lines.append(
-                f"{m:<24}" + "".join(f"{sum(a >= k for a in acc) / max(len(acc), 1):>8.2f}" for k in range(1, 7))
-            )
+    lines += acceptance_table(records, methods)
 
     lookup_rows = [m for m in methods if any(r.get("lookup_tokens") for r in by[m])]
     if lookup_rows:

@@ -9,6 +9,7 @@ import torch
 from ..core.decoding import Decoder, _sync
 from ..core.lab import step_costs
 from ..core.model import input_device
+from ..core.spec_metrics import draft_positions, step_lists
 
 
 class ForwardClock:
@@ -72,6 +73,10 @@ def run_hf(
     }
 
 
+# What run_ours records beside the timings, kept in the bench's records (bench.py).
+RUN_DETAIL = ("phase_seconds", "lookup_tokens", "accept_lengths", "draft_depths", "draft_tokens", "draft_positions")
+
+
 def run_ours(decoder: Decoder, ids: list[int]) -> dict:
     res = decoder.run(ids)
     phases = defaultdict(float)
@@ -86,8 +91,9 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
         "decode_seconds": res.decode_seconds,
         "phase_seconds": dict(phases),
         "lookup_tokens": res.lookup_tokens,
-        # Full steps: what the drafter got accepted.
-        "accept_lengths": [s.accept_length for s in res.steps[1:] if s.finish_reason is None],
+        # Per full step: what the drafter got accepted, and the depth and tokens of its draft (0: no draft).
+        **step_lists(res.steps),
+        "draft_positions": draft_positions(decoder),  # the deepest position its drafts can reach
     }
 
 

@@ -23,30 +23,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head
-from ..core.model import (
-    DEFAULT_HUB_ID,
-    DEFAULT_MODEL,
-    body_and_lm_head,
-    cpu_has_native_bf16,
-    eos_token_ids,
-    input_device,
-    load_model,
-)
+from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, load_model
 from .cli import add_model_arguments
+from .eagle_loss import batches, eagle_loss, simulated_acceptance, teacher_forced
+from .feature_cache import FeatureCache, build_cache, fused_layers
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
+from .server_check import machine
 
 TRAIN_ANSWERS = [
     "assets/data/distill/train_answers.jsonl.gz",
@@ -55,148 +48,6 @@ TRAIN_ANSWERS = [
 ]
 HELDOUT_ANSWERS = ["assets/data/distill/heldout_answers.jsonl.gz"]
 NOISE = 0.2  # width of the uniform input noise (reference "std": 0.2)
-TOKEN_WEIGHT = 0.1  # weight of the token loss (reference p_w)
-
-
-class FeatureCache:
-    """Base-model features of many sequences: ``features[offsets[i]:offsets[i+1]]`` [T_i, d] (bfloat16),
-    ``ids`` the tokens beside them and ``prompt_len`` where each answer starts."""
-
-    def __init__(self, features: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, prompt_len: torch.Tensor):
-        self.features, self.ids, self.offsets, self.prompt_len = features, ids, offsets, prompt_len
-
-    def __len__(self) -> int:
-        return len(self.prompt_len)
-
-    def seq(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return self.features[a:b], self.ids[a:b], int(self.prompt_len[i])
-
-    @classmethod
-    @torch.inference_mode()
-    def build(cls, model, records: list[dict], *, batch_tokens: int = 8192, desc: str = "features") -> "FeatureCache":
-        body, _ = body_and_lm_head(model)
-        dev = input_device(model)
-        seqs = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in records]
-        feats: list[torch.Tensor | None] = [None] * len(seqs)
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        bar = tqdm(total=sum(map(len, seqs)), desc=desc, unit="tok", file=sys.stdout)
-        i = 0
-        while i < len(order):
-            j = i + 1
-            while j < len(order) and (j - i + 1) * len(seqs[order[j]]) <= batch_tokens:
-                j += 1
-            batch = order[i:j]
-            width = len(seqs[batch[-1]])
-            ids = torch.zeros(len(batch), width, dtype=torch.long)
-            att = torch.zeros(len(batch), width, dtype=torch.long)
-            for r, k in enumerate(batch):
-                ids[r, : len(seqs[k])] = torch.tensor(seqs[k])
-                att[r, : len(seqs[k])] = 1
-            h = body(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state.to(torch.bfloat16).cpu()
-            for r, k in enumerate(batch):
-                feats[k] = h[r, : len(seqs[k])].clone()
-            bar.update(int(att.sum()))
-            i = j
-        bar.close()
-        lengths = torch.tensor([len(s) for s in seqs])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        return cls(
-            torch.cat(feats),
-            torch.tensor([t for s in seqs for t in s]),
-            offsets,
-            torch.tensor([len(r["prompt_ids"]) for r in records]),
-        )
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"features": self.features, "ids": self.ids, "offsets": self.offsets, "prompt_len": self.prompt_len},
-            str(path) + ".tmp",
-        )
-        Path(str(path) + ".tmp").replace(path)
-
-    @classmethod
-    def load(cls, path: Path) -> "FeatureCache":
-        d = torch.load(path, weights_only=True)
-        return cls(d["features"], d["ids"], d["offsets"], d["prompt_len"])
-
-
-def cached_features(model, records: list[dict], path: Path, desc: str) -> FeatureCache:
-    """The feature cache of ``records`` at ``path``, built once (rebuilt if the records changed)."""
-    if path.exists():
-        cache = FeatureCache.load(path)
-        if len(cache) == len(records) and int(cache.offsets[-1]) == sum(
-            len(r["prompt_ids"]) + len(r["answer_ids"]) for r in records
-        ):
-            return cache
-        print(f"{path} does not match these answers: rebuilding")
-    cache = FeatureCache.build(model, records, desc=desc)
-    cache.save(path)
-    return cache
-
-
-def batches(cache: FeatureCache, order: list[int], batch_tokens: int) -> list[list[int]]:
-    """Sequences grouped (in ``order``) into batches of about ``batch_tokens`` padded tokens."""
-    out, cur, width = [], [], 0
-    for i in order:
-        n = int(cache.offsets[i + 1] - cache.offsets[i])
-        if cur and max(width, n) * (len(cur) + 1) > batch_tokens:
-            out.append(cur)
-            cur, width = [], 0
-        cur.append(i)
-        width = max(width, n)
-    return out + ([cur] if cur else [])
-
-
-def eagle_loss(
-    head: EagleHead, proj: torch.Tensor, cache: FeatureCache, batch: list[int], *, noise: float
-) -> tuple[torch.Tensor, dict]:
-    """EAGLE's loss on one padded batch: (f_t + noise, x_{t+1}) -> g_t vs f_{t+1}, and the token loss."""
-    seqs = [cache.seq(i) for i in batch]
-    T = max(len(ids) for _, ids, _ in seqs) - 1
-    d = cache.features.shape[1]
-    f = torch.zeros(len(seqs), T + 1, d)
-    ids = torch.zeros(len(seqs), T + 1, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for r, (feat, tok, p) in enumerate(seqs):
-        n = len(tok)
-        f[r, :n], ids[r, :n] = feat.float(), tok
-        mask[r, max(p - 1, 0) : n - 1] = True  # t >= last prompt token: the positions a decode drafts from
-    inputs = f[:, :-1] + (torch.rand(len(seqs), T, d) - 0.5) * noise if noise else f[:, :-1]
-    pos = torch.arange(T)[None].expand(len(seqs), T)
-    # Emulated bfloat16 is far slower than float32.
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_native_bf16()):
-        g = head(inputs, ids[:, 1:], pos)  # causal over each sequence (right padding never reaches a real position)
-        g, target = g[mask].float(), f[:, 1:][mask]
-        vloss = F.smooth_l1_loss(g, target)
-        logq = torch.log_softmax((g @ proj.T).float(), -1)
-        with torch.no_grad():
-            p = torch.softmax((target @ proj.T).float(), -1)
-        ploss = -(p * logq).sum(-1).mean()
-    with torch.no_grad():
-        hit = (logq.argmax(-1) == p.argmax(-1)).float().mean()
-    return vloss + TOKEN_WEIGHT * ploss, {
-        "vloss": float(vloss.detach()),
-        "ploss": float(ploss.detach()),
-        "top1": float(hit),
-        "n": int(mask.sum()),
-    }
-
-
-@torch.no_grad()
-def evaluate(head: EagleHead, proj: torch.Tensor, cache: FeatureCache, groups: list[list[int]]) -> dict:
-    head.eval()
-    tot = {"vloss": 0.0, "ploss": 0.0, "top1": 0.0, "n": 0}
-    for b in groups:
-        _, m = eagle_loss(head, proj, cache, b, noise=0.0)
-        for k in ("vloss", "ploss", "top1"):
-            tot[k] += m[k] * m["n"]
-        tot["n"] += m["n"]
-    head.train()
-    out = {k: tot[k] / max(tot["n"], 1) for k in ("vloss", "ploss", "top1")}
-    out["loss"] = out["vloss"] + TOKEN_WEIGHT * out["ploss"]
-    return out
 
 
 def train(
@@ -204,6 +55,7 @@ def train(
     train_cache: FeatureCache,
     heldout: FeatureCache,
     *,
+    heldout_sim: FeatureCache | None = None,
     out: Path,
     lr: float,
     epochs: int,
@@ -212,8 +64,17 @@ def train(
     eval_every: int,
     seed: int,
     save_dtype: torch.dtype,
+    steps: int = 1,
+    sim_prompts: int = 48,
+    sim_tree: DynamicTreeConfig = DynamicTreeConfig(top_k=8, depth=5, num_nodes=24),
+    resume: bool = True,
     log=print,
 ) -> dict:
+    """AdamW over ``epochs`` shuffled passes, within ``minutes`` (resumed ones included). Every ``eval_every``
+    batches: teacher-forced held-out loss, and tokens/step simulated on ``sim_prompts`` held-out answers
+    (``simulated_acceptance``); the head with the most tokens/step is kept in ``out``. The training state
+    (head, optimiser, batch, minutes spent, history) is saved to ``out/train_state.pt`` at each evaluation,
+    and a run with ``resume`` goes on from it: the same plan, from the next batch."""
     torch.manual_seed(seed)
     proj = head.projection_weight().detach().float()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -225,35 +86,64 @@ def train(
         for b in batches(train_cache, torch.randperm(len(train_cache), generator=g).tolist(), batch_tokens)
     ]
     held = batches(heldout, list(range(len(heldout))), 8192)
+    heldout_sim = heldout if heldout_sim is None else heldout_sim
+    sim = list(range(len(heldout_sim)))[:: max(1, len(heldout_sim) // sim_prompts)][:sim_prompts]
     warmup = min(100, len(plan) // 10 + 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, len(plan)) / len(plan)))
-    )
-    best, history, t0 = float("inf"), [], time.perf_counter()
+    best, history, done, spent = -1.0, [], 0, 0.0
+    state_path = out / "train_state.pt"
+    if resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        if st["planned"] != len(plan):
+            raise SystemExit(
+                f"{state_path} is from another plan ({st['planned']} batches, not {len(plan)}); "
+                "give another --out or delete it."
+            )
+        head.load_state_dict(st["head"]), opt.load_state_dict(st["opt"])
+        best, history, done, spent = st["best"], st["history"], st["done"], st["minutes"]
+        torch.set_rng_state(st["rng"])
+        log(f"resuming at batch {done + 1} of {len(plan)} ({spent:.1f} min spent, best {best:.3f} tokens/step)")
+    t0 = time.perf_counter() - 60 * spent
+    elapsed = lambda: (time.perf_counter() - t0) / 60  # noqa: E731  (this training's minutes, resumed ones included)
     head.train()
-    bar = tqdm(plan, desc="train", unit="batch", file=sys.stdout)
-    for step, b in enumerate(bar, start=1):
-        loss, m = eagle_loss(head, proj, train_cache, b, noise=NOISE)
+    bar = tqdm(plan, desc="train", unit="batch", file=sys.stdout, initial=done)
+    step = done
+    for step, b in enumerate(plan[done:], start=done + 1):
+        # Warm-up, then a cosine to 0 over the plan or the time budget, whichever ends first: a run cut
+        # by its budget still ends annealed.
+        progress = min(1.0, max((step - 1) / len(plan), elapsed() / minutes if minutes > 0 else 1.0))
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, step / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
+        loss, m = eagle_loss(head, proj, train_cache, b, noise=NOISE, steps=steps)
         if not math.isfinite(float(loss)):
             raise SystemExit(f"The loss became {float(loss)} at batch {step}; lower --lr.")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
-        sched.step()
-        bar.set_postfix(vloss=f"{m['vloss']:.3f}", ploss=f"{m['ploss']:.2f}", top1=f"{m['top1']:.2f}")
-        over = (time.perf_counter() - t0) / 60 > minutes
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", **{k: f"{v:.2f}" for k, v in m.items() if k.startswith("top1_")})
+        over = elapsed() > minutes
         if step % eval_every == 0 or step == len(plan) or over:
-            ev = evaluate(head, proj, heldout, held)
-            ev.update(step=step, minutes=round((time.perf_counter() - t0) / 60, 2))
+            ev = teacher_forced(head, proj, heldout, held)
+            ev.update(simulated_acceptance(head, heldout_sim, sim, sim_tree))
+            ev.update(step=step, minutes=round(elapsed(), 2))
             history.append(ev)
             log(
-                f"\nheld-out step {step}: loss {ev['loss']:.4f} vloss {ev['vloss']:.4f} ploss {ev['ploss']:.3f} top1 "
-                f"{ev['top1']:.3f}"
+                f"\nheld-out at batch {step}: {ev['tokens_per_step']:.3f} tokens/step (accept rate per depth "
+                f"{ev['accept_rate_per_depth']}), top1 {ev['top1']:.3f}, ploss {ev['ploss']:.3f}, "
+                f"vloss {ev['vloss']:.4f}"
             )
-            if ev["loss"] < best:
-                best = ev["loss"]
-                head.save(out, dtype=save_dtype, training={"history": history})
+            if ev["tokens_per_step"] > best:
+                best = ev["tokens_per_step"]
+                head.save(out, dtype=save_dtype, training={"history": history, "kept": step})
+            state = {
+                "head": head.state_dict(),
+                "opt": opt.state_dict(),
+                "rng": torch.get_rng_state(),
+            }
+            state.update(planned=len(plan), best=best, history=history, done=step, minutes=elapsed())
+            torch.save(state, str(state_path) + ".tmp")
+            Path(str(state_path) + ".tmp").replace(state_path)
         if over:
             log("time budget reached")
             break
@@ -261,8 +151,8 @@ def train(
     return {
         "steps": step,
         "planned_steps": len(plan),
-        "best_loss": best,
-        "minutes": round((time.perf_counter() - t0) / 60, 2),
+        "best_tokens_per_step": best,
+        "minutes": round(elapsed(), 2),
         "history": history,
     }
 
@@ -294,6 +184,24 @@ def acceptance_per_depth(
     }
 
 
+def recipe_rows(runs: list[Path]) -> str:
+    """A markdown table of several trainings on the same data (their ``training.json``): what each recipe gave."""
+    rows = [
+        "| run | recipe | training-time test steps | batches | minutes | held-out tokens/step (simulated, kept) "
+        "| accept rate per depth (given the one before) | teacher-forced top-1 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        s = json.loads((Path(run) / "training.json").read_text())
+        kept = max(s["history"], key=lambda h: h["tokens_per_step"])
+        rows.append(
+            f"| `{Path(run).name}` | {s['recipe']} | {s['ttt_steps']} | {kept['step']} of {s['steps']} "
+            f"| {kept['minutes']} of {s['minutes']} | {kept['tokens_per_step']:.3f} "
+            f"| {' / '.join(f'{x:.2f}' for x in kept['accept_rate_per_depth'])} | {kept['top1']:.3f} |"
+        )
+    return "\n".join(rows)
+
+
 def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> None:
     cfg = json.loads((out / "config.json").read_text())
     rows = "\n".join(
@@ -302,25 +210,29 @@ def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> 
         f"{' / '.join(map(str, e['accepted_at_least']))} |"
         for e in evals
     )
-    last = summary["history"][-1] if summary["history"] else {}
-    # A markdown heading and a table header are one line each, whatever their length.
-    acceptance = (
-        f"## Held-out acceptance per depth (greedy decoding, {evals[0]['prompts'] if evals else 0} held-out prompts, "
-        f"{summary['eval_dtype']})"
+    kept = max(summary["history"], key=lambda h: h["tokens_per_step"]) if summary["history"] else {}
+    fused = cfg.get("fuse_layers")
+    reads = (
+        f"the inputs of base layers {', '.join(map(str, fused))} (low, middle, high), each RMS-normalised, "
+        "concatenated and projected to one feature (EAGLE-3, arXiv 2503.01840)"
+        if fused
+        else "the base model's top feature f_t (EAGLE-1, arXiv 2401.15077)"
     )
-    header = (
-        "| top-k | depth | nodes | tokens/step | accept rate at depth 1..D (given the one before) "
-        "| share of steps accepting >= k |"
+    loss = (
+        "token cross-entropy against the base distribution (no feature regression, as EAGLE-3)"
+        if fused
+        else "SmoothL1 feature regression + 0.1 x token cross-entropy against the base distribution"
     )
-    text = f"""# EAGLE draft head for SmolLM2-135M-Instruct
+    speed = summary.get("feature_speed") or {}
+    compared = (out / "recipes.md").read_text() if (out / "recipes.md").exists() else ""
+    text = f"""# EAGLE draft head for SmolLM2-135M-Instruct: {summary.get("recipe", "EAGLE-1 (top feature)")}
 
-A second drafter for Medusa Playground: one `{cfg.get("model_type")}` decoder layer of the base
-model's own class, reading `fc([e(x_(t+1)); f_t])`, projecting through the base model's frozen
-`lm_head` restricted to {cfg.get("num_proposal_tokens")} proposal tokens
-(EAGLE, arXiv 2401.15077; dynamic tree of EAGLE-2, arXiv 2406.16858; reference SafeAILab/EAGLE).
-The embedding and lm_head are the base model's and are not stored here. Base model:
-{cfg.get("base_model_name_or_path")}. Default dynamic tree: top-k {cfg["top_k"]}, depth {cfg["depth"]},
-{cfg["num_nodes"]} nodes + the root.
+A second drafter for Medusa Playground: one `{cfg.get("model_type")}` decoder layer of the base model's
+own class, reading `fc([e(x_(t+1)); h_t])` where h_t is {reads}, and projecting through the base
+model's frozen `lm_head` restricted to {cfg.get("num_proposal_tokens")} proposal tokens (dynamic tree of
+EAGLE-2, arXiv 2406.16858; reference SafeAILab/EAGLE). The embedding and lm_head are the base model's
+and are not stored here. Base model: {cfg.get("base_model_name_or_path")}. Default dynamic tree: top-k
+{cfg["top_k"]}, depth {cfg["depth"]}, {cfg["num_nodes"]} nodes + the root.
 
 ## Command (exactly as run)
 
@@ -330,17 +242,20 @@ The embedding and lm_head are the base model's and are not stored here. Base mod
 
 Self-distillation data: the base model's greedy answers in `assets/data/distill/`
 ({summary["train_sequences"]} training sequences, {summary["train_tokens"]} tokens incl. prompts;
-{summary["heldout_sequences"]} held-out). Features cached once (bfloat16), {summary["feature_minutes"]} min;
-training {summary["minutes"]} min, {summary["steps"]} of {summary["planned_steps"]} planned
-batches, on {summary["machine"]} (shared with other jobs). Loss: SmoothL1 feature regression + 0.1 x token
-cross-entropy against the base distribution, uniform input noise of width {NOISE}.
+{summary["heldout_sequences"]} held-out). Features cached once in bfloat16 (`feature_cache.py`; the training
+set's {speed.get("tokens", "?")} tokens took {speed.get("seconds", "?")} s on {speed.get("threads", "?")} threads).
+Training {summary["minutes"]} min, {summary["steps"]}
+of {summary["planned_steps"]} planned batches, on {summary["machine"]}. Loss: {loss}, over
+{summary.get("ttt_steps", 1)} training-time test step(s) (step j weighted 0.8^j), uniform input noise of width
+{NOISE}. The kept checkpoint is the one with the most tokens/step simulated on held-out answers
+(greedy, dynamic tree 8/5/24, from cached features), not the lowest loss: batch {kept.get("step")},
+{kept.get("tokens_per_step")} tokens/step simulated, teacher-forced top-1 {kept.get("top1", float("nan")):.3f}.
+{compared}
+## Held-out acceptance per depth (greedy decoding by the decoder, {evals[0]["prompts"] if evals else 0} held-out \
+prompts, {summary["eval_dtype"]})
 
-Held-out (teacher-forced) at the kept checkpoint: feature loss {last.get("vloss", float("nan")):.4f}, token loss
-{last.get("ploss", float("nan")):.3f}, top-1 agreement with the base model {last.get("top1", float("nan")):.3f}.
-
-{acceptance}
-
-{header}
+| top-k | depth | nodes | tokens/step | accept rate at depth 1..D (given the one before) \
+| share of steps accepting >= k |
 |---|---|---|---|---|---|
 {rows}
 """
@@ -376,6 +291,20 @@ def main(argv: list[str] | None = None) -> None:
         "--eval-prompts", type=int, default=40, help="held-out prompts decoded to measure acceptance per depth"
     )
     ap.add_argument("--eval-tokens", type=int, default=96)
+    ap.add_argument(
+        "--ttt-steps", type=int, default=1, help="training-time test: draft steps unrolled in training (1: EAGLE-1)"
+    )
+    ap.add_argument("--fuse", action="store_true", help="EAGLE-3: read a low, a middle and a high layer, fused")
+    ap.add_argument(
+        "--sim-prompts", type=int, default=48, help="held-out answers to simulate tokens/step on (the kept checkpoint)"
+    )
+    ap.add_argument("--restart", action="store_true", help="start again instead of resuming --out/train_state.pt")
+    ap.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RUN",
+        help="with --eval-only: put a table of these trainings (their training.json) into the model card",
+    )
     ap.add_argument("--save-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -394,10 +323,10 @@ def main(argv: list[str] | None = None) -> None:
         s: [r for p in paths for r in load_jsonl(p)]
         for s, paths in (("train", args.train_answers), ("heldout", args.heldout_answers))
     }
-    for split, n in (("train", args.train_records), ("heldout", args.heldout_records)):
-        if n and n < len(answers[split]):
-            step = len(answers[split]) / n  # evenly spread: every file and category keeps its share
-            answers[split] = [answers[split][int(i * step)] for i in range(n)]
+    n = args.train_records
+    if n and n < len(answers["train"]):
+        step = len(answers["train"]) / n  # evenly spread: every file and category keeps its share
+        answers["train"] = [answers["train"][int(i * step)] for i in range(n)]
     print(
         ", ".join(
             f"{s}: {len(a)} answers, {sum(len(r['prompt_ids']) + len(r['answer_ids']) for r in a)} tokens"
@@ -411,27 +340,43 @@ def main(argv: list[str] | None = None) -> None:
     if not args.eval_only:
         t0 = time.perf_counter()
         caches = {
-            s: cached_features(model, answers[s], work / f"{s}_features_{len(answers[s])}.pt", desc=f"{s} features")
-            for s in answers
+            s: build_cache(
+                model,
+                answers[s],
+                work / f"{s}-{'all' if s == 'heldout' or not args.train_records else len(answers[s])}",
+                with_layers=True,  # one cache for both recipes: EAGLE-3 reads the layer inputs
+                desc=f"{s} features",
+            )
+            for s in ("heldout", "train")
         }
         feature_minutes = round((time.perf_counter() - t0) / 60, 1)
+        where = work / ("train-all" if not args.train_records else f"train-{len(answers['train'])}") / "speed.json"
+        speed = json.loads(where.read_text()) if where.exists() else None
         V = model.get_output_embeddings().weight.shape[0]
         ids = (
             frequent_tokens(answers["train"], args.proposal_tokens, V, always=list(eos_token_ids(model)))
             if args.proposal_tokens
             else None
         )
-        head = new_eagle_head(model, proposal_ids=ids, base_model=base)
+        n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        fuse = fused_layers(n_layers) if args.fuse else None
+        if fuse and caches["train"].layers is None:
+            raise SystemExit(f"The feature cache under {work} has no layer inputs; delete it and run again.")
+        head = new_eagle_head(model, proposal_ids=ids, base_model=base, fuse_layers=fuse)
         # g starts as f_t: "the next feature is this one" (the identity on the feature half of fc).
         with torch.no_grad():
             d = head.config.hidden_size
             head.fc.weight[:, d:] = torch.eye(d)
             head.fc.bias.zero_()
+        held = caches["heldout"]
+        if args.heldout_records and args.heldout_records < len(held):
+            held = held.subset(range(0, len(held), len(held) // args.heldout_records))
         head.bind(model.float() if model.dtype != torch.float32 else model)  # float32 frozen modules for training
         result = train(
             head,
             caches["train"],
-            caches["heldout"],
+            held,
+            heldout_sim=caches["heldout"],
             out=out,
             lr=args.lr,
             epochs=args.epochs,
@@ -440,19 +385,31 @@ def main(argv: list[str] | None = None) -> None:
             eval_every=args.eval_every,
             seed=args.seed,
             save_dtype=getattr(torch, args.save_dtype),
+            steps=args.ttt_steps,
+            sim_prompts=args.sim_prompts,
+            resume=not args.restart,
         )
         summary = {
             **result,
             "feature_minutes": feature_minutes,
+            "feature_speed": speed,
+            "recipe": head.config.recipe,
+            "ttt_steps": args.ttt_steps,
             "train_sequences": len(caches["train"]),
             "train_tokens": int(caches["train"].offsets[-1]),
             "heldout_sequences": len(caches["heldout"]),
-            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            "machine": machine(),
             "command": "python -m medusa_lib.pipeline.train_eagle "
             + " ".join(argv if argv is not None else sys.argv[1:]),
         }
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     summary = json.loads(summary_path.read_text())
+    if args.compare:
+        (out / "recipes.md").write_text(
+            "\n## Recipes compared on the same data (held-out tokens/step simulated, greedy, tree 8/5/24)\n\n"
+            + recipe_rows([Path(r) for r in args.compare])
+            + "\n"
+        )
     eval_model, _ = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     head = load_eagle(out, model=eval_model)
     prompts = [

@@ -32,6 +32,7 @@ from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, EagleError, EagleHead, is_eagle_folder, load_eagle, read_eagle_config
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
+from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
 from ..core.tree import MedusaTree
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
@@ -282,7 +283,9 @@ class Drafters:
     def note_of(self, drafter: str) -> str:
         """What the tree controls mean under ``drafter`` ("": the Medusa heads use them)."""
         if drafter == "eagle":
-            return tree_note(self.tree)
+            head = next(iter(self.eagles.values()), None)
+            about = getattr(head, "about", "")
+            return tree_note(self.tree) + (f" {about}" if about else "")
         if drafter == "lookup":
             return (
                 "Prompt lookup copies the tokens that followed the latest earlier occurrence of the text's last "
@@ -331,6 +334,7 @@ class BudgetPoint:
     tokens_per_step: float
     tokens_per_second: float
     speedup: float | None  # tokens/s over plain greedy's, on the same prompt
+    acceptance: Acceptance | None = None  # mean acceptance length, rate per draft position (core/spec_metrics.py)
 
 
 def eagle_budgets(
@@ -382,6 +386,7 @@ def eagle_budgets(
             r.tokens_per_step,
             r.tokens_per_second,
             r.tokens_per_second / base_tps if base_tps > 0 else None,
+            step_acceptance(r.steps, depth=draft_positions(runs[n])),
         )
         for n, r in results.items()
     ]

@@ -29,6 +29,7 @@ from ..core.lab import (
     step_costs,
 )
 from ..core.model import device_label, device_name, input_device
+from ..core.spec_metrics import Acceptance, draft_positions, format_rates, step_acceptance
 from ..core.tree import (
     TOPK,
     MedusaTree,
@@ -235,7 +236,7 @@ def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]
 @dataclass(frozen=True)
 class Measured:
     """A Measure run: Medusa greedy (exact sampling) with the edited tree against plain greedy (sampling) on
-    the same prompt."""
+    the same prompt; ``acceptance``: the Medusa run's mean acceptance length and rate per draft position."""
 
     tokens_per_step: float
     speedup: float | None  # tokens/s over plain's
@@ -244,6 +245,7 @@ class Measured:
     tokens: int  # verified per step, lookup branch included
     medusa: RunRecord
     plain: RunRecord
+    acceptance: Acceptance | None = None  # the Medusa run's, as vLLM reports it (core/spec_metrics.py)
 
 
 def measure_tree(
@@ -305,6 +307,22 @@ def measure_tree(
         tree.num_nodes + settings.lookup,
         records[medusa_view],
         records[plain_view],
+        step_acceptance(medusa.steps, depth=draft_positions(decoders[medusa_view])),
+    )
+
+
+def acceptance_text(a: Acceptance | None, *, short: bool = False) -> str:
+    """A run's acceptance in words, as serving engines report it: the mean acceptance length over the
+    steps that drafted and the acceptance rate at each draft position (``short``: no conditional rates)."""
+    if a is None or not a.drafts:
+        return "no step drafted, so no acceptance to report"
+    mal = f"mean acceptance length {a.mean_acceptance_length:.2f}"
+    if short:
+        return f"{mal}, per position {format_rates(a.rates)}"
+    drafted = "every step drafted" if a.drafts == a.steps else f"{a.drafts} of {a.steps} full steps drafted"
+    return (
+        f"{mal} ({drafted}), acceptance rate at draft position 1..{a.depth}: {format_rates(a.rates)} "
+        f"(given the one before: {format_rates(a.given_previous)})"
     )
 
 
@@ -317,6 +335,7 @@ def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -
 
 __all__ = [
     "MAX_SIZE",
+    "acceptance_text",
     "add_best_node",
     "leaves",
     "preset_choices",
