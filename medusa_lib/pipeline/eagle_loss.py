@@ -151,6 +151,8 @@ def simulated_lengths(head: EagleHead, cache: FeatureCache, i: int, tree: Dynami
         drafted = run.draft(ids[pos])
         a = accepted_length(drafted.tokens, drafted.retrieve_indices, ids[pos + 1 : pos + 1 + tree.depth])
         lengths.append(a)
+        if pos + a + 2 > len(ids):  # the answer ends inside the accepted path: no bonus token, no next step
+            break
         run.extend(feats[pos : pos + a + 1], ids[pos + 1 : pos + a + 2], pos)
         pos += a + 1
     return lengths

@@ -69,13 +69,20 @@ class FeatureCache:
 
     @classmethod
     def build(
-        cls, model, records: list[dict], *, layers: tuple[int, ...] = (), batch_tokens: int = 2048, desc: str = ""
+        cls,
+        model,
+        records: list[dict],
+        *,
+        layers: tuple[int, ...] = (),
+        batch_tokens: int = 2048,
+        desc: str = "",
+        dtype: torch.dtype = torch.bfloat16,
     ) -> "FeatureCache":
         """The cache of ``records`` in memory (``build_cache`` keeps a large one on disk, in shards)."""
         seqs = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in records]
         tops, mids = [None] * len(seqs), [None] * len(seqs)
         for b in tqdm(plan_batches([len(s) for s in seqs], batch_tokens), desc=desc, file=sys.stdout, disable=not desc):
-            top, mid = _features_of(model, [seqs[i] for i in b], layers)
+            top, mid = _features_of(model, [seqs[i] for i in b], layers, dtype)
             for r, i in enumerate(b):
                 tops[i] = top[r, : len(seqs[i])]
                 mids[i] = mid[r, : len(seqs[i])] if mid is not None else None
@@ -106,8 +113,10 @@ def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _features_of(model, seqs: list[list[int]], layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """f_t [B, W, d] and the chosen layers' inputs [B, W, 3, d] of a right-padded batch (bfloat16, CPU)."""
+def _features_of(
+    model, seqs: list[list[int]], layers: tuple[int, ...], dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """f_t [B, W, d] and the chosen layers' inputs [B, W, 3, d] of a right-padded batch (``dtype``, CPU)."""
     body, _ = body_and_lm_head(model)
     width = max(map(len, seqs))
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -116,8 +125,8 @@ def _features_of(model, seqs: list[list[int]], layers: tuple[int, ...]) -> tuple
     native = input_device(model).type == "cpu" and cpu_has_native_bf16() and model.dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native):
         out = body(input_ids=ids.to(input_device(model)), output_hidden_states=bool(layers), use_cache=False)
-    top = out.last_hidden_state.to(torch.bfloat16).cpu()
-    mid = torch.stack([out.hidden_states[k] for k in layers], dim=2).to(torch.bfloat16).cpu() if layers else None
+    top = out.last_hidden_state.to(dtype).cpu()
+    mid = torch.stack([out.hidden_states[k] for k in layers], dim=2).to(dtype).cpu() if layers else None
     return top, mid
 
 
@@ -184,19 +193,33 @@ def build_cache(
 
 
 def read_cache(folder: Path, records: list[dict]) -> FeatureCache:
-    """The cache of ``records`` from its shards, in record order."""
-    parts = [torch.load(p, weights_only=True) for p in sorted(Path(folder).glob("shard_*.pt"))]
-    index = [i for p in parts for i in p["index"]]
-    if sorted(index) != list(range(len(records))):
-        raise SystemExit(f"The feature cache in {folder} does not hold these answers; delete it and run again.")
+    """The cache of ``records`` from its shards, in record order (each shard is copied into place, so
+    the peak memory is the cache and one shard)."""
+    paths = sorted(Path(folder).glob("shard_*.pt"))
     seqs = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in records]
-    lengths = torch.tensor([len(seqs[i]) for i in index])
+    lengths = torch.tensor([len(s) for s in seqs])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    layers = torch.cat([p["layers"] for p in parts]) if all("layers" in p for p in parts) else None
+    features = layers = None
+    seen = []
+    for path in paths:
+        part = torch.load(path, weights_only=True)
+        if any(i >= len(records) for i in part["index"]):
+            raise SystemExit(f"The feature cache in {folder} does not hold these answers; delete it and run again.")
+        seen += part["index"]
+        rows = torch.cat([torch.arange(int(offsets[i]), int(offsets[i + 1])) for i in part["index"]])
+        if features is None:
+            features = torch.empty(int(offsets[-1]), *part["features"].shape[1:], dtype=part["features"].dtype)
+            if "layers" in part:
+                layers = torch.empty(int(offsets[-1]), *part["layers"].shape[1:], dtype=part["layers"].dtype)
+        features[rows] = part["features"]
+        if layers is not None:
+            layers[rows] = part["layers"]
+    if sorted(seen) != list(range(len(records))):
+        raise SystemExit(f"The feature cache in {folder} does not hold these answers; delete it and run again.")
     return FeatureCache(
-        torch.cat([p["features"] for p in parts]),
-        torch.tensor([t for i in index for t in seqs[i]]),
+        features,
+        torch.tensor([t for s in seqs for t in s]),
         offsets,
-        torch.tensor([len(records[i]["prompt_ids"]) for i in index]),
+        torch.tensor([len(r["prompt_ids"]) for r in records]),
         layers,
     )

@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         fuse = fused_layers(n_layers) if args.fuse else None
         if fuse and caches["train"].layers is None:
             raise SystemExit(f"The feature cache under {work} has no layer inputs; delete it and run again.")
+        torch.manual_seed(args.seed)  # the head's initial weights: a resumed run builds the same one
         head = new_eagle_head(model, proposal_ids=ids, base_model=base, fuse_layers=fuse)
         # g starts as f_t: "the next feature is this one" (the identity on the feature half of fc).
         with torch.no_grad():
