@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, EagleRun
 from ..core.model import cpu_has_native_bf16
+from ..core.spec_metrics import acceptance
 from .feature_cache import FeatureCache
 
 TOKEN_WEIGHT = 0.1  # weight of the token loss beside the feature loss (reference p_w, EAGLE-1)
@@ -165,12 +166,10 @@ def simulated_acceptance(head: EagleHead, cache: FeatureCache, seqs: list[int], 
     head.eval()
     lengths = [a for i in seqs for a in simulated_lengths(head, cache, i, tree)]
     head.train(was)
-    steps = max(len(lengths), 1)
-    at_least = [sum(a >= k for a in lengths) / steps for k in range(1, tree.depth + 1)]
-    given = [at_least[0]] + [at_least[k] / at_least[k - 1] if at_least[k - 1] else 0.0 for k in range(1, tree.depth)]
+    a = acceptance(lengths, depth=tree.depth)  # every simulated step drafts (core/spec_metrics.py)
     return {
-        "tokens_per_step": round(1 + sum(lengths) / steps, 4),
-        "steps": len(lengths),
-        "accepted_at_least": [round(x, 4) for x in at_least],
-        "accept_rate_per_depth": [round(x, 4) for x in given],
+        "tokens_per_step": round(a.mean_acceptance_length or 1.0, 4),
+        "steps": a.steps,
+        "accepted_at_least": [round(x, 4) for x in a.rates or (0.0,) * tree.depth],
+        "accept_rate_per_depth": [round(x or 0.0, 4) for x in a.given_previous or (0.0,) * tree.depth],
     }
