@@ -237,3 +237,25 @@ def test_a_stopped_training_resumes_to_the_same_head(model, cache, tmp_path):
     assert lines[0].startswith("resuming at batch 3 of") and again["steps"] == result["steps"]
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_the_loss_under_bfloat16_autocast_is_the_float32_loss_to_bfloat16_precision(model, cache, fuse, monkeypatch):
+    """A GPU (and a CPU with native bfloat16) trains under bfloat16 autocast: the loss of every unrolled
+    step and its gradients agree with float32's to bfloat16 precision, and the head stays float32."""
+    import medusa_lib.pipeline.eagle_loss as eagle_loss_module
+
+    head = new_eagle_head(model, tree=TREE, fuse_layers=fused_layers(6) if fuse else None)
+    proj = head.projection_weight().detach().float()
+    batch = list(range(len(cache)))
+    runs = []
+    for native in (False, True):
+        monkeypatch.setattr(eagle_loss_module, "cpu_has_native_bf16", lambda native=native: native)
+        head.zero_grad()
+        loss, m = eagle_loss(head, proj, cache, batch, noise=0.0, steps=3)
+        loss.backward()
+        runs.append((float(loss), m, head.fc.weight.grad.clone()))
+    (l32, m32, g32), (l16, m16, g16) = runs
+    assert head.fc.weight.dtype == torch.float32 and torch.isfinite(g16).all()
+    assert l16 == pytest.approx(l32, rel=0.03) and m16["n"] == m32["n"]
+    assert torch.nn.functional.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) > 0.98

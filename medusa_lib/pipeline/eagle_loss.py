@@ -59,10 +59,11 @@ def unrolled(head: EagleHead, inputs: torch.Tensor, tokens: torch.Tensor, steps:
     from transformers import DynamicCache
 
     B, T, _ = inputs.shape
-    t = torch.arange(T)[None]
+    t = torch.arange(T, device=inputs.device)[None]
     kv, h, out = DynamicCache(), inputs, []
     for j in range(steps):
-        g = head(h, tokens[:, j : j + T], (t + j).expand(B, T), attention_mask=_step_mask(T, j, h.dtype), cache=kv)
+        mask = _step_mask(T, j, h.dtype).to(h.device)
+        g = head(h, tokens[:, j : j + T], (t + j).expand(B, T), attention_mask=mask, cache=kv)
         out.append(g)
         h = g
     return out
@@ -87,12 +88,16 @@ def eagle_loss(
         if fused:
             layers[r, : n - 1] = cache.seq_layers(batch[r])[: n - 1].float()
         first[r], length[r] = max(p - 1, 0), n  # t >= the last prompt token: the positions a decode drafts from
-    t = torch.arange(T)[None]
-    native = cpu_has_native_bf16()  # emulated bfloat16 is far slower than float32
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native):
+    dev = proj.device  # assembled on the CPU (the cache lives there), then moved once
+    f, ids, first, length = f.to(dev), ids.to(dev), first.to(dev), length.to(dev)
+    layers = layers.to(dev) if fused else None
+    t = torch.arange(T, device=dev)[None]
+    # bfloat16 autocast on a GPU and on a CPU with native bfloat16 (emulated bfloat16 is far slower than float32)
+    native = dev.type == "cuda" or cpu_has_native_bf16()
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=native):
         h = head.draft_input(layers) if fused else f[:, :T]
         if noise:
-            h = h + (torch.rand(B, T, d) - 0.5) * noise
+            h = h + (torch.rand(B, T, d).to(dev) - 0.5) * noise
         total, out = 0.0, {}
         for j, g in enumerate(unrolled(head, h, ids[:, 1 : T + steps], steps)):
             valid = (t >= first[:, None]) & (t + 1 + j < length[:, None])  # a target x_{t+2+j} exists
@@ -145,6 +150,7 @@ def simulated_lengths(head: EagleHead, cache: FeatureCache, i: int, tree: Dynami
     """The accept length of every full greedy step over sequence ``i``'s answer (module doc)."""
     f, ids, p = cache.seq(i)
     feats = cache.seq_layers(i).float() if head.config.fuse_layers else f.float()
+    ids = ids.to(head.fc.weight.device)
     run, lengths = EagleRun(head, tree), []
     run.extend(feats[:p], ids[1 : p + 1], 0)
     pos = p  # the root: the newest committed token, whose feature is not verified yet

@@ -334,6 +334,7 @@ class Check:
                 )
             return
         jobs, spans = [], []
+        self.ctx.limit_s = limit
         for p in group:
             try:
                 mine = p.jobs(self.ctx)
@@ -457,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         device=args.device,
         tiny=args.tiny,
         check=str(Path(__file__).resolve()),
+        out=Path(args.out),
     )
     check = Check(args, ctx, list(gpu_parts.PARTS))
     staged, note = True, "--no-stage: this environment as it is"

@@ -292,3 +292,52 @@ def compile_words(f: dict) -> str:
     said = kept.get(f.get("cudagraphs_kept"), "no CUDA graphs on this device")
     said += f"; engine: {f.get('engine')}"
     return "; ".join([said, *f.get("hints", [])[:1], *f.get("capture_failures", [])[:1]])
+
+
+def eagle_read(ctx, jobs) -> dict:
+    """Each recipe's training.json (the kept head's simulated held-out tokens/step), the feature cache's
+    speed, and the kept weights copied to --out/<name>.safetensors to come back whole."""
+    import shutil
+
+    heads, out = ctx.work / "eagle", {}
+    for folder in sorted(p for p in heads.glob("*") if p.is_dir()):
+        weights, t = folder / "eagle.safetensors", load(folder / "training.json")
+        if ctx.out is not None and weights.exists():  # the best head so far, even if the run was cut
+            shutil.copy(weights, Path(ctx.out) / f"{folder.name}.safetensors")
+        if not t:
+            out[folder.name] = {"trained": False, "weights": weights.exists()}
+            continue
+        out[folder.name] = {
+            "recipe": t.get("recipe"),
+            "tokens_per_step": t.get("best_tokens_per_step"),
+            "batches": t.get("steps"),
+            "planned": t.get("planned_steps"),
+            "minutes": t.get("minutes"),
+            "kept_at": next(
+                (h["step"] for h in t.get("history", []) if h.get("tokens_per_step") == t.get("best_tokens_per_step")),
+                None,
+            ),
+        }
+    speeds = [load(p) for p in sorted((ctx.work / "eagle-cache").glob("*/speed.json"))]
+    tokens, seconds = sum(s.get("tokens", 0) for s in speeds), sum(s.get("seconds", 0) for s in speeds)
+    return {
+        "recipes": out,
+        "feature_tokens": tokens,
+        "feature_tokens_per_s": round(tokens / seconds) if seconds else None,
+    }
+
+
+def eagle_words(f: dict) -> str:
+    said = [
+        f"{name} ({r.get('recipe')}): {fmt(r.get('tokens_per_step'), '.3f')} tokens/step held-out (simulated), "
+        f"kept at batch {r.get('kept_at')} of {r.get('batches')} run ({r.get('planned')} planned), "
+        f"{r.get('minutes')} min"
+        if r.get("tokens_per_step") is not None
+        else f"{name}: not trained"
+        for name, r in f.get("recipes", {}).items()
+    ]
+    speed = f.get("feature_tokens_per_s")
+    said.append(
+        f"features: {f.get('feature_tokens', 0)} tokens at {speed} tokens/s" if speed else "features: not measured"
+    )
+    return "; ".join(said)

@@ -7,6 +7,7 @@ prompt, one repeat and a few tokens. Standard library only, like the check that 
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Context:
     device: str  # cuda or cpu
     tiny: bool
     check: str  # the check script's path (its probes)
+    out: Path | None = None  # the check's --out: files that come back whole (the EAGLE heads' weights)
+    limit_s: float = 0.0  # the time limit of the group about to run (a training sizes itself by it)
     methods: list[str] = field(default_factory=list)  # the bench's own method list, read by the env part
     results: dict[str, dict] = field(default_factory=dict)  # figures of the parts done, by name
 
@@ -153,6 +156,43 @@ def compile_jobs(ctx: Context) -> list[Job]:
     return [Job(argv, ctx.work / "compile.log", env={"TORCH_LOGS": "perf_hints"}, json=out)]
 
 
+# The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. Both read one feature cache.
+EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
+EAGLE_SETUP_S = 100  # the feature cache, the model loads and the last evaluation, within the part's limit
+
+
+def eagle_jobs(ctx: Context) -> list[Job]:
+    """Every answer's features cached once on this device, then each EAGLE recipe trained on them side by
+    side for the time left (untimed: the figures are held-out tokens/step, simulated). One shell line, so
+    the features come first; each recipe logs to <name>.log and keeps its head in eagle/<name>/."""
+    cache, heads = ctx.work / "eagle-cache", ctx.work / "eagle"
+    common = ["--device", ctx.device, "--dtype", ctx.size("bfloat16", "float32"), "--work", str(cache)]
+    if ctx.tiny:  # six training answers and three held-out ones
+        import gzip
+
+        held = ctx.work / "heldout-tiny.jsonl"
+        with gzip.open(ctx.root / "assets/data/distill/heldout_answers.jsonl.gz", "rt") as f:
+            held.write_text("".join(next(f) for _ in range(3)))
+        common += ["--train-records", "6", "--heldout-answers", str(held)]
+    minutes = max(0.2, (ctx.limit_s - ctx.size(EAGLE_SETUP_S, 60)) / 60) if ctx.limit_s else ctx.size(4, 0.2)
+    train = [
+        "--no-eval", "--restart", "--max-minutes", f"{minutes:.2f}", "--threads", "4",
+        "--epochs", str(ctx.size(40, 1)), "--eval-every", str(ctx.size(10**6, 2)),
+        "--sim-prompts", str(ctx.size(32, 2)), "--eval-minutes", str(ctx.size(0.75, 0)),
+    ]  # fmt: skip
+    runs = [
+        sh(ctx.cli("train_eagle", *common, *train, *flags, "--out", heads / name)) + f" > {ctx.work / name}.log 2>&1"
+        for name, flags in EAGLE_RECIPES.items()
+    ]
+    done = " && ".join(f"test -f {heads / name}/training.json" for name in EAGLE_RECIPES)
+    line = f"{sh(ctx.cli('train_eagle', *common, '--features-only'))} && ( {' & '.join(runs)} & wait ) && {done}"
+    return [Job(["sh", "-c", line], ctx.work / "eagle-features.log")]
+
+
+def sh(argv: list) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
 # In order of what matters most: a check stopped by its budget keeps the first ones.
 PARTS = (
     Part("env", "the environment: GPU, torch, CUDA, transformers; the pipeline imports no gradio", 60, 120,
@@ -165,12 +205,14 @@ PARTS = (
          lambda ctx: bench_jobs(ctx, "bench", list(TIMED), repeats=3), fig.bench_read, fig.bench_words),
     Part("page", "the page's own path (page_check, greedy) against the bench's Medusa/plain ratio", 120, 300,
          page_jobs, fig.page_read, fig.page_words),
-    Part("bench-eager", "the bench's eager methods: hf-generate, each other drafter; same prompts, 1 repeat", 150, 300,
-         lambda ctx: bench_jobs(ctx, "bench-eager", ctx.eager_methods(), repeats=1), fig.bench_read, fig.bench_words),
     Part("float32", "float32 greedy against model.generate, every bench prompt, each drafter (4 shards side by side)",
          180, 400, float32_jobs, fig.float32_read, fig.float32_words, side=True),
     Part("compile", "--capture compile: does Inductor keep its CUDA graphs", 240, 400,
          compile_jobs, fig.compile_read, fig.compile_words, side=True),
+    Part("eagle", "EAGLE heads trained here on every answer (EAGLE-1; EAGLE-3 fused + training-time test)", 300, 600,
+         eagle_jobs, fig.eagle_read, fig.eagle_words, side=True),
+    Part("bench-eager", "the bench's eager methods: hf-generate, each other drafter; same prompts, 1 repeat", 150, 300,
+         lambda ctx: bench_jobs(ctx, "bench-eager", ctx.eager_methods(), repeats=1), fig.bench_read, fig.bench_words),
     Part("calibrate", "calibrate on this device (into a copy of the heads); a tree step's cost by tree size", 180, 400,
          calibrate_jobs, fig.calibrate_read, fig.calibrate_words),
     Part("costs", "one eager forward of 1..33 tokens after a 256-token prefix (bench --forward-costs)", 60, 400,

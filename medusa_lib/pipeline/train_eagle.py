@@ -1,4 +1,4 @@
-"""Train an EAGLE draft head on a frozen base model by self-distillation, on the CPU.
+"""Train an EAGLE draft head on a frozen base model by self-distillation, on the CPU or a GPU (--device cuda).
 
     python -m medusa_lib.pipeline.train_eagle --out assets/heads/smollm2-135m-instruct-eagle
 
@@ -33,7 +33,7 @@ from tqdm import tqdm
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head
-from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, load_model
+from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, input_device, load_model
 from .cli import add_model_arguments
 from .eagle_loss import batches, eagle_loss, simulated_acceptance, teacher_forced
 from .feature_cache import FeatureCache, build_cache, fused_layers
@@ -63,6 +63,7 @@ def train(
     minutes: float,
     eval_every: int,
     seed: int,
+    eval_minutes: float = 0.0,
     save_dtype: torch.dtype,
     steps: int = 1,
     sim_prompts: int = 48,
@@ -123,7 +124,8 @@ def train(
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", **{k: f"{v:.2f}" for k, v in m.items() if k.startswith("top1_")})
         over = elapsed() > minutes
-        if step % eval_every == 0 or step == len(plan) or over:
+        due = eval_minutes > 0 and elapsed() - (history[-1]["minutes"] if history else 0.0) >= eval_minutes
+        if step % eval_every == 0 or step == len(plan) or over or due:
             ev = teacher_forced(head, proj, heldout, held)
             ev.update(simulated_acceptance(head, heldout_sim, sim, sim_tree))
             ev.update(step=step, minutes=round(elapsed(), 2))
@@ -286,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--max-minutes", type=float, default=25.0)
-    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=200, help="evaluate every this many batches")
+    ap.add_argument("--eval-minutes", type=float, default=0.0, help="and every this many minutes (0: never)")
     ap.add_argument(
         "--eval-prompts", type=int, default=40, help="held-out prompts decoded to measure acceptance per depth"
     )
@@ -313,11 +316,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--eval-only", action="store_true", help="measure the head already in --out and rewrite its model card"
     )
+    ap.add_argument("--features-only", action="store_true", help="build the feature caches under --work, then stop")
+    ap.add_argument(
+        "--no-eval",
+        action="store_true",
+        help="stop after training (training.json written); `--eval-only` later measures it and writes the model card",
+    )
     args = ap.parse_args(argv)
     if args.dtype == "float16":
         raise SystemExit("--dtype float16 is not supported for EAGLE training on this path; use bfloat16 or float32.")
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 training on a GPU: tensor cores
     work, out = Path(args.work), Path(args.out)
     answers = {
         s: [r for p in paths for r in load_jsonl(p)]
@@ -345,11 +355,14 @@ def main(argv: list[str] | None = None) -> None:
                 answers[s],
                 work / f"{s}-{'all' if s == 'heldout' or not args.train_records else len(answers[s])}",
                 with_layers=True,  # one cache for both recipes: EAGLE-3 reads the layer inputs
+                batch_tokens=16384 if input_device(model).type == "cuda" else 2048,  # a GPU: fewer launches
                 desc=f"{s} features",
             )
             for s in ("heldout", "train")
         }
         feature_minutes = round((time.perf_counter() - t0) / 60, 1)
+        if args.features_only:
+            return
         where = work / ("train-all" if not args.train_records else f"train-{len(answers['train'])}") / "speed.json"
         speed = json.loads(where.read_text()) if where.exists() else None
         V = model.get_output_embeddings().weight.shape[0]
@@ -369,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
             d = head.config.hidden_size
             head.fc.weight[:, d:] = torch.eye(d)
             head.fc.bias.zero_()
+        head.to(input_device(model))
         held = caches["heldout"]
         if args.heldout_records and args.heldout_records < len(held):
             held = held.subset(range(0, len(held), len(held) // args.heldout_records))
@@ -384,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
             batch_tokens=args.batch_tokens,
             minutes=args.max_minutes,
             eval_every=args.eval_every,
+            eval_minutes=args.eval_minutes,
             seed=args.seed,
             save_dtype=getattr(torch, args.save_dtype),
             steps=args.ttt_steps,
@@ -404,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
             + " ".join(argv if argv is not None else sys.argv[1:]),
         }
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        if args.no_eval:
+            return
     summary = json.loads(summary_path.read_text())
     if args.compare:
         (out / "recipes.md").write_text(
