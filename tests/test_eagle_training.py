@@ -259,3 +259,25 @@ def test_the_loss_under_bfloat16_autocast_is_the_float32_loss_to_bfloat16_precis
     assert head.fc.weight.dtype == torch.float32 and torch.isfinite(g16).all()
     assert l16 == pytest.approx(l32, rel=0.03) and m16["n"] == m32["n"]
     assert torch.nn.functional.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) > 0.98
+
+
+def test_a_training_can_start_from_another_heads_weights_of_the_same_recipe(model, tmp_path):
+    """--init (a head trained on a GPU, say): the new head starts with exactly its weights; a head of
+    another recipe is refused in one sentence."""
+    from medusa_lib.pipeline.train_eagle import init_from
+
+    torch.manual_seed(1)
+    trained = new_eagle_head(model, tree=TREE, proposal_ids=torch.arange(40))
+    trained.save(tmp_path / "gpu", dtype=torch.bfloat16)
+    torch.manual_seed(2)
+    fresh = new_eagle_head(model, tree=TREE, proposal_ids=torch.arange(40))
+    assert not torch.equal(fresh.fc.weight, trained.fc.weight)
+    init_from(fresh, tmp_path / "gpu", model)
+    saved = load_eagle(tmp_path / "gpu", model=model)
+    for (k, a), (_, b) in zip(fresh.state_dict().items(), saved.state_dict().items()):
+        assert a.dtype == (torch.float32 if a.is_floating_point() else torch.long) and torch.equal(a, b.to(a.dtype)), k
+    fused = new_eagle_head(model, tree=TREE, proposal_ids=torch.arange(40), fuse_layers=fused_layers(6))
+    with pytest.raises(SystemExit, match=r"is another recipe \(its fused layers or proposal tokens differ"):
+        init_from(fused, tmp_path / "gpu", model)
+    with pytest.raises(SystemExit, match="give a head trained with the same flags"):
+        init_from(new_eagle_head(model, tree=TREE, proposal_ids=torch.arange(1, 41)), tmp_path / "gpu", model)

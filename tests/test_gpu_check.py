@@ -81,6 +81,12 @@ def test_the_gpu_check_stages_verifies_and_runs_every_part_on_a_cpu(tmp_path):
     assert fig["calibrate"]["step_cost"]["plain"]["ms_per_step"] > 0 and len(fig["costs"]["rows"]) == 6
     assert fig["compile"]["capture_failures"] == [] and "torch.compile" in fig["compile"]["engine"]
     assert {"plain", "medusa-greedy"} == set(fig["profile"])
+    eagle = fig["eagle"]["recipes"]  # both recipes trained on the features cached here, and their heads came back
+    assert set(eagle) == {"eagle1", "eagle3"} and all(
+        r["finished"] and r["tokens_per_step"] >= 1 for r in eagle.values()
+    )
+    assert eagle["eagle3"]["recipe"].startswith("EAGLE-3") and fig["eagle"]["feature_tokens_per_s"] > 0
+    assert all((out / f"{name}.safetensors").stat().st_size > 0 for name in eagle)
     table = (out / "check.md").read_text()
     assert all(f"| {p.name} | ok |" in table for p in gpu_parts.PARTS) and "| bench | ok |" in said
     with tarfile.open(out / "raw.tar.gz") as tar:

@@ -311,3 +311,53 @@ def test_a_failing_or_hanging_part_never_stops_the_others(tmp_path):
     md = (tmp_path / "out" / "check.md").read_text()
     assert "| works | ok |" in md and "| fine |" in md
     assert (tmp_path / "out" / "raw.tar.gz").exists()
+
+
+def test_the_eagle_part_reports_each_kept_head_and_brings_its_weights_back(tmp_path):
+    """A finished recipe is read from training.json; one cut by the part's limit from the history its
+    last kept checkpoint wrote into config.json; the kept weights of both are copied to --out."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    hist = [
+        {"step": 100, "minutes": 0.5, "tokens_per_step": 2.1},
+        {"step": 200, "minutes": 1.0, "tokens_per_step": 2.3},
+    ]
+    for name, fuse in (("eagle1", None), ("eagle3", [2, 15, 27])):
+        folder = work / "eagle" / name
+        folder.mkdir(parents=True)
+        (folder / "eagle.safetensors").write_bytes(name.encode())
+        (folder / "config.json").write_text(json.dumps({"fuse_layers": fuse, "training": {"history": hist[:1]}}))
+    done = {"recipe": "EAGLE-1 (top feature)", "history": hist, "best_tokens_per_step": 2.3, "steps": 250}
+    (work / "eagle" / "eagle1" / "training.json").write_text(json.dumps(done | {"planned_steps": 400, "minutes": 1.2}))
+    (work / "eagle-cache" / "train-all").mkdir(parents=True)
+    (work / "eagle-cache" / "train-all" / "speed.json").write_text(json.dumps({"tokens": 3000, "seconds": 2.0}))
+    ctx = gpu_parts.Context(
+        python=sys.executable, root=tmp_path, work=work, device="cuda", tiny=False, check="", out=out
+    )
+    f = gpu_figures.eagle_read(ctx, [])
+    assert f["recipes"]["eagle1"] == {
+        "recipe": "EAGLE-1 (top feature)",
+        "tokens_per_step": 2.3,
+        "accept_rate_per_depth": None,
+        "kept_at": 200,
+        "batches": 250,
+        "planned": 400,
+        "minutes": 1.2,
+        "finished": True,
+    }
+    cut = f["recipes"]["eagle3"]
+    assert (cut["recipe"], cut["tokens_per_step"], cut["kept_at"], cut["finished"]) == (
+        "EAGLE-3 (fused features)",
+        2.1,
+        100,
+        False,
+    )
+    assert f["feature_tokens_per_s"] == 1500
+    assert [(out / f"{n}.safetensors").read_bytes() for n in ("eagle1", "eagle3")] == [b"eagle1", b"eagle3"]
+    said = gpu_figures.eagle_words(f)
+    assert "eagle1 (EAGLE-1 (top feature)): 2.300 tokens/step held-out (simulated), kept at batch 200 of 250" in said
+    assert (
+        "eagle3 (EAGLE-3 (fused features)): 2.100 tokens/step held-out (simulated), kept at batch 100 (0.5 min; "
+        in said
+    )
+    assert said.endswith("features: 3000 tokens at 1500 tokens/s")

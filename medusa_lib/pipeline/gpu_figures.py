@@ -295,8 +295,9 @@ def compile_words(f: dict) -> str:
 
 
 def eagle_read(ctx, jobs) -> dict:
-    """Each recipe's training.json (the kept head's simulated held-out tokens/step), the feature cache's
-    speed, and the kept weights copied to --out/<name>.safetensors to come back whole."""
+    """Each recipe's kept head: its simulated held-out tokens/step from training.json, or, for a run cut by
+    the part's limit, from the history its last kept checkpoint wrote into config.json; the feature cache's
+    speed; and the kept weights copied to --out/<name>.safetensors to come back whole."""
     import shutil
 
     heads, out = ctx.work / "eagle", {}
@@ -304,19 +305,22 @@ def eagle_read(ctx, jobs) -> dict:
         weights, t = folder / "eagle.safetensors", load(folder / "training.json")
         if ctx.out is not None and weights.exists():  # the best head so far, even if the run was cut
             shutil.copy(weights, Path(ctx.out) / f"{folder.name}.safetensors")
-        if not t:
-            out[folder.name] = {"trained": False, "weights": weights.exists()}
+        cfg = load(folder / "config.json")
+        history = t.get("history") or (cfg.get("training") or {}).get("history") or []
+        if not history:
+            out[folder.name] = {"trained": False}
             continue
+        kept = max(history, key=lambda h: h.get("tokens_per_step", 0))
         out[folder.name] = {
-            "recipe": t.get("recipe"),
-            "tokens_per_step": t.get("best_tokens_per_step"),
-            "batches": t.get("steps"),
+            "recipe": t.get("recipe")
+            or ("EAGLE-3 (fused features)" if cfg.get("fuse_layers") else "EAGLE-1 (top feature)"),
+            "tokens_per_step": kept.get("tokens_per_step"),
+            "accept_rate_per_depth": kept.get("accept_rate_per_depth"),
+            "kept_at": kept.get("step"),
+            "batches": t.get("steps", history[-1].get("step")),
             "planned": t.get("planned_steps"),
-            "minutes": t.get("minutes"),
-            "kept_at": next(
-                (h["step"] for h in t.get("history", []) if h.get("tokens_per_step") == t.get("best_tokens_per_step")),
-                None,
-            ),
+            "minutes": t.get("minutes", history[-1].get("minutes")),
+            "finished": bool(t),
         }
     speeds = [load(p) for p in sorted((ctx.work / "eagle-cache").glob("*/speed.json"))]
     tokens, seconds = sum(s.get("tokens", 0) for s in speeds), sum(s.get("seconds", 0) for s in speeds)
@@ -328,14 +332,20 @@ def eagle_read(ctx, jobs) -> dict:
 
 
 def eagle_words(f: dict) -> str:
-    said = [
-        f"{name} ({r.get('recipe')}): {fmt(r.get('tokens_per_step'), '.3f')} tokens/step held-out (simulated), "
-        f"kept at batch {r.get('kept_at')} of {r.get('batches')} run ({r.get('planned')} planned), "
-        f"{r.get('minutes')} min"
-        if r.get("tokens_per_step") is not None
-        else f"{name}: not trained"
-        for name, r in f.get("recipes", {}).items()
-    ]
+    def one(name: str, r: dict) -> str:
+        if r.get("tokens_per_step") is None:
+            return f"{name}: not trained"
+        said = (
+            f"{name} ({r.get('recipe')}): {r['tokens_per_step']:.3f} tokens/step held-out (simulated), kept at batch "
+        )
+        if r.get("finished"):
+            return (
+                said
+                + f"{r.get('kept_at')} of {r.get('batches')} run ({r.get('planned')} planned), {r.get('minutes')} min"
+            )
+        return said + f"{r.get('kept_at')} ({r.get('minutes')} min; the run was cut by the part's limit after it)"
+
+    said = [one(name, r) for name, r in f.get("recipes", {}).items()]
     speed = f.get("feature_tokens_per_s")
     said.append(
         f"features: {f.get('feature_tokens', 0)} tokens at {speed} tokens/s" if speed else "features: not measured"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,7 +159,7 @@ def compile_jobs(ctx: Context) -> list[Job]:
 
 # The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. Both read one feature cache.
 EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
-EAGLE_SETUP_S = 100  # the feature cache, the model loads and the last evaluation, within the part's limit
+EAGLE_LAST_EVAL_S = 60  # the last held-out evaluation and the save, within the part's limit
 
 
 def eagle_jobs(ctx: Context) -> list[Job]:
@@ -174,9 +175,11 @@ def eagle_jobs(ctx: Context) -> list[Job]:
         with gzip.open(ctx.root / "assets/data/distill/heldout_answers.jsonl.gz", "rt") as f:
             held.write_text("".join(next(f) for _ in range(3)))
         common += ["--train-records", "6", "--heldout-answers", str(held)]
-    minutes = max(0.2, (ctx.limit_s - ctx.size(EAGLE_SETUP_S, 60)) / 60) if ctx.limit_s else ctx.size(4, 0.2)
+    # training ends by the part's limit less the last evaluation and the save, however long the features took
+    stop_at = time.time() + (ctx.limit_s or ctx.size(300, 60)) - ctx.size(EAGLE_LAST_EVAL_S, 45)
     train = [
-        "--no-eval", "--restart", "--max-minutes", f"{minutes:.2f}", "--threads", "4",
+        "--no-eval", "--restart", "--max-minutes", str(ctx.size(60, 0.2)), "--stop-at", f"{stop_at:.0f}",
+        "--threads", "4",
         "--epochs", str(ctx.size(40, 1)), "--eval-every", str(ctx.size(10**6, 2)),
         "--sim-prompts", str(ctx.size(32, 2)), "--eval-minutes", str(ctx.size(0.75, 0)),
     ]  # fmt: skip

@@ -159,6 +159,23 @@ def train(
     }
 
 
+def init_from(head: EagleHead, folder: str | Path, model) -> None:
+    """Start ``head`` from the weights of the EAGLE head in ``folder`` (one trained on a GPU, say): the
+    same recipe (fused layers) and the same proposal tokens, or one sentence (SystemExit) saying so."""
+    init = load_eagle(folder, model=model)
+    same_ids = (init.proposal_ids is None and head.proposal_ids is None) or (
+        init.proposal_ids is not None
+        and head.proposal_ids is not None
+        and torch.equal(init.proposal_ids.cpu(), head.proposal_ids.cpu())
+    )
+    if init.config.fuse_layers != head.config.fuse_layers or not same_ids:
+        raise SystemExit(
+            f"--init {folder} is another recipe (its fused layers or proposal tokens differ from this training's); "
+            "give a head trained with the same flags."
+        )
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()})
+
+
 def acceptance_per_depth(
     model, head: EagleHead, prompts: list[list[int]], *, max_new_tokens: int, tree: DynamicTreeConfig
 ) -> dict:
@@ -288,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--max-minutes", type=float, default=25.0)
+    ap.add_argument(
+        "--stop-at", type=float, default=0.0, help="and end training by this Unix time (a time-boxed GPU call)"
+    )
     ap.add_argument("--eval-every", type=int, default=200, help="evaluate every this many batches")
     ap.add_argument("--eval-minutes", type=float, default=0.0, help="and every this many minutes (0: never)")
     ap.add_argument(
@@ -301,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--sim-prompts", type=int, default=48, help="held-out answers to simulate tokens/step on (the kept checkpoint)"
     )
+    ap.add_argument("--init", default=None, help="start from this EAGLE head's weights (e.g. one trained on a GPU)")
     ap.add_argument("--restart", action="store_true", help="start again instead of resuming --out/train_state.pt")
     ap.add_argument(
         "--compare",
@@ -382,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
             d = head.config.hidden_size
             head.fc.weight[:, d:] = torch.eye(d)
             head.fc.bias.zero_()
+        if args.init:
+            init_from(head, args.init, model)
         head.to(input_device(model))
         held = caches["heldout"]
         if args.heldout_records and args.heldout_records < len(held):
@@ -396,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
             lr=args.lr,
             epochs=args.epochs,
             batch_tokens=args.batch_tokens,
-            minutes=args.max_minutes,
+            minutes=min(args.max_minutes, (args.stop_at - time.time()) / 60) if args.stop_at else args.max_minutes,
             eval_every=args.eval_every,
             eval_minutes=args.eval_minutes,
             seed=args.seed,
@@ -411,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
             "feature_speed": speed,
             "recipe": head.config.recipe,
             "ttt_steps": args.ttt_steps,
+            "init": args.init,
             "train_sequences": len(caches["train"]),
             "train_tokens": int(caches["train"].offsets[-1]),
             "heldout_sequences": len(caches["heldout"]),
