@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from conftest import make_model, random_heads, tiny_tokenizer
@@ -37,16 +38,23 @@ def saved(tmp_path_factory):
     return folder
 
 
+def saved_args(saved: Path, heads: Path | None | str = "saved") -> list[str]:
+    """--model, --heads (the saved heads, another folder, or None: none) and --prompts of the ``saved`` setup."""
+    heads = saved / "heads" if heads == "saved" else heads
+    return [
+        "--model",
+        str(saved / "model"),
+        *(["--heads", str(heads)] if heads is not None else []),
+        "--prompts",
+        str(saved / "prompts.jsonl"),
+    ]
+
+
 def test_bench_writes_one_record_per_method_and_prompt_and_prints_the_tables(saved, capsys):
     out = saved / "out.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--heads",
-            str(saved / "heads"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved),
             "--methods",
             ",".join(METHODS),
             "--dtype",
@@ -119,10 +127,7 @@ def test_bench_refuses_an_unknown_method(saved):
 def test_bench_can_keep_stock_weights(saved, capsys):
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved, heads=None),
             "--methods",
             "hf-generate,baseline",
             "--dtype",
@@ -143,14 +148,7 @@ def test_bench_reports_every_drafters_acceptance_as_vllm_does(saved, capsys):
 
     out = saved / "acceptance.json"
     methods = ["baseline", "medusa-greedy", "lookup-greedy"]
-    common = [
-        "--model",
-        str(saved / "model"),
-        "--heads",
-        str(saved / "heads"),
-        "--prompts",
-        str(saved / "prompts.jsonl"),
-    ]
+    common = saved_args(saved)
     bench.main(
         [*common, "--methods", ",".join(methods), "--dtype", "float32", "--limit", "2", "--max-new-tokens", "12"]
         + ["--repeats", "1", "--json", str(out)]
@@ -193,12 +191,7 @@ def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tm
     out = tmp_path / "out.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--heads",
-            str(tmp_path / "heads"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved, heads=tmp_path / "heads"),
             "--methods",
             "medusa-greedy",
             "--dtype",
@@ -225,12 +218,7 @@ def test_bench_sampled_methods_draw_from_one_seed_and_the_exact_sampler_matches_
     out = saved / "sampled.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--heads",
-            str(saved / "heads"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved),
             "--methods",
             "hf-generate,baseline,medusa-greedy," + ",".join(SAMPLED),
             "--temperature",
@@ -292,12 +280,7 @@ def test_bench_sampled_preset_and_the_refusals(saved, capsys):
     out = saved / "preset.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--heads",
-            str(saved / "heads"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved),
             "--sampled",
             "--dtype",
             "float32",
@@ -321,7 +304,7 @@ def test_bench_sampled_preset_and_the_refusals(saved, capsys):
     )
     assert data["exact_sampling"]["medusa-sample"]["identical"] == 1
     assert "medusa-sample == plain-sample: 1/1 identical" in capsys.readouterr().out
-    common = ["--model", str(saved / "model"), "--prompts", str(saved / "prompts.jsonl")]
+    common = saved_args(saved, heads=None)
     with pytest.raises(
         SystemExit,
         match=r"^plain-sample and medusa-sample need --temperature > 0 \(at 0 they are baseline and medusa-greedy\)\.$",
@@ -337,10 +320,7 @@ def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(sav
     out = saved / "static.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved, heads=None),
             "--methods",
             "hf-generate,hf-generate-static",
             "--dtype",
@@ -390,12 +370,7 @@ def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_c
     out = saved / f"engine-{capture}.json"
     bench.main(
         [
-            "--model",
-            str(saved / "model"),
-            "--heads",
-            str(saved / "heads"),
-            "--prompts",
-            str(saved / "prompts.jsonl"),
+            *saved_args(saved),
             "--methods",
             "hf-generate,baseline,medusa-greedy,medusa-heads-only",
             "--dtype",
@@ -446,10 +421,7 @@ def test_bench_refuses_a_capture_without_the_static_cache(saved):
     with pytest.raises(SystemExit, match="only the static cache has; use --cache static or --capture none."):
         bench.main(
             [
-                "--model",
-                str(saved / "model"),
-                "--prompts",
-                str(saved / "prompts.jsonl"),
+                *saved_args(saved, heads=None),
                 "--methods",
                 "baseline",
                 "--device",
