@@ -281,3 +281,21 @@ def test_a_training_can_start_from_another_heads_weights_of_the_same_recipe(mode
         init_from(fused, tmp_path / "gpu", model)
     with pytest.raises(SystemExit, match="give a head trained with the same flags"):
         init_from(new_eagle_head(model, tree=TREE, proposal_ids=torch.arange(1, 41)), tmp_path / "gpu", model)
+
+
+def test_the_model_cards_acceptance_counts_the_decoders_full_steps(model, cache):
+    """train_eagle.acceptance_per_depth: tokens/step and the rates per depth of the decoder's full steps."""
+    from medusa_lib.pipeline.train_eagle import acceptance_per_depth
+
+    head = fitted(model, cache, batches=40)
+    got = acceptance_per_depth(model, head, PROMPTS, max_new_tokens=16, tree=TREE)
+    cfg = DecodeConfig(max_new_tokens=16, stop_on_eos=True, record_detail=False)
+    runs = [Decoder(model, method="medusa-greedy", eagle=head, tree=TREE, config=cfg).run(p) for p in PROMPTS]
+    a = [s.accept_length for r in runs for s in r.steps[1:] if s.finish_reason is None]
+    reached = [sum(x >= k for x in a) for k in range(TREE.depth + 1)]  # reached[0]: every full step
+    assert got["steps"] == len(a) > 0 and sum(a) > 0
+    assert got["tokens_per_step"] == round(1 + sum(a) / len(a), 3)
+    assert got["accepted_at_least"] == [round(reached[k] / len(a), 3) for k in range(1, TREE.depth + 1)]
+    assert got["accept_rate_per_depth"] == [
+        round(reached[k] / reached[k - 1], 3) if reached[k - 1] else 0.0 for k in range(1, TREE.depth + 1)
+    ]

@@ -172,10 +172,16 @@ def simulated_acceptance(head: EagleHead, cache: FeatureCache, seqs: list[int], 
     head.eval()
     lengths = [a for i in seqs for a in simulated_lengths(head, cache, i, tree)]
     head.train(was)
-    a = acceptance(lengths, depth=tree.depth)  # every simulated step drafts (core/spec_metrics.py)
+    return depth_rates(lengths, tree.depth)
+
+
+def depth_rates(lengths: list[int], depth: int, digits: int = 4) -> dict:
+    """Tokens/step and the rates per depth of greedy steps' accept lengths, every step a draft
+    (``core/spec_metrics.acceptance``): the share accepting >= k, and the k-th given k - 1 (0 where undefined)."""
+    a = acceptance(lengths, depth=depth)
     return {
-        "tokens_per_step": round(a.mean_acceptance_length or 1.0, 4),
+        "tokens_per_step": round(a.mean_acceptance_length or 1.0, digits),
         "steps": a.steps,
-        "accepted_at_least": [round(x, 4) for x in a.rates or (0.0,) * tree.depth],
-        "accept_rate_per_depth": [round(x or 0.0, 4) for x in a.given_previous or (0.0,) * tree.depth],
+        "accepted_at_least": [round(x, digits) for x in a.rates or (0.0,) * depth],
+        "accept_rate_per_depth": [round(x or 0.0, digits) for x in a.given_previous or (0.0,) * depth],
     }

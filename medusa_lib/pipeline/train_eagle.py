@@ -34,8 +34,9 @@ from ..core.decoding import DecodeConfig, Decoder
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, input_device, load_model
+from ..core.spec_metrics import step_lists
 from .cli import add_model_arguments
-from .eagle_loss import batches, eagle_loss, simulated_acceptance, teacher_forced
+from .eagle_loss import batches, depth_rates, eagle_loss, simulated_acceptance, teacher_forced
 from .feature_cache import FeatureCache, build_cache, fused_layers
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
@@ -182,24 +183,16 @@ def acceptance_per_depth(
     """Greedy decoding of held-out prompts with the head: tokens per step, and for every depth k
     the share of steps that accepted >= k drafted tokens (and, given k - 1 accepted, the k-th)."""
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, stop_on_eos=True, record_detail=False)
-    lengths, tokens, steps = [], 0, 0
+    lengths = []
     for ids in tqdm(
         prompts, desc=f"acceptance k={tree.top_k} depth={tree.depth} nodes={tree.num_nodes}", file=sys.stdout
     ):
         res = Decoder(model, method="medusa-greedy", eagle=head, tree=tree, config=cfg).run(ids)
-        full = [s for s in res.steps[1:] if s.finish_reason is None]  # a cut step says nothing about the drafter
-        lengths += [s.accept_length for s in full]
-        tokens += sum(s.accept_length + 1 for s in full)
-        steps += len(full)
-    at_least = [sum(a >= k for a in lengths) / max(len(lengths), 1) for k in range(1, tree.depth + 1)]
-    given = [at_least[0]] + [at_least[k] / at_least[k - 1] if at_least[k - 1] else 0.0 for k in range(1, len(at_least))]
+        lengths += step_lists(res.steps)["accept_lengths"]  # full steps: a cut step says nothing about the drafter
     return {
         "tree": {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes},
         "prompts": len(prompts),
-        "steps": steps,
-        "tokens_per_step": round(tokens / max(steps, 1), 3),
-        "accepted_at_least": [round(x, 3) for x in at_least],
-        "accept_rate_per_depth": [round(x, 3) for x in given],
+        **depth_rates(lengths, tree.depth, digits=3),
     }
 
 
