@@ -217,3 +217,53 @@ def test_heads_calibrated_on_another_device_kind_say_so_beside_the_tree_and_the_
         and f"{tree['speedup']:.2f}x plain decoding's speed" in explain
     )
     assert "calibration-note" not in props(tiny_playground(oracle=False))  # never calibrated: no note
+
+
+def test_the_page_starts_on_the_tree_calibrated_in_its_default_numerics():
+    """Heads calibrated in bfloat16 (the top level) and in float32 (calibrations.cpu-float32): a page whose
+    default numerics is float32 starts on the float32 tree and quotes its figures; a bfloat16-only page on
+    the other; neither says a word about another device."""
+    import copy
+
+    import torch
+    from conftest import untrained_heads
+
+    from medusa_lib.present import Playground
+    from ui import build_demo
+
+    base = tiny_playground(oracle=False)
+    heads = untrained_heads(base.model, num_heads=3)
+    bf16 = {
+        "device": "CPU, 2 threads",
+        "dtype": "torch.bfloat16",
+        "lookup": 0,
+        "trees": {"calibrated-3": {"nodes": 4, "measured_tokens_per_step": 2.4, "speedup": 1.7}},
+    }
+    f32 = {
+        "device": "CPU, 2 threads",
+        "device_kind": "cpu",
+        "dtype": "torch.float32",
+        "lookup": 0,
+        "default_tree": "calibrated-2",
+        "trees": {"calibrated-2": {"nodes": 2, "measured_tokens_per_step": 1.9, "speedup": 1.3}},
+    }
+    heads.tree_presets = {"calibrated-2": [[0], [0, 0]], "calibrated-3": [[0], [0, 0], [1]]}
+    heads.default_tree, heads.lookup, heads.calibration = "calibrated-3", 0, bf16
+    heads.calibrations = {"cpu-float32": f32}
+    m16, h16 = copy.deepcopy(base.model).to(torch.bfloat16), copy.deepcopy(heads).to(torch.bfloat16)
+    both = Playground(base.model, base.tokenizer, heads, variants={"bfloat16": (m16, h16)})
+    only16 = Playground(m16, base.tokenizer, h16)
+    assert (both.default_numerics, both.defaults.tree, both.defaults.calibration) == ("float32", "calibrated-2", f32)
+    assert (only16.default_numerics, only16.defaults.tree, only16.defaults.calibration) == (
+        "bfloat16",
+        "calibrated-3",
+        bf16,
+    )
+    for pg, tree, figures in ((both, "calibrated-2", f32), (only16, "calibrated-3", bf16)):
+        page = {
+            c["props"]["elem_id"]: c["props"]
+            for c in build_demo(pg, max_new_tokens=16).config["components"]
+            if c.get("props", {}).get("elem_id")
+        }
+        assert page["tree-preset"]["value"] == tree and "calibration-note" not in page
+        assert f"{figures['trees'][tree]['speedup']:.2f}x plain decoding's speed" in page["explain"]["value"]

@@ -11,7 +11,8 @@ from medusa_lib.pipeline import calibrate
 from medusa_lib.pipeline.calibrate import head_accuracy, pick_default, split_prompts
 
 
-def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, capsys):
+def calibration_case(tmp_path) -> list[str]:
+    """A tiny llama, random heads and 8 prompts on disk; the calibrate arguments that use them."""
     model = make_model("llama")
     model.generation_config.eos_token_id = None  # random models hit EOS at random: full-length answers
     model.save_pretrained(tmp_path / "model")
@@ -22,31 +23,32 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
         for i in range(8)
     ]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    calibrate.main(
-        [
-            "--heads",
-            str(tmp_path / "heads"),
-            "--model",
-            str(tmp_path / "model"),
-            "--prompts",
-            str(tmp_path / "prompts.jsonl"),
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--acc-prompts",
-            "5",
-            "--speed-prompts",
-            "2",
-            "--max-new-tokens",
-            "24",
-            "--sizes",
-            "2,4",
-            "--lookup",
-            "3",
-            "--write",
-        ]
-    )
+    return [
+        "--heads",
+        str(tmp_path / "heads"),
+        "--model",
+        str(tmp_path / "model"),
+        "--prompts",
+        str(tmp_path / "prompts.jsonl"),
+        "--device",
+        "cpu",
+        "--acc-prompts",
+        "5",
+        "--speed-prompts",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--sizes",
+        "2,4",
+        "--lookup",
+        "3",
+        "--write",
+    ]
+
+
+def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, capsys):
+    calibrate.main([*calibration_case(tmp_path), "--dtype", "float32"])
+    model = make_model("llama")
     printed = capsys.readouterr().out
     trees = json.loads((tmp_path / "heads" / "trees.json").read_text())
     cfg = json.loads((tmp_path / "heads" / "config.json").read_text())
@@ -75,6 +77,34 @@ def test_calibrate_writes_trees_the_default_and_the_lookup_length(tmp_path, caps
     assert "trees + lookup-3" in printed and f"default_tree={cfg['default_tree']} and lookup=3" in printed
     heads = load_heads(tmp_path / "heads", model=model)
     assert heads.lookup == 3 and heads.default_tree == cfg["default_tree"] and heads.tree_presets == trees
+
+
+def test_a_calibration_in_other_numerics_keeps_the_trees_and_its_own_record(tmp_path, capsys):
+    """float32 first (the top level), then bfloat16 with --keep-trees: the stored trees are timed as they
+    are, the bfloat16 record goes to calibrations.cpu-bfloat16, and each numerics gets its own record."""
+    from medusa_lib import heads_defaults
+
+    args = calibration_case(tmp_path)
+    calibrate.main([*args, "--dtype", "float32"])
+    folder = tmp_path / "heads"
+    trees = json.loads((folder / "trees.json").read_text())
+    trees["calibrated-4"] = [[0], [0, 0], [0, 0, 0], [1]]  # not what this run's accuracies would grow
+    (folder / "trees.json").write_text(json.dumps(trees))
+    first = json.loads((folder / "config.json").read_text())["calibration"]
+    capsys.readouterr()
+    calibrate.main([*args, "--dtype", "bfloat16", "--keep-trees"])
+    printed = capsys.readouterr().out
+    cfg = json.loads((folder / "config.json").read_text())
+    assert json.loads((folder / "trees.json").read_text()) == trees  # timed as stored
+    assert "kept from trees.json: calibrated-2, calibrated-4" in printed
+    assert cfg["calibration"] == first and set(cfg["calibrations"]) == {"cpu-bfloat16"}
+    bf16 = cfg["calibrations"]["cpu-bfloat16"]
+    assert bf16["dtype"] == "torch.bfloat16" and set(bf16["trees"]) == {"calibrated-2", "calibrated-4"}
+    assert "calibrations.cpu-bfloat16 of config.json; the top-level cpu-float32 calibration is kept" in printed
+    heads = load_heads(folder)
+    for numerics, record in (("float32", first), ("bfloat16", bf16), ("torch.bfloat16", bf16), (None, first)):
+        d = heads_defaults(heads, "cpu", numerics)
+        assert (d.tree, d.calibration, d.note) == (record["default_tree"], record, None)
 
 
 def test_head_accuracy_of_identity_heads_is_the_lm_head_hit_rate():
@@ -323,18 +353,20 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
         folder, cuda, {"calibrated-12": stored["calibrated-12"], "calibrated-17": wide}, say=said.append
     )
     cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
-    assert where == "calibrations.cuda of config.json; the top-level cpu calibration is kept"
+    assert where == "calibrations.cuda-bfloat16 of config.json; the top-level cpu-bfloat16 calibration is kept"
     assert said == [
-        f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA calibration: {where})"
+        f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA bfloat16 calibration: {where})"
     ]
-    assert {k: v for k, v in cfg.items() if k != "calibrations"} == before and cfg["calibrations"] == {
-        "cuda": cuda
-    }  # the CPU record untouched
+    others = before["calibrations"]  # shipped: the float32 CPU record beside the bfloat16 one
+    assert set(others) == {"cpu-float32"} and others["cpu-float32"]["dtype"] == "torch.float32"
+    assert {k: v for k, v in cfg.items() if k != "calibrations"} == {
+        k: v for k, v in before.items() if k != "calibrations"
+    } and cfg["calibrations"] == {**others, "cuda-bfloat16": cuda}  # the CPU records untouched
     assert trees == {**stored, "calibrated-17": wide} and list(trees) == sorted(
         trees, key=lambda n: len(trees[n])
     )  # the union, smallest first
     heads = load_heads(folder)
-    assert heads.calibrations == {"cuda": cuda} and heads.tree_presets == trees
+    assert heads.calibrations == {**others, "cuda-bfloat16": cuda} and heads.tree_presets == trees
     on_gpu, on_cpu = heads_defaults(heads, "cuda:0"), heads_defaults(heads, "cpu")
     assert (on_gpu.tree, on_gpu.lookup_length, on_gpu.calibration, on_gpu.note) == ("calibrated-17", 0, cuda, None)
     assert (on_cpu.tree, on_cpu.lookup_length, on_cpu.calibration, on_cpu.note) == (
@@ -343,13 +375,20 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
         before["calibration"],
         None,
     )
+    in_f32 = heads_defaults(heads, "cpu", "float32")  # the page's numerics: its own record
+    assert (in_f32.tree, in_f32.calibration, in_f32.note) == (
+        others["cpu-float32"]["default_tree"],
+        others["cpu-float32"],
+        None,
+    )
 
     # CUDA again, with other choices under a name already stored: the newer ones win, and it is said
     said.clear()
     write_calibration(folder, {**cuda, "default_tree": "calibrated-12"}, {"calibrated-12": wide[:12]}, say=said.append)
     cfg, trees = json.loads((folder / "config.json").read_text()), json.loads((folder / "trees.json").read_text())
     assert (
-        cfg["calibrations"]["cuda"]["default_tree"] == "calibrated-12" and cfg["calibration"] == before["calibration"]
+        cfg["calibrations"]["cuda-bfloat16"]["default_tree"] == "calibrated-12"
+        and cfg["calibration"] == before["calibration"]
     )
     assert trees["calibrated-12"] == wide[:12] and trees["calibrated-5"] == stored["calibrated-5"]
     assert said[0].startswith(
@@ -365,5 +404,13 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     assert (cfg["default_tree"], cfg["lookup"], cfg["calibration"]) == ("calibrated-4", 3, cpu) and set(
         cfg["calibrations"]
-    ) == {"cuda"}
+    ) == {"cuda-bfloat16", "cpu-float32"}
     assert not list(folder.glob("*.tmp"))
+
+    # a record under an older name (the device kind alone) is replaced, not kept beside the new one
+    cfg["calibrations"] = {"cuda": cuda, "cpu-float32": others["cpu-float32"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    write_calibration(folder, {**cuda, "default_tree": "calibrated-4"}, {}, say=said.append)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert set(cfg["calibrations"]) == {"cuda-bfloat16", "cpu-float32"}
+    assert cfg["calibrations"]["cuda-bfloat16"]["default_tree"] == "calibrated-4"

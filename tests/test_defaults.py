@@ -87,3 +87,27 @@ def test_a_calibrated_tree_the_heads_lack_is_not_quoted(kind):
         calibrated(CPU, default_tree="calibrated-64", lookup=4), "cuda"
     )  # borrowed, but lost: no note about a tree not used
     assert (d.tree, d.calibration, d.note) == ("topk-4x3x2-16", None, None)
+
+
+def test_each_numerics_gets_its_own_calibration_on_a_device_kind():
+    """A float32 calibration beside the bfloat16 one: a float32 run takes it, a bfloat16 run the other;
+    numerics without a record of their own take the device kind's first (the top level), without a note."""
+    cpu32 = {
+        **CPU,
+        "default_tree": "calibrated-12",
+        "lookup": 0,
+        "device_kind": "cpu",
+        "dtype": "torch.float32",
+    }
+    heads = calibrated(CPU, default_tree="calibrated-5", lookup=4, others={"cpu-float32": cpu32, "cuda": CUDA})
+    for numerics, want in [
+        ("float32", ("calibrated-12", 0, cpu32)),
+        ("torch.float32", ("calibrated-12", 0, cpu32)),
+        ("bfloat16", ("calibrated-5", 4, CPU)),
+        ("float16", ("calibrated-5", 4, CPU)),
+        (None, ("calibrated-5", 4, CPU)),
+    ]:
+        d = heads_defaults(heads, "cpu", numerics)
+        assert (d.tree, d.lookup_length, d.calibration, d.note) == (*want, None), numerics
+    d = heads_defaults(heads, "cuda", "float32")  # the GPU's own kind, in other numerics: still its tree
+    assert (d.tree, d.calibration, d.note) == ("calibrated-12", CUDA, None)

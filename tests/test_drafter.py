@@ -125,7 +125,7 @@ def test_the_shipped_heads_make_medusa_the_default_here(pg):
 
     cal = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())["calibration"]
     medusa = medusa_speedup(
-        heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu"), torch.device("cpu")
+        heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu", "float32"), torch.device("cpu")
     )
     assert cal["device_kind"] == "cpu" and medusa is not None and default_drafter(medusa, cal["speedup"]) == "medusa"
     assert (

@@ -339,8 +339,8 @@ def test_calibrations_per_device_kind_are_read_and_a_malformed_one_gets_one_sent
     for bad, message in [
         (
             [cuda],
-            f"{where} has calibrations=[{cuda!r}]; it must map a device kind (cpu, cuda) to a calibration record, "
-            "or be left out.",
+            f"{where} has calibrations=[{cuda!r}]; it must map a device kind and numerics (cuda-bfloat16) "
+            "to a calibration record, or be left out.",
         ),
         (
             {"cuda": "chain-3"},

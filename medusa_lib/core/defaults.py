@@ -3,14 +3,16 @@ for the page, the ``/compare`` API and the benchmark.
 
 Heads calibrated by ``python -m medusa_lib.pipeline.calibrate`` name their default tree and the
 lookup length it was calibrated with (``config.json``: ``default_tree``, ``lookup``; ``lookup: 0``
-means calibrated without the branch). A tree is calibrated per *kind* of device: a GPU verifies a
-big tree for about the cost of one token, a CPU does not, so the best tree differs. The top-level
-calibration is the first one made (a record without ``device_kind`` was made on a CPU); a
-calibration on another kind of device lives in ``calibrations[kind]`` with its own
-``default_tree`` and ``lookup``. On a device kind the heads have no calibration for, the other
-kind's tree is used and ``HeadsDefaults.note`` says so. Heads without any calibration get a
-16-node tree that a CPU verifies cheaply, or a chain as deep as the heads when they predict fewer
-than 3 tokens ahead.
+means calibrated without the branch). A tree is calibrated per *kind* of device and per numerics:
+a GPU verifies a big tree for about the cost of one token, a CPU does not, and on a CPU a float32
+verify costs more per extra token than a bfloat16 one where bfloat16 is native, so the best tree
+differs. The top-level calibration is the first one made (a record without ``device_kind`` was
+made on a CPU); the others live in ``calibrations[name]`` with their own ``default_tree`` and
+``lookup`` (the name is a label; each record's ``device_kind`` and ``dtype`` say what it is for).
+A run takes the record of its device kind and numerics, else one of its device kind (the top-level
+first), else the other kind's tree with ``HeadsDefaults.note`` saying so. Heads without any
+calibration get a 16-node tree that a CPU verifies cheaply, or a chain as deep as the heads when
+they predict fewer than 3 tokens ahead.
 """
 
 from __future__ import annotations
@@ -53,30 +55,44 @@ def record_kind(record: dict) -> str:
     return record.get("device_kind") or LEGACY_KIND
 
 
-def calibrations_by_kind(heads) -> dict[str, tuple[dict, str | None, int | None]]:
-    """Device kind -> (record, default tree, lookup) of every calibration the heads carry, the
-    top-level one first (its tree and lookup are config.json's top-level ``default_tree``, ``lookup``)."""
-    out = {}
+def record_numerics(record: dict) -> str | None:
+    """The numerics a calibration record was timed in ('float32', 'bfloat16', ...), None if it says none."""
+    dtype = record.get("dtype")
+    return str(dtype).removeprefix("torch.") if dtype else None
+
+
+def calibration_key(record: dict) -> str:
+    """The name a calibration goes under in config.json's ``calibrations``: its device kind and numerics."""
+    return "-".join(x for x in (record_kind(record), record_numerics(record)) if x)
+
+
+def calibration_records(heads) -> list[tuple[dict, str | None, int | None]]:
+    """(record, default tree, lookup) of every calibration the heads carry, the top-level one first (its
+    tree and lookup are config.json's top-level ``default_tree``, ``lookup``)."""
+    out = []
     top = getattr(heads, "calibration", None)
     if isinstance(top, dict):
-        out[record_kind(top)] = (top, getattr(heads, "default_tree", None), getattr(heads, "lookup", None))
-    for kind, record in (getattr(heads, "calibrations", None) or {}).items():
-        out.setdefault(kind, (record, record.get("default_tree"), record.get("lookup")))
+        out.append((top, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)))
+    for record in (getattr(heads, "calibrations", None) or {}).values():
+        out.append((record, record.get("default_tree"), record.get("lookup")))
     return out
 
 
-def heads_defaults(heads, device: torch.device | str | None = None) -> HeadsDefaults:
+def heads_defaults(heads, device: torch.device | str | None = None, numerics: str | None = None) -> HeadsDefaults:
     """The defaults for ``heads`` (a MedusaHeads; calibrations read by ``load_heads``) on ``device``
-    (the model's; None = CPU): the calibration made on this kind of device, else another kind's
-    (with a ``note``), else the uncalibrated fallback."""
+    (the model's; None = CPU) in ``numerics`` (the model's dtype name, e.g. 'float32'; None = any): the
+    calibration made on this kind of device in these numerics, else on this kind of device, else
+    another kind's (with a ``note``), else the uncalibrated fallback."""
     kind = device_kind(device)
-    found = calibrations_by_kind(heads)
+    found = calibration_records(heads)
+    mine = [f for f in found if record_kind(f[0]) == kind]
+    exact = [f for f in mine if numerics and record_numerics(f[0]) == str(numerics).removeprefix("torch.")]
     note = None
-    if kind in found:
-        record, calibrated, lookup = found[kind]
+    if exact or mine:
+        record, calibrated, lookup = (exact or mine)[0]
     elif found:  # calibrated, but on another kind of device: its tree beats a guess, and the page says whose it is
-        other = next(iter(found))
-        record, calibrated, lookup = found[other]
+        record, calibrated, lookup = found[0]
+        other = record_kind(record)
         where = record.get("device") or KIND_NAMES.get(other, other)
         note = (
             f"These heads have no tree calibrated on {KIND_NAMES.get(kind, kind)}; "

@@ -194,14 +194,15 @@ def check_record(record, *, where: str, name: str) -> dict | None:
 
 
 def device_calibrations(value, *, where: str) -> dict[str, dict]:
-    """config.json's ``calibrations``: device kind -> calibration record (``default_tree`` and
-    ``lookup`` included), one per kind of device the heads were calibrated on besides the top-level one."""
+    """config.json's ``calibrations``: name -> calibration record (``default_tree`` and ``lookup``
+    included), one per device kind and numerics the heads were calibrated in besides the top-level one
+    (named "cuda-bfloat16", "cpu-float32"; the first ones were named by the device kind alone)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise HeadsError(
-            f"{where} has calibrations={value!r}; it must map a device kind (cpu, cuda) to a calibration record, "
-            "or be left out."
+            f"{where} has calibrations={value!r}; it must map a device kind and numerics (cuda-bfloat16) "
+            "to a calibration record, or be left out."
         )
     for kind, record in value.items():
         if not isinstance(record, dict):

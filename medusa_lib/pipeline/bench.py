@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
             heads = load_heads(args.heads, model=model)
         except InputError as e:  # HeadsError: one sentence
             fail(e)
-        defaults = heads_defaults(heads, device)  # the playground's defaults too (this device kind's calibration)
+        # the playground's defaults too (the calibration of this device kind in these numerics)
+        defaults = heads_defaults(heads, device, str(next(model.parameters()).dtype))
         note = defaults.note  # calibrated on another kind of device only
         if note:
             print(f"note: {note}", flush=True)

@@ -18,11 +18,14 @@
    With ``--lookup N`` (default 4; 0 = heads only) every tree step also verifies the lookup
    branch (``lookup.py``), in the simulation and the measurement; the heads-only simulation is
    printed beside it.
-With ``--write`` the trees go to ``trees.json`` beside the heads (shared by every device: the
-calibrated-N trees are named by size, merged by name) and the record (the choice, the lookup length
-and the figures, with the device and its kind) to its ``config.json``: at the top level for the
-first device kind calibrated (or the same kind again), else under ``calibrations[kind]`` (a GPU's
-best tree is not a CPU's: see ``core/defaults.py``).
+With ``--write`` the trees go to ``trees.json`` beside the heads (shared by every device and numerics:
+the calibrated-N trees are named by size, merged by name) and the record (the choice, the lookup
+length and the figures, with the device, its kind and the numerics) to its ``config.json``: at the
+top level for the first calibration (or the same device kind and numerics again), else under
+``calibrations["<kind>-<numerics>"]`` (a GPU's best tree is not a CPU's, nor float32's bfloat16's:
+see ``core/defaults.py``). ``--keep-trees`` times the calibrated-N trees trees.json already holds
+instead of growing them again from this run's accuracies, so a calibration on another device or in
+other numerics measures the same trees the earlier records quote.
 """
 
 from __future__ import annotations
@@ -31,18 +34,20 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
-from ..core.defaults import KIND_NAMES, record_kind
+from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.kv import Engine, prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
-from ..core.tree import TOPK, build_tree, greedy_choices, with_lookup
+from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
 from .cli import add_model_arguments
 from .distill import generate_answers
 from .jsonl import load_jsonl
@@ -58,7 +63,7 @@ def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torc
     body, _ = body_and_lm_head(model)
     device = input_device(model)
     out = []
-    for r in records:
+    for r in tqdm(records, desc="hidden states of the answers", unit="answer", file=sys.stdout, leave=False):
         seq = list(r["prompt_ids"]) + list(r["answer_ids"])
         start = len(r["prompt_ids"]) - 1
         out.append((seq, start, body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]))
@@ -211,15 +216,23 @@ def measure(
             for name, t in trees.items()
         }
     )
-    decoders["plain"].run(prompt_ids[0][:16])  # warm-up
+    return time_decoders(decoders, prompt_ids, repeats=repeats)
+
+
+def time_decoders(decoders: dict, prompt_ids: list[list[int]], *, repeats: int = 1) -> dict:
+    """``decoders`` (their first ``plain``) timed one after another on every prompt, ``repeats`` rounds:
+    per decoder the median tokens/s, mean tokens/step and ``speedup``, the median over runs of its
+    tokens/s over plain's on the same prompt in the same round (``measure``)."""
+    for dec in decoders.values():  # warm-up: a first run builds packed weights and caches
+        dec.run(prompt_ids[0][:16])
     rates: dict[str, list[float]] = {n: [] for n in decoders}
     tps: dict[str, list[float]] = {n: [] for n in decoders}
-    for ids in prompt_ids:
-        for _ in range(repeats):
-            for name, dec in decoders.items():  # one after another on the one device
-                res = dec.run(ids)
-                rates[name].append(res.tokens_per_second)
-                tps[name].append(res.tokens_per_step)
+    rounds = [ids for ids in prompt_ids for _ in range(repeats)]
+    for ids in tqdm(rounds, desc=f"timing plain + {len(decoders) - 1}", unit="prompt", file=sys.stdout):
+        for name, dec in decoders.items():  # one after another on the one device
+            res = dec.run(ids)
+            rates[name].append(res.tokens_per_second)
+            tps[name].append(res.tokens_per_step)
     return {
         n: {
             "tok_s": statistics.median(rates[n]),
@@ -281,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--write", action="store_true", help="write trees.json and the default tree beside the heads")
     ap.add_argument(
+        "--keep-trees",
+        action="store_true",
+        help="time the calibrated-N trees already in the heads' trees.json (grow only the sizes it lacks)",
+    )
+    ap.add_argument(
         "--cache",
         default="auto",
         choices=["auto", "dynamic", "static"],
@@ -315,10 +333,15 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     trees, expected = {}, {}
+    stored = (getattr(heads, "tree_presets", None) or {}) if args.keep_trees else {}
     for n in [int(s) for s in args.sizes.split(",")]:
-        choices, exp = greedy_choices(acc.tolist(), n)
-        trees[f"calibrated-{n}"] = choices
-        expected[f"calibrated-{n}"] = exp
+        name = f"calibrated-{n}"
+        if name in stored:  # the same tree the other calibrations measured
+            trees[name], expected[name] = stored[name], expected_tokens_per_step(stored[name], acc.tolist())
+        else:
+            trees[name], expected[name] = greedy_choices(acc.tolist(), n)
+    if stored:
+        print(f"kept from trees.json: {', '.join(n for n in trees if n in stored) or 'none'}")
     built = {name: build_tree(c, num_heads=heads.num_heads, name=name) for name, c in trees.items()}
     # The heads draft once; the branch is merged in.
     alone = simulated_accepts(model, heads, built, records, states=states)
@@ -399,13 +422,14 @@ def main(argv: list[str] | None = None) -> None:
 def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say=print) -> str:
     """Write a calibration beside the heads in ``folder``; return where in config.json it went.
 
-    ``record`` names its ``default_tree``, ``lookup`` and ``device_kind``. It replaces the top-level
-    calibration (and config.json's ``default_tree`` and ``lookup``) when there is none or it was
-    made on the same kind of device (a record without a kind was made on a CPU); otherwise it goes
-    to ``calibrations[kind]`` and the top-level one stays as it is. ``trees`` join trees.json by
-    name; a name whose choices differ from the stored ones takes the new choices (said). Each file
-    is replaced whole (written beside it, then renamed), trees.json first, so config.json never
-    names a tree trees.json lacks.
+    ``record`` names its ``default_tree``, ``lookup``, ``device_kind`` and ``dtype``. It replaces the
+    top-level calibration (and config.json's ``default_tree`` and ``lookup``) when there is none or it
+    was made on the same kind of device in the same numerics (a record without a kind was made on a
+    CPU); otherwise it replaces the record of its kind and numerics in ``calibrations`` (under
+    ``calibration_key``: "cuda-bfloat16", "cpu-float32") and the top-level one stays as it is.
+    ``trees`` join trees.json by name; a name whose choices differ from the stored ones takes the new
+    choices (said). Each file is replaced whole (written beside it, then renamed), trees.json first,
+    so config.json never names a tree trees.json lacks.
     """
     trees_path, config_path = folder / TREES_FILE, folder / CONFIG_FILE
     stored = json.loads(trees_path.read_text()) if trees_path.exists() else {}
@@ -414,13 +438,14 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))
     cfg = json.loads(config_path.read_text())
     kind, top = record["device_kind"], cfg.get("calibration")
-    others = dict(cfg.get("calibrations") or {})
-    if isinstance(top, dict) and record_kind(top) != kind:
-        others[kind] = record
-        where = f"calibrations.{kind} of {CONFIG_FILE}; the top-level {record_kind(top)} calibration is kept"
+    same = lambda r: record_kind(r) == kind and record_numerics(r) in (None, record_numerics(record))  # noqa: E731
+    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r)}  # any older name too
+    if isinstance(top, dict) and not same(top):
+        key = calibration_key(record)
+        others[key] = record
+        where = f"calibrations.{key} of {CONFIG_FILE}; the top-level {calibration_key(top)} calibration is kept"
     else:
         cfg["default_tree"], cfg["lookup"], cfg["calibration"] = record["default_tree"], record["lookup"], record
-        others.pop(kind, None)
         where = f"the top level of {CONFIG_FILE}"
     if others:
         cfg["calibrations"] = others
@@ -436,7 +461,7 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
         )
     say(
         f"wrote {trees_path}, default_tree={record['default_tree']} and lookup={record['lookup']} "
-        f"({KIND_NAMES.get(kind, kind)} calibration: {where})"
+        f"({' '.join(x for x in (KIND_NAMES.get(kind, kind), record_numerics(record)) if x)} calibration: {where})"
     )
     return where
 

@@ -133,7 +133,8 @@ def calibrate_jobs(ctx: Context) -> list[Job]:
     heads = ctx.work / "heads"
     shutil.rmtree(heads, ignore_errors=True)
     shutil.copytree(ctx.root / fig.HEADS, heads)  # --write goes to this copy; its config.json comes back in raw.tar.gz
-    argv = ctx.cli("calibrate", "--device", ctx.device, "--heads", heads, "--lookup", 4, "--write")
+    # --keep-trees: the trees the CPU records measured, timed here too (its record can join the shipped heads)
+    argv = ctx.cli("calibrate", "--device", ctx.device, "--heads", heads, "--lookup", 4, "--keep-trees", "--write")
     argv += map(str, ["--acc-prompts", ctx.size(96, 2), "--speed-prompts", ctx.size(16, 1)])
     argv += ctx.size([], ["--sizes", "4", "--max-new-tokens", "8"])
     return [Job(argv, ctx.work / "calibrate.log", json=heads / "config.json")]

@@ -140,7 +140,7 @@ def main(argv=None) -> None:
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     heads = load_heads(args.heads or DEFAULT_HEADS, model=model)
     dev = input_device(model)
-    defaults = heads_defaults(heads, dev)
+    defaults = heads_defaults(heads, dev, str(next(model.parameters()).dtype))
     tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     ids = chat_prompt_ids(tok, args.prompt)
     engine = prepare_engine(

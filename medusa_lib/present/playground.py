@@ -131,9 +131,6 @@ class Playground(RequestInputs, ExactnessChecks):
         self.tree_presets: dict = dict(
             getattr(heads, "tree_presets", None) or {}
         )  # trees calibrated for these heads (load_heads)
-        self.defaults = heads_defaults(
-            heads, input_device(model)
-        )  # tree, lookup length, lookup on, for this device kind: the same answer as the benchmark's
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
         self.dtype = dtype_name(model)
@@ -146,6 +143,9 @@ class Playground(RequestInputs, ExactnessChecks):
         self.default_numerics = default_numerics(
             self.variants
         )  # what a run that names none uses: float32 where loaded (exact), numerics.py
+        self.defaults = heads_defaults(
+            heads, input_device(model), self.default_numerics
+        )  # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
         self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
         self.numerics_note = numerics_note(
             self.numerics_speeds, device=device_name(input_device(model))
