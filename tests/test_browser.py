@@ -9,6 +9,7 @@ cache (docs/engine.md).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -226,7 +227,9 @@ def test_the_eagle_drafter_runs_the_medusa_columns_and_the_inspector_marks_it(pa
     page.locator("#drafter input[value='eagle']").check()
     page.wait_for_selector("#eagle-tree-note .eagle-tree-note", timeout=30_000)
     assert page.locator("#tree-preset input").is_disabled() and page.locator("#custom-tree textarea").is_disabled()
-    assert "top-k 8, depth 3, 12 nodes" in page.inner_text("#eagle-tree-note")  # the shipped head's tree (config.json)
+    cfg = json.loads((ROOT / "assets/heads/smollm2-135m-instruct-eagle/config.json").read_text())
+    tree = f"top-k {cfg['top_k']}, depth {cfg['depth']}, {cfg['num_nodes']} nodes"
+    assert tree in page.inner_text("#eagle-tree-note")  # the shipped head's tree (config.json)
     page.click("#run-btn")
     page.wait_for_function(
         "document.querySelector('#status').innerText.includes('Medusa columns drafted by the EAGLE head')",

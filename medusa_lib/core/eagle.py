@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -175,6 +175,26 @@ class EagleHead(nn.Module):
             object.__setattr__(self, "_proj", PackedLinear(proj) if can_prepack(rows) else proj)
             self._proposal_key = key
         return self._proj(g.to(w.dtype))
+
+    def set_proposal(self, ids: torch.Tensor) -> None:
+        """Draft onto the tokens ``ids`` (distinct ids of the vocabulary). A subset of the trained proposal
+        tokens is a smaller projection, a cheaper draft, with the drafter's logits over the kept tokens, and
+        so their order, unchanged (``pipeline/eagle_tune.py`` measures what it costs in acceptance)."""
+        ids = torch.sort(ids.to(torch.long).flatten().cpu()).values
+        if (
+            ids.numel() == 0
+            or ids.unique().numel() != ids.numel()
+            or not 0 <= int(ids.min()) <= int(ids.max()) < (self.config.vocab_size)
+        ):
+            raise EagleError(
+                f"A proposal vocabulary must be distinct token ids from 0 to {self.config.vocab_size - 1}; "
+                "choose them from the head's proposal_ids."
+            )
+        if self.proposal_ids is None:
+            del self.proposal_ids
+        self.register_buffer("proposal_ids", ids.to(self.fc.weight.device), persistent=True)
+        object.__setattr__(self, "config", replace(self.config, num_proposal_tokens=int(ids.numel())))
+        self._proposal_key = None
 
     def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.proposal_ids is None else self.proposal_ids[columns]

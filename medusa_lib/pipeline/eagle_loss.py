@@ -18,6 +18,8 @@ running the base model: tokens per step, and the acceptance rate per depth.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -146,8 +148,11 @@ def accepted_length(tokens: torch.Tensor, retrieve: torch.Tensor, truth: torch.T
 
 
 @torch.no_grad()
-def simulated_lengths(head: EagleHead, cache: FeatureCache, i: int, tree: DynamicTreeConfig) -> list[int]:
-    """The accept length of every full greedy step over sequence ``i``'s answer (module doc)."""
+def simulated_lengths(
+    head: EagleHead, cache: FeatureCache, i: int, tree: DynamicTreeConfig, clock: list[float] | None = None
+) -> list[int]:
+    """The accept length of every full greedy step over sequence ``i``'s answer (module doc); with
+    ``clock``, each step's drafter seconds (its draft, then the extend by the accepted tokens) go there."""
     f, ids, p = cache.seq(i)
     feats = cache.seq_layers(i).float() if head.config.fuse_layers else f.float()
     ids = ids.to(head.fc.weight.device)
@@ -155,12 +160,17 @@ def simulated_lengths(head: EagleHead, cache: FeatureCache, i: int, tree: Dynami
     run.extend(feats[:p], ids[1 : p + 1], 0)
     pos = p  # the root: the newest committed token, whose feature is not verified yet
     while pos + tree.depth < len(ids):  # a full step: every depth has a true token after it
+        t0 = time.perf_counter()
         drafted = run.draft(ids[pos])
+        spent = time.perf_counter() - t0
         a = accepted_length(drafted.tokens, drafted.retrieve_indices, ids[pos + 1 : pos + 1 + tree.depth])
         lengths.append(a)
         if pos + a + 2 > len(ids):  # the answer ends inside the accepted path: no bonus token, no next step
             break
+        t0 = time.perf_counter()
         run.extend(feats[pos : pos + a + 1], ids[pos + 1 : pos + a + 2], pos)
+        if clock is not None:
+            clock.append(spent + time.perf_counter() - t0)
         pos += a + 1
     return lengths
 
