@@ -259,6 +259,9 @@ def test_the_page_starts_on_the_tree_calibrated_in_its_default_numerics():
         "calibrated-3",
         bf16,
     )
+    assert both.defaults_for("bfloat16").tree == "calibrated-3"  # a run in bfloat16 naming no tree: its own
+    assert both.settings_of({"numerics": "bfloat16", "tree": ""}).tree == "calibrated-3"
+    assert both.settings_of({"tree": ""}).tree == "calibrated-2"
     for pg, tree, figures in ((both, "calibrated-2", f32), (only16, "calibrated-3", bf16)):
         page = {
             c["props"]["elem_id"]: c["props"]

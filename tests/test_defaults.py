@@ -111,3 +111,12 @@ def test_each_numerics_gets_its_own_calibration_on_a_device_kind():
         assert (d.tree, d.lookup_length, d.calibration, d.note) == (*want, None), numerics
     d = heads_defaults(heads, "cuda", "float32")  # the GPU's own kind, in other numerics: still its tree
     assert (d.tree, d.calibration, d.note) == ("calibrated-12", CUDA, None)
+
+
+def test_a_record_named_by_its_kind_alone_is_that_kinds():
+    """An older calibrations entry keyed "cuda" whose record names no device_kind is a CUDA one, not a CPU one."""
+    untyped = {k: v for k, v in CUDA.items() if k != "device_kind"}
+    heads = calibrated(CPU, default_tree="calibrated-5", lookup=4, others={"cuda": untyped})
+    d = heads_defaults(heads, "cuda", "bfloat16")
+    assert (d.tree, d.note, d.calibration["device_kind"]) == ("calibrated-12", None, "cuda")
+    assert heads_defaults(heads, "cpu").tree == "calibrated-5"

@@ -146,3 +146,14 @@ def test_the_node_sweep_times_each_tree_against_plain_and_writes_the_chosen_one(
         with pytest.raises(SystemExit) as err:
             eagle_tune.main([*common, *bad])
         assert str(err.value).startswith(message)
+
+
+def test_a_head_on_the_whole_vocabulary_is_swept_and_given_back_as_it_came(model, records):
+    torch.manual_seed(0)
+    head = new_eagle_head(model, tree=TREE).eval().requires_grad_(False)  # no proposal vocabulary
+    cache = FeatureCache.build(model, records, dtype=torch.float32)
+    subsets = proposal_subsets(head, records, [VOCAB, 16], [2])
+    rows = sweep(head, cache, list(range(len(cache))), subsets, repeats=1, log=lambda _: None)
+    assert [r["proposal_tokens"] for r in rows] == [VOCAB, 16]
+    assert head.proposal_ids is None and head.config.num_proposal_tokens is None  # restored
+    assert torch.equal(head.token_ids(torch.tensor([5, 7])), torch.tensor([5, 7]))

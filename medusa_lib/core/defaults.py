@@ -50,9 +50,10 @@ def device_kind(device: torch.device | str | None = None) -> str:
     return torch.device(device).type if device is not None else "cpu"
 
 
-def record_kind(record: dict) -> str:
-    """The device kind a calibration record was made on (records without one: LEGACY_KIND)."""
-    return record.get("device_kind") or LEGACY_KIND
+def record_kind(record: dict, key: str | None = None) -> str:
+    """The device kind a calibration record was made on; a record without one: the kind its ``calibrations``
+    name starts with (``key``: "cuda", "cuda-bfloat16"), else LEGACY_KIND (the top level's first records)."""
+    return record.get("device_kind") or (key.split("-")[0] if key else LEGACY_KIND)
 
 
 def record_numerics(record: dict) -> str | None:
@@ -73,7 +74,9 @@ def calibration_records(heads) -> list[tuple[dict, str | None, int | None]]:
     top = getattr(heads, "calibration", None)
     if isinstance(top, dict):
         out.append((top, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)))
-    for record in (getattr(heads, "calibrations", None) or {}).values():
+    for key, record in (getattr(heads, "calibrations", None) or {}).items():
+        if not record.get("device_kind"):  # an older record named by its kind only
+            record = {**record, "device_kind": record_kind(record, key)}
         out.append((record, record.get("default_tree"), record.get("lookup")))
     return out
 

@@ -176,10 +176,17 @@ class EagleHead(nn.Module):
             self._proposal_key = key
         return self._proj(g.to(w.dtype))
 
-    def set_proposal(self, ids: torch.Tensor) -> None:
-        """Draft onto the tokens ``ids`` (distinct ids of the vocabulary). A subset of the trained proposal
-        tokens is a smaller projection, a cheaper draft, with the drafter's logits over the kept tokens, and
-        so their order, unchanged (``pipeline/eagle_tune.py`` measures what it costs in acceptance)."""
+    def set_proposal(self, ids: torch.Tensor | None) -> None:
+        """Draft onto the tokens ``ids`` (distinct ids of the vocabulary; None: all of it). A subset of the
+        trained proposal tokens is a smaller projection, a cheaper draft, with the drafter's logits over the
+        kept tokens, and so their order, unchanged (``pipeline/eagle_tune.py`` measures what it costs)."""
+        if ids is None:
+            if self.proposal_ids is not None:
+                del self.proposal_ids
+                self.proposal_ids = None
+            object.__setattr__(self, "config", replace(self.config, num_proposal_tokens=None))
+            self._proposal_key = None
+            return
         ids = torch.sort(ids.to(torch.long).flatten().cpu()).values
         if (
             ids.numel() == 0

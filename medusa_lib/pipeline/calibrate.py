@@ -438,8 +438,11 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))
     cfg = json.loads(config_path.read_text())
     kind, top = record["device_kind"], cfg.get("calibration")
-    same = lambda r: record_kind(r) == kind and record_numerics(r) in (None, record_numerics(record))  # noqa: E731
-    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r)}  # any older name too
+
+    def same(r: dict, key: str | None = None) -> bool:  # this device kind and numerics (a record saying none: any)
+        return record_kind(r, key) == kind and record_numerics(r) in (None, record_numerics(record))
+
+    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r, k)}  # any older name too
     if isinstance(top, dict) and not same(top):
         key = calibration_key(record)
         others[key] = record

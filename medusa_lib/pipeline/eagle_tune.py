@@ -44,7 +44,7 @@ from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, eos_token_ids, load_model
 from .calibrate import pick_default, split_prompts, time_decoders
-from .cli import add_model_arguments, fail
+from .cli import add_model_arguments, fail, whole_number
 from .eagle_loss import depth_rates, simulated_lengths
 from .feature_cache import read_cache
 from .hidden_cache import frequent_tokens
@@ -58,11 +58,13 @@ def proposal_subsets(head, records: list[dict], sizes: list[int], eos: list[int]
     each a subset of the head's proposal tokens, or one sentence (SystemExit) saying why not."""
     now = head.proposal_ids.cpu() if head.proposal_ids is not None else None
     full = now.numel() if now is not None else head.config.vocab_size
+    kept = set(now.tolist()) if now is not None else None  # rank only tokens the head was trained to draft
+    own = [{"answer_ids": [t for t in r["answer_ids"] if kept is None or t in kept]} for r in records]
     out = {}
     for n in sizes:
         if n > full:
             fail(f"--sizes {n} is more than the head's {full} proposal tokens; give sizes up to {full}.")
-        ids = now if n == full and now is not None else frequent_tokens(records, n, head.config.vocab_size, eos)
+        ids = now if n == full and now is not None else frequent_tokens(own, n, head.config.vocab_size, eos)
         if now is not None and not torch.isin(ids, now).all():
             fail(
                 f"The {n} most frequent answer tokens are not all among the head's proposal tokens: "
@@ -85,11 +87,13 @@ def sweep(head, cache, seqs: list[int], subsets: dict[int, torch.Tensor], repeat
             for i in seqs:
                 steps += simulated_lengths(head, cache, i, tree, clock=clock)
                 bar.update(1)
+            if not clock:
+                head.set_proposal(full)
+                fail("No held-out answer is long enough for one full draft step; give more --sim-prompts.")
             lengths[n] = steps  # the same every pass (greedy)
             per_pass[n].append(1000 * statistics.median(clock))
     bar.close()
-    if full is not None:
-        head.set_proposal(full)
+    head.set_proposal(full)  # the head as it came (None: the whole vocabulary)
     rows = []
     for n in subsets:
         rates = depth_rates(lengths[n], tree.depth, digits=3)
@@ -106,7 +110,7 @@ def write_size(folder: Path, ids: torch.Tensor, record: dict) -> None:
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(folder / EAGLE_FILE))
-    state["proposal_ids"] = ids.to(state["proposal_ids"].dtype).contiguous()
+    state["proposal_ids"] = ids.to(torch.long).contiguous()
     tmp = folder / (EAGLE_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(folder / EAGLE_FILE)
@@ -160,15 +164,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="data/cache/eagle", help="train_eagle's feature caches (heldout-all)")
     ap.add_argument("--train-answers", nargs="+", default=TRAIN_ANSWERS, help="what the head was trained on")
     ap.add_argument("--heldout-answers", nargs="+", default=HELDOUT_ANSWERS)
-    ap.add_argument("--sim-prompts", type=int, default=48, help="held-out answers simulated (train_eagle's)")
+    ap.add_argument("--sim-prompts", type=whole_number(1), default=48, help="held-out answers simulated")
     ap.add_argument("--write", type=int, default=0, help="keep this proposal size in the head (one of --sizes)")
     ap.add_argument("--trees", nargs="+", default=[], help="dynamic trees to time, each top-k,depth,nodes")
     ap.add_argument("--prompts", default="assets/data/heldout_prompts.jsonl", help="held-out prompts (calibrate's)")
-    ap.add_argument("--speed-prompts", type=int, default=12, help="prompts each tree decodes")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--speed-prompts", type=whole_number(1), default=12, help="prompts each tree decodes")
+    ap.add_argument("--max-new-tokens", type=whole_number(1), default=96)
     ap.add_argument("--tie", type=float, default=0.02, help="trees within this fraction of the fastest tie")
     ap.add_argument("--write-tree", action="store_true", help="make the chosen tree the head's default")
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes per size, rounds per tree prompt")
+    ap.add_argument("--repeats", type=whole_number(1), default=3, help="timed passes per size, rounds per tree prompt")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -214,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.write:
             write_size(folder, subsets[args.write], {**out["proposal_sweep"], "kept": args.write})
+            head.set_proposal(subsets[args.write])  # the trees below are timed on the head as written
             print(f"kept {args.write} proposal tokens in {folder}")
     if trees:
         _, prompts = split_prompts(load_jsonl(args.prompts), 0, args.speed_prompts)

@@ -19,7 +19,7 @@ from .settings import MAX_TREE_CHARS, MAX_TREE_NODES, REQUEST_DEFAULTS, Playgrou
 
 class RequestInputs:
     """The Playground's input checks (a mixin): they read its ``variants``, ``default_numerics``,
-    ``heads``, ``defaults``, ``tree_presets`` and prompt limits."""
+    ``heads``, ``defaults_for``, ``tree_presets`` and prompt limits."""
 
     def pair(self, settings: Settings | None) -> tuple:
         """The (model, heads) a run uses: its settings' numerics, or the default (float32 where loaded)."""
@@ -68,7 +68,8 @@ class RequestInputs:
 
     def settings_of(self, request: Mapping) -> Settings:
         """Settings from what the page or a ``/compare`` caller sent, by name (``REQUEST_DEFAULTS``:
-        what a name left out means). An empty preset means the heads' default tree, a list of paths
+        what a name left out means). An empty preset means the heads' default tree (calibrated in the run's
+        numerics: ``defaults_for``), a list of paths
         is taken as the custom tree (as JSON text), the lookup switch becomes the heads' branch length
         or 0. Only what these conversions need is checked here (the switch must be true or false, the
         list must be writable as text); ``prepare`` checks the rest."""
@@ -86,15 +87,17 @@ class RequestInputs:
                 ) from None
         if not isinstance(r["lookup_branch"], bool):
             raise PlaygroundError(must_be_switch("The lookup branch switch (lookup_branch)", r["lookup_branch"]))
+        numerics = r["numerics"] if isinstance(r["numerics"], str) and r["numerics"] else None  # checked later
+        defaults = self.defaults_for(numerics)  # the tree calibrated in the run's numerics
         return Settings(
             max_new_tokens=r["max_new_tokens"],
             temperature=r["temperature"],
             posterior_threshold=r["epsilon"],
             posterior_alpha=r["delta"],
-            tree=r["tree"] if r["tree"] not in (None, "") else self.defaults.tree,
+            tree=r["tree"] if r["tree"] not in (None, "") else defaults.tree,
             custom_tree="" if custom_tree is None else custom_tree,
             chat_template=r["chat_template"],
-            lookup=self.defaults.lookup if r["lookup_branch"] else 0,
+            lookup=defaults.lookup if r["lookup_branch"] else 0,
             sample=r["sample"],
             seed=r["seed"],
             numerics=r["numerics"] if r["numerics"] != "" else None,

@@ -143,8 +143,9 @@ class Playground(RequestInputs, ExactnessChecks):
         self.default_numerics = default_numerics(
             self.variants
         )  # what a run that names none uses: float32 where loaded (exact), numerics.py
-        self.defaults = heads_defaults(
-            heads, input_device(model), self.default_numerics
+        self._defaults: dict[str, object] = {}
+        self.defaults = self.defaults_for(
+            None
         )  # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
         self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
         self.numerics_note = numerics_note(
@@ -263,6 +264,14 @@ class Playground(RequestInputs, ExactnessChecks):
         return pg
 
     # ------------------------------------------------------------------ inputs
+    def defaults_for(self, numerics: str | None):
+        """The heads' defaults (``core.defaults.HeadsDefaults``) for a run in ``numerics`` (None: the default
+        numerics): the tree calibrated on this device kind in those numerics, else this kind's first."""
+        key = numerics or self.default_numerics
+        if key not in self._defaults:
+            self._defaults[key] = heads_defaults(self.heads, self.device, key)
+        return self._defaults[key]
+
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
         return chat_prompt_ids(self.tokenizer, prompt, chat_template=chat_template)
