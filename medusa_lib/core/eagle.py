@@ -224,6 +224,18 @@ class EagleHead(nn.Module):
         return folder
 
 
+def update_eagle_config(folder: str | Path, **fields) -> Path:
+    """Set ``fields`` in an EAGLE folder's config.json (a record of how it was measured, its tree, ...),
+    the rest kept; written beside it and renamed, never half a file. Returns the config's path."""
+    path = Path(folder) / CONFIG_FILE
+    cfg = json.loads(path.read_text())
+    cfg.update(fields)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def new_eagle_head(
     model: nn.Module,
     *,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from ..core.decoding import first_difference
+from ..core.eagle import update_eagle_config
 from ..core.spec_metrics import Acceptance, acceptance
 
 # Lossless: same seed, same output as its reference.
@@ -35,9 +35,7 @@ def record_eagle(
         return sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)
 
     eg = by["eagle-greedy"]
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["calibration"] = {
+    record = {
         "device_kind": device_kind(device),
         "speedup": round(rate(eg) / rate(by["baseline"]), 3),
         "tokens_per_step": round(sum(r["new_tokens"] for r in eg) / sum(r["steps"] for r in eg), 3),
@@ -50,16 +48,11 @@ def record_eagle(
         "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     if by.get("medusa-greedy"):  # the other drafter, in the same run: the page compares these two (ratios of one run)
-        cfg["calibration"]["medusa_speedup"] = round(rate(by["medusa-greedy"]) / rate(by["baseline"]), 3)
-        cfg["calibration"]["medusa_tree"] = medusa_tree
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    medusa = (
-        f", medusa-greedy {cfg['calibration']['medusa_speedup']:.2f}x" if "medusa_speedup" in cfg["calibration"] else ""
-    )
-    print(
-        f"recorded in {cfg_path}: eagle-greedy {cfg['calibration']['speedup']:.2f}x{medusa} baseline on "
-        f"{device_kind(device)}"
-    )
+        record["medusa_speedup"] = round(rate(by["medusa-greedy"]) / rate(by["baseline"]), 3)
+        record["medusa_tree"] = medusa_tree
+    cfg_path = update_eagle_config(folder, calibration=record)
+    medusa = f", medusa-greedy {record['medusa_speedup']:.2f}x" if "medusa_speedup" in record else ""
+    print(f"recorded in {cfg_path}: eagle-greedy {record['speedup']:.2f}x{medusa} baseline on {device_kind(device)}")
 
 
 def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:

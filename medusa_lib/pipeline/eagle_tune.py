@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle
+from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle, update_eagle_config
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, eos_token_ids, load_model
 from .calibrate import pick_default, split_prompts, time_decoders
@@ -80,20 +80,21 @@ def sweep(head, cache, seqs: list[int], subsets: dict[int, torch.Tensor], repeat
     tree, full = head.config.tree, head.proposal_ids
     lengths, per_pass = {}, {n: [] for n in subsets}
     bar = tqdm(total=repeats * len(subsets) * len(seqs), desc="sweep", unit="answer", file=sys.stdout)
-    for r in range(repeats):
-        for n, ids in subsets.items():  # interleaved: a slow spell hits every size alike
-            head.set_proposal(ids)
-            clock, steps = [], []
-            for i in seqs:
-                steps += simulated_lengths(head, cache, i, tree, clock=clock)
-                bar.update(1)
-            if not clock:
-                head.set_proposal(full)
-                fail("No held-out answer is long enough for one full draft step; give more --sim-prompts.")
-            lengths[n] = steps  # the same every pass (greedy)
-            per_pass[n].append(1000 * statistics.median(clock))
-    bar.close()
-    head.set_proposal(full)  # the head as it came (None: the whole vocabulary)
+    try:
+        for r in range(repeats):
+            for n, ids in subsets.items():  # interleaved: a slow spell hits every size alike
+                head.set_proposal(ids)
+                clock, steps = [], []
+                for i in seqs:
+                    steps += simulated_lengths(head, cache, i, tree, clock=clock)
+                    bar.update(1)
+                if not clock:
+                    fail("No held-out answer is long enough for one full draft step; give more --sim-prompts.")
+                lengths[n] = steps  # the same every pass (greedy)
+                per_pass[n].append(1000 * statistics.median(clock))
+    finally:
+        bar.close()
+        head.set_proposal(full)  # the head as it came (None: the whole vocabulary)
     rows = []
     for n in subsets:
         rates = depth_rates(lengths[n], tree.depth, digits=3)
@@ -114,10 +115,7 @@ def write_size(folder: Path, ids: torch.Tensor, record: dict) -> None:
     tmp = folder / (EAGLE_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(folder / EAGLE_FILE)
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
-    cfg["num_proposal_tokens"] = int(ids.numel())
-    cfg["proposal_sweep"] = record
-    (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+    update_eagle_config(folder, num_proposal_tokens=int(ids.numel()), proposal_sweep=record)
 
 
 def tree_name(t: DynamicTreeConfig) -> str:
@@ -151,9 +149,7 @@ def time_trees(model, head, trees: list[DynamicTreeConfig], prompt_ids, *, max_n
 
 def write_tree(folder: Path, tree: DynamicTreeConfig, record: dict) -> None:
     """Make ``tree`` the head's default dynamic tree in ``folder``'s config.json and record the sweep."""
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
-    cfg.update(top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes, tree_sweep=record)
-    (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n")
+    update_eagle_config(folder, top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes, tree_sweep=record)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from ..core.decoding import Decoder
-from ..core.defaults import heads_defaults
+from ..core.defaults import HeadsDefaults, heads_defaults
 from ..core.fused import ready
 from ..core.heads import MedusaHeads
 from ..core.kv import StaticKV, describe_engine, prepare_engine
@@ -143,7 +143,6 @@ class Playground(RequestInputs, ExactnessChecks):
         self.default_numerics = default_numerics(
             self.variants
         )  # what a run that names none uses: float32 where loaded (exact), numerics.py
-        self._defaults: dict[str, object] = {}
         self.defaults = self.defaults_for(
             None
         )  # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
@@ -264,13 +263,10 @@ class Playground(RequestInputs, ExactnessChecks):
         return pg
 
     # ------------------------------------------------------------------ inputs
-    def defaults_for(self, numerics: str | None):
-        """The heads' defaults (``core.defaults.HeadsDefaults``) for a run in ``numerics`` (None: the default
-        numerics): the tree calibrated on this device kind in those numerics, else this kind's first."""
-        key = numerics or self.default_numerics
-        if key not in self._defaults:
-            self._defaults[key] = heads_defaults(self.heads, self.device, key)
-        return self._defaults[key]
+    def defaults_for(self, numerics: str | None) -> HeadsDefaults:
+        """The heads' defaults for a run in ``numerics`` (None: the default numerics): the tree calibrated on
+        this device kind in those numerics, else this kind's first (a few dictionary reads)."""
+        return heads_defaults(self.heads, self.device, numerics or self.default_numerics)
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
