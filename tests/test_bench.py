@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_model, random_heads, tiny_tokenizer
 
 from medusa_lib import load_heads
@@ -487,5 +488,50 @@ def test_record_eagle_writes_the_measured_speedup_the_drafter_default_reads(tmp_
         "calibration"
     ]  # the Medusa heads' speed-up of the same run, beside EAGLE's
     assert cal["speedup"] == 1.6 and cal["medusa_speedup"] == 1.6 and cal["medusa_tree"] == "calibrated-3 + lookup-4"
+    assert cal["draft"] == "float" and "lookup_speedup" not in cal and "medusa_heads_speedup" not in cal
+    record_eagle(  # both drafters with and without the lookup branch, int8 drafts
+        tmp_path,
+        records
+        + [rec("medusa-greedy", 96, 45, 2.5), rec("medusa-heads-only", 96, 50, 4.0), rec("eagle-lookup", 96, 36, 2.0)],
+        device="cpu",
+        dtype="torch.float32",
+        argv=[],
+        tree=DynamicTreeConfig(8, 3, 8),
+        args=args,
+        medusa_tree="calibrated-3 + lookup-4",
+        draft="int8",
+    )
+    cal = json.loads((tmp_path / "config.json").read_text())["calibration"]
+    assert (cal["lookup_speedup"], cal["medusa_speedup"], cal["medusa_heads_speedup"]) == (2.0, 1.6, 1.0)
+    assert cal["draft"] == "int8" and cal["tree"] == [8, 3, 8]
     with pytest.raises(SystemExit, match="needs eagle-greedy and baseline"):
         record_eagle(tmp_path, records[:1], device="cpu", dtype="x", argv=[], tree=None, args=args)
+
+
+@pytest.mark.parametrize("float_draft", [False, True])
+def test_eagle_runs_with_and_without_the_lookup_branch_and_says_how_it_drafts(saved, capsys, float_draft):
+    from medusa_lib.core.dynamic_tree import DynamicTreeConfig
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.core.packing import can_int8
+
+    if not float_draft and not can_int8(torch.zeros(4, 4)):
+        pytest.skip("fbgemm's dynamic int8 linear does not run on this platform")
+    folder = saved / "eagle"
+    if not folder.exists():
+        new_eagle_head(make_model("llama"), tree=DynamicTreeConfig(4, 3, 6)).save(folder)
+    out = saved / f"eagle-{float_draft}.json"
+    methods = ["baseline", "eagle-greedy", "eagle-lookup"]
+    bench.main(
+        [*saved_args(saved, heads=None), "--eagle", str(folder), "--methods", ",".join(methods), "--dtype", "float32"]
+        + ["--limit", "2", "--max-new-tokens", "12", "--repeats", "1", "--json", str(out)]
+        + (["--float-draft"] if float_draft else ["--lookup", "0"])  # eagle-lookup never runs without its branch
+    )
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert f"| drafts {'float' if float_draft else 'int8'} |" in printed and data["draft_int8"] is not float_draft
+    assert "eagle tree top-k 4 depth 3 nodes 6 (eagle-lookup + lookup-4)" in printed
+    tokens = {m: [r["output_token_ids"] for r in data["records"] if r["method"] == m] for m in methods}
+    assert tokens["eagle-greedy"] == tokens["eagle-lookup"] == tokens["baseline"]  # exact, with or without the branch
+    # the dynamic tree's 3 levels, and with the branch its 4 positions beside them
+    positions = {m: len(data["acceptance"][m]["acceptance_rate_per_position"]) for m in methods[1:]}
+    assert positions == {"eagle-greedy": 3, "eagle-lookup": 4}

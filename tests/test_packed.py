@@ -173,3 +173,170 @@ def test_prepacked_path_conditioned_heads_draft_the_same(tmp_path):
             packed.draft(h, model.lm_head, tree, torch.tensor(17), model.get_input_embeddings()),
             plain.draft(h, stock.lm_head, tree, torch.tensor(17), stock.get_input_embeddings()),
         )
+
+
+# ---------------------------------------------------------------------- int8 drafts
+def int8_here():
+    from medusa_lib.core.packing import can_int8
+
+    if not can_int8(torch.zeros(8, 8)):
+        pytest.skip("fbgemm's dynamic int8 linear does not run on this platform")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_is_the_float_map_up_to_int8_rounding_and_falls_back_for_autograd(bias):
+    from medusa_lib.core.packing import Int8Linear
+
+    int8_here()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 300, bias=bias)
+    q = Int8Linear(lin)
+    assert q.weight is lin.weight and "int8" in repr(q)
+    with torch.no_grad():
+        for shape in [(1, 96), (8, 96), (1, 5, 96)]:
+            x = torch.randn(shape)
+            got, want = q(x), lin(x)
+            assert got.shape == want.shape == (*shape[:-1], 300)
+            assert not torch.equal(got, want)  # int8 arithmetic, not the float map
+            assert (got - want).abs().max() < 0.03 * want.abs().max()
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
+    x = torch.randn(4, 96, requires_grad=True)  # autograd: the float weight, exactly
+    y = q(x)
+    assert torch.equal(y, lin(x))
+    y.sum().backward()
+    assert x.grad is not None and lin.weight.grad is not None
+
+
+def prepacked_llama():
+    model = make_model("llama").requires_grad_(False)
+    prepack_linear_weights(model)
+    return model
+
+
+def test_eagle_drafts_in_int8_on_a_prepacked_float32_model_and_decodes_exactly(tmp_path):
+    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.packing import Int8Linear
+
+    int8_here()
+    model = prepacked_llama()
+    new_eagle_head(model).save(tmp_path)
+    head, floats = load_eagle(tmp_path, model=model), load_eagle(tmp_path, model=model, int8=False)
+    assert head.int8 and not floats.int8
+    assert sum(isinstance(m, Int8Linear) for m in head.layer.modules()) == 7  # q, k, v, o, gate, up, down
+    assert not isinstance(head.fc, Int8Linear) and not any(isinstance(m, Int8Linear) for m in floats.modules())
+    assert list(head.state_dict()) == list(floats.state_dict())  # the same checkpoint, saved as it was
+    g = torch.randn(3, 64)
+    with torch.no_grad():
+        head.logits(g)
+        assert isinstance(head._proj, Int8Linear)
+        assert torch.allclose(head.logits(g), floats.logits(g), atol=0.05 * floats.logits(g).abs().max().item())
+    n = 40
+    cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False)
+    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    res = run_method(model, PROMPT, method="medusa-greedy", eagle=head, config=cfg)
+    assert res.tokens == gen[0, len(PROMPT) :].tolist()
+
+
+def test_heads_project_their_drafts_in_int8_on_a_prepacked_float32_model(tmp_path):
+    from medusa_lib.core.packing import Int8Linear
+
+    int8_here()
+    model = prepacked_llama()
+    made = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=100))
+    torch.manual_seed(1)
+    made.proposal_ids.copy_(torch.randperm(320)[:100].sort().values)
+    made.save(tmp_path)
+    heads, floats = load_heads(tmp_path, model=model), load_heads(tmp_path, model=model, int8=False)
+    assert heads.int8 and not floats.int8
+    assert isinstance(heads.proposal_projection(model.lm_head), Int8Linear)
+    assert isinstance(floats.proposal_projection(model.lm_head), PackedLinear)
+    assert not any(isinstance(m, Int8Linear) for m in heads.modules())  # the ResBlocks stay float
+    cfg = DecodeConfig(max_new_tokens=32, stop_on_eos=False)
+    plain = run_method(model, PROMPT, method="plain", config=cfg).tokens
+    tree = get_tree("topk-3x2x1")
+    assert run_method(model, PROMPT, method="medusa-greedy", heads=heads, tree=tree, config=cfg).tokens == plain
+
+
+def test_int8_drafts_only_where_they_run(monkeypatch, tmp_path):
+    import medusa_lib.core.packing as M
+    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+
+    stock = make_model("llama")  # not pre-packed: the stock float drafts
+    assert not M.int8_fits(stock)
+    assert not M.int8_fits(prepacked_llama().to(torch.bfloat16))  # bfloat16 CPUs keep their float drafts
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fbgemm on this platform")
+
+    monkeypatch.setattr(M, "_INT8_WORKS", [])
+    monkeypatch.setattr(torch.ops.quantized, "linear_prepack", broken)
+    model = prepacked_llama()
+    assert not M.int8_fits(model)
+    new_eagle_head(model).save(tmp_path)
+    head = load_eagle(tmp_path, model=model)
+    assert not head.int8 and not any(isinstance(m, M.Int8Linear) for m in head.modules())
+
+
+def test_int8_linear_packs_again_after_its_weight_changes_in_place():
+    from medusa_lib.core.packing import Int8Linear
+
+    int8_here()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 128).requires_grad_(False)
+    q = Int8Linear(lin)
+    x = torch.randn(4, 64)
+    before = q(x)
+    lin.weight.mul_(-2.0)  # a training step or a load_state_dict writes the same parameter
+    lin.bias.add_(1.0)
+    after, want = q(x), lin(x)
+    assert not torch.allclose(after, before)
+    assert (after - want).abs().max() < 0.03 * want.abs().max()
+    with torch.inference_mode():  # rows gathered under inference mode (a drafter's projection) keep no version count
+        rows = torch.randn(32, 64)
+        frozen = Int8Linear(torch.nn.Linear(64, 32, bias=False))
+        frozen.weight = torch.nn.Parameter(rows, requires_grad=False)
+        frozen._pack()
+        assert (frozen(x) - x @ rows.T).abs().max() < 0.03 * (x @ rows.T).abs().max()
+
+
+def test_asking_for_int8_where_it_cannot_run_keeps_float_drafts_and_says_nothing_of_int8(tmp_path):
+    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.packing import Int8Linear
+    from medusa_lib.present.drafter import Drafters
+
+    model = make_model("llama").to(torch.bfloat16).requires_grad_(False)  # int8 drafts need float32
+    new_eagle_head(model).save(tmp_path / "eagle")
+    head = load_eagle(tmp_path / "eagle", model=model, int8=True)
+    assert not head.int8 and not any(isinstance(m, Int8Linear) for m in head.modules())
+    made = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=100))
+    made.save(tmp_path / "heads")
+    heads = load_heads(tmp_path / "heads", model=model, int8=True)
+    assert not heads.int8 and not isinstance(heads.proposal_projection(model.lm_head), Int8Linear)
+    assert "int8" not in Drafters({"bfloat16": head}, "medusa").note_of("eagle")
+
+
+def test_the_page_names_the_numerics_whose_eagle_drafts_in_int8(tmp_path):
+    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.present.drafter import Drafters
+
+    int8_here()
+    model = prepacked_llama()
+    new_eagle_head(model).save(tmp_path)
+    bf16 = load_eagle(tmp_path, model=make_model("llama").to(torch.bfloat16))
+    note = Drafters({"bfloat16": bf16, "float32": load_eagle(tmp_path, model=model)}, "medusa").note_of("eagle")
+    assert note.endswith("In float32 it drafts in int8 here (its projection, attention and MLP); decoding stays exact.")
+
+
+def test_heads_switched_to_int8_and_back_rebuild_their_projection(tmp_path):
+    from medusa_lib.core.packing import Int8Linear
+
+    int8_here()
+    model = prepacked_llama()
+    made = MedusaHeads(HeadsConfig(hidden_size=64, vocab_size=320, num_heads=3, num_proposal_tokens=100))
+    made.save(tmp_path)
+    heads = load_heads(tmp_path, model=model, int8=False)
+    assert isinstance(heads.proposal_projection(model.lm_head), PackedLinear)
+    heads.int8 = True
+    assert isinstance(heads.proposal_projection(model.lm_head), Int8Linear)
+    heads.int8 = False
+    assert isinstance(heads.proposal_projection(model.lm_head), PackedLinear)

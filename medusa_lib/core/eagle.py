@@ -38,7 +38,14 @@ from transformers import DynamicCache
 from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
 from .heads import hidden_size_of
 from .messages import InputError, cause, is_number, kind, shown
-from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+from .packing import (
+    can_int8,
+    frozen_projection,
+    int8_fits,
+    int8_linear_weights,
+    is_prepacked,
+    prepack_linear_weights,
+)
 
 EAGLE_FILE = "eagle.safetensors"
 CONFIG_FILE = "config.json"
@@ -100,6 +107,7 @@ class EagleHead(nn.Module):
         text = copy.deepcopy(model.config.get_text_config(decoder=True))
         text.num_hidden_layers = 1
         body = model.base_model
+        self.int8 = False  # the draft's projection and layer in int8 (``use_int8``)
         self.fc = nn.Linear(2 * d, d, bias=True)
         if config.fuse_layers:
             self.fuse = nn.Linear(len(config.fuse_layers) * d, d, bias=False)
@@ -116,6 +124,16 @@ class EagleHead(nn.Module):
         object.__setattr__(self, "_embed", model.get_input_embeddings())
         object.__setattr__(self, "_lm_head", model.get_output_embeddings())
         self._proposal_key = None
+
+    def use_int8(self) -> int:
+        """Draft in int8 (``packing.Int8Linear``) where it runs (a float32 head on a CPU with fbgemm): the
+        vocabulary projection and the layer's attention and MLP matrices; ``fc`` stays float (it reads the
+        model's features, whose outliers int8 loses: measured, docs/performance.md). Decoding stays exact;
+        returns how many matrices were swapped (0: the head stays float)."""
+        if not can_int8(self.fc.weight):
+            return 0
+        self.int8, self._proposal_key = True, None
+        return int8_linear_weights(self.layer)
 
     def draft_input(self, features: torch.Tensor) -> torch.Tensor:
         """What the drafter reads at a verified position: f_t [..., d] (EAGLE-1), or the fused layer inputs
@@ -167,12 +185,10 @@ class EagleHead(nn.Module):
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V'] over the proposal vocabulary; a frozen, once-gathered (packed) map."""
         w = self._lm_head.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        key = (w.data_ptr(), w._version, w.dtype, w.device, self.int8)
         if self._proposal_key != key:
             rows = self.projection_weight().detach()
-            proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-            proj.weight = nn.Parameter(rows, requires_grad=False)
-            object.__setattr__(self, "_proj", PackedLinear(proj) if can_prepack(rows) else proj)
+            object.__setattr__(self, "_proj", frozen_projection(rows, packed=True, int8=self.int8))
             self._proposal_key = key
         return self._proj(g.to(w.dtype))
 
@@ -316,7 +332,11 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
             "(copy the EAGLE head again or train a new one)."
         )
     record = meta.get("calibration")
-    figures = [record.get(k) for k in ("speedup", "medusa_speedup")] if isinstance(record, dict) else []
+    figures = (
+        [record.get(k) for k in ("speedup", "medusa_speedup", "lookup_speedup", "medusa_heads_speedup")]
+        if isinstance(record, dict)
+        else []
+    )
     if record is not None and (not isinstance(record, dict) or not all(v is None or is_number(v) for v in figures)):
         raise EagleError(
             f"{where} has a calibration that is not a record of numbers ({shown(record)}); "
@@ -341,8 +361,9 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     return cfg
 
 
-def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
-    """An EAGLE head from ``folder`` (``read_eagle_config``), checked against ``model`` and placed like its lm_head."""
+def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None) -> EagleHead:
+    """An EAGLE head from ``folder`` (``read_eagle_config``), checked against ``model`` and placed like its
+    lm_head; ``int8``: draft in int8 (None: where ``packing.int8_fits`` the model, float32 on a CPU)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -384,6 +405,8 @@ def load_eagle(folder: str | Path, *, model: nn.Module) -> EagleHead:
     head.requires_grad_(False)
     if is_prepacked(model):
         prepack_linear_weights(head)
+    if int8_fits(model) if int8 is None else int8:
+        head.use_int8()
     return head.eval()
 
 

@@ -53,7 +53,7 @@ from .heads_io import (
     save_heads,
 )
 from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
-from .packing import PackedLinear, can_prepack, is_prepacked, prepack_linear_weights
+from .packing import PackedLinear, can_int8, frozen_projection, int8_fits, is_prepacked, prepack_linear_weights
 
 __all__ = [
     "CONFIG_FILE",
@@ -250,15 +250,13 @@ class MedusaHeads(nn.Module):
         if torch.compiler.is_compiling():
             return self._proposal_proj
         w = lm_head.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr())
+        int8 = getattr(self, "int8", False)  # set by load_heads: int8 drafts (packing.int8_fits)
+        key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr(), int8)
         if getattr(self, "_proposal_key", None) != key:
             rows = w[self.proposal_ids.to(w.device)].detach()
-            proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-            proj.weight = nn.Parameter(rows, requires_grad=False)
-            # Packed like the model (torch.compile cannot lower packed weights).
-            packed = isinstance(lm_head, PackedLinear) and can_prepack(rows)
-            # Not a submodule: no state_dict entry.
-            object.__setattr__(self, "_proposal_proj", PackedLinear(proj) if packed else proj)
+            # Packed like the model (torch.compile cannot lower packed weights); not a submodule: no state_dict entry.
+            proj = frozen_projection(rows, packed=isinstance(lm_head, PackedLinear), int8=int8)
+            object.__setattr__(self, "_proposal_proj", proj)
             self._proposal_key = key
         return self._proposal_proj
 
@@ -431,8 +429,12 @@ def heads_from_state_dict(
     return module
 
 
-def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, local_only: bool = False) -> MedusaHeads:
-    """Load Medusa heads in any of the three public formats or ours; check them against ``model``."""
+def load_heads(
+    name_or_path: str | Path, *, model: nn.Module | None = None, local_only: bool = False, int8: bool | None = None
+) -> MedusaHeads:
+    """Load Medusa heads in any of the three public formats or ours; check them against ``model``.
+    ``int8``: project the drafts onto the proposal tokens in int8 (None: where ``packing.int8_fits``
+    the model, float32 on a CPU); the ResBlocks stay float (they read the model's features)."""
     folder, state, config = read_checkpoint(name_or_path, local_only=local_only)
     if not config.get("vocab_size") and model is not None:
         config = {**config, "vocab_size": model.get_output_embeddings().weight.shape[0]}
@@ -445,5 +447,9 @@ def load_heads(name_or_path: str | Path, *, model: nn.Module | None = None, loca
         if is_prepacked(model):  # pre-packed like the model (CPU)
             heads.requires_grad_(False)
             prepack_linear_weights(heads)
+        want = int8_fits(model) if int8 is None else int8
+        # only a shared projection onto proposal tokens goes int8, and only where it runs
+        rows = model.get_output_embeddings().weight
+        heads.int8 = bool(want and heads.config.shared_lm_head and heads.proposal_ids is not None and can_int8(rows))
     heads.eval()
     return heads

@@ -6,9 +6,16 @@ share of the time, and more so for 2+ rows (a tree step) than for one. :class:`P
 reorders the weight once, at load time, into oneDNN's blocked layout and calls the op that
 torch.compile emits for frozen linears. The maths is that of ``nn.Linear``: y = x W^T + b
 (bfloat16 results bit-identical; float32 ones differ in rounding only, oneDNN instead of MKL).
+
+A drafter's own matrices (never the model's) can go further: :class:`Int8Linear` holds int8
+weights and runs fbgemm's dynamic int8 GEMM, about 4x the float32 speed of a few-row product on
+an AVX2 CPU. A draft only proposes tokens that the model then verifies, so decoding stays exact;
+what int8 changes is how often the drafts are right (measured: docs/performance.md).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -102,3 +109,110 @@ def prepack_linear_weights(model: nn.Module) -> int:
                 setattr(module, name, PackedLinear(child))
                 n += 1
     return n
+
+
+# ---------------------------------------------------------------------- int8 drafts
+_INT8_WORKS: list[bool] = []  # [whether fbgemm's dynamic int8 linear runs and agrees here] (tried once)
+
+
+def _int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """[out, in] float weight -> fbgemm's packed int8 weight, one symmetric scale per output row."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(1).clamp(min=1e-12) / 127).double()
+    # torch 2.13 flags quantized tensors for removal; can_int8 checks that they still work here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, message=".*quantiz.*deprecated")
+        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+
+def _int8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    shape = x.shape
+    y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]), packed, True)  # reduce_range: no AVX2 overflow
+    return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def can_int8(weight: torch.Tensor) -> bool:
+    """fbgemm's dynamic int8 linear serves float32 CPU weights here (tried once, against float32: a
+    platform without the quantized engine, or a torch that dropped it, keeps float drafts)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return False
+    if not _INT8_WORKS:
+        try:
+            g = torch.Generator().manual_seed(0)
+            w, x = torch.randn(48, 64, generator=g), torch.randn(5, 64, generator=g)
+            got = _int8_linear(x, _int8_pack(w, None))
+            _INT8_WORKS.append(bool(torch.allclose(got, x @ w.T, atol=0.5, rtol=0.05)))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            _INT8_WORKS.append(False)
+    return _INT8_WORKS[0]
+
+
+class Int8Linear(nn.Module):
+    """A frozen linear map of a drafter with int8 weights (a scale per output row) and its input
+    quantized per call (fbgemm dynamic int8). The float parameter stays in place (``state_dict``,
+    training); a call the int8 copy cannot serve (autograd, another device or dtype) uses it."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self._pack()
+
+    def _versions(self) -> tuple:
+        """Where and how often each parameter was written (an inference-mode tensor keeps no count)."""
+        return tuple(
+            None if p is None else (p.data_ptr(), -1 if p.is_inference() else p._version)
+            for p in (self.weight, self.bias)
+        )
+
+    def _pack(self) -> None:
+        self.packed = _int8_pack(self.weight, self.bias)  # plain attribute: not in state_dict, never moved
+        self.packed_from = self._versions()  # a weight changed in place (a training step, a load) packs again
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (
+            x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or w.device.type != "cpu"
+            or w.dtype != torch.float32
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            or torch.compiler.is_compiling()
+        ):
+            return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.packed_from != self._versions():
+            self._pack()
+        return _int8_linear(x, self.packed)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+
+def int8_fits(model: nn.Module) -> bool:
+    """Whether a drafter on ``model`` drafts in int8 by default: a CPU model in float32 whose linears
+    were pre-packed (never one compiled) where fbgemm works. bfloat16 CPUs keep their float drafts
+    (int8 against AVX512-BF16 is not measured)."""
+    w = model.get_output_embeddings().weight
+    return is_prepacked(model) and can_int8(w)
+
+
+def int8_linear_weights(module: nn.Module) -> int:
+    """Swap every float32 CPU linear (stock or pre-packed) under ``module`` for an :class:`Int8Linear`."""
+    n = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) in (nn.Linear, PackedLinear) and can_int8(child.weight):
+                setattr(parent, name, Int8Linear(child))
+                n += 1
+    return n
+
+
+def frozen_projection(rows: torch.Tensor, *, packed: bool, int8: bool = False) -> nn.Module:
+    """A frozen map onto ``rows`` [V', d] (a drafter's proposal rows of the lm_head): int8 where asked
+    and possible, else pre-packed where asked and possible, else a plain linear."""
+    proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+    proj.weight = nn.Parameter(rows, requires_grad=False)
+    if int8 and can_int8(rows):
+        return Int8Linear(proj)
+    return PackedLinear(proj) if packed and can_prepack(rows) else proj

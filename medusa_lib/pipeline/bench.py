@@ -22,6 +22,8 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
   medusa-sample     Medusa exact (lossless) speculative sampling, same tree and lookup as medusa-greedy
   eagle-greedy      the EAGLE head (--eagle) drafting EAGLE-2's dynamic tree (--eagle-tree), no lookup branch,
                     on the same verifier: exact greedy
+  eagle-lookup      the same drafter with the lookup branch beside its tree (--lookup; the medusa methods'
+                    length, else 4), as the page runs it
   eagle-sample      the same drafter with exact speculative sampling (same seed as plain-sample)
   eagle-typical     the same drafter with typical acceptance, root sampled with --seed
   lookup-greedy     prompt lookup alone as the drafter (a chain of up to --lookup tokens, 4 when 0 or unset)
@@ -71,60 +73,32 @@ from ..core.eagle import load_eagle
 from ..core.fused import ready
 from ..core.heads import load_heads
 from ..core.kv import describe_engine, prepare_engine
-from ..core.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
+from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import is_prepacked
 from ..core.tree import get_tree, with_lookup
+from .bench_args import (  # noqa: F401  (re-exported: the methods are bench's)
+    ALL_METHODS,
+    CUDA_DEFAULT_METHODS,
+    DEFAULT_EAGLE,
+    DEFAULT_HEADS,
+    DEFAULT_METHODS,
+    DEFAULT_PROMPTS,
+    SAMPLED_METHODS,
+    WARMUP_PROMPT_LENGTHS,
+    parser,
+)
 from .bench_report import acceptance_by_method, exact_sampling, record_eagle, reference_of, report
 from .bench_runs import RUN_DETAIL, e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
 from .cli import (
-    add_model_arguments,
     check_heads_path,
     check_model_arguments,
     check_tree_name,
     check_writable,
     fail,
     read_prompts,
-    whole_number,
 )
-
-ALL_METHODS = (
-    "hf-generate",
-    "hf-generate-static",
-    "baseline",
-    "hf-prompt-lookup",
-    "medusa-greedy",
-    "medusa-heads-only",
-    "medusa-typical",
-    "medusa-greedy-nodetail",
-    "plain-sample",
-    "medusa-sample",
-    "eagle-greedy",
-    "eagle-sample",
-    "eagle-typical",
-    "lookup-greedy",
-    "lookup-sample",
-    "lookup-typical",
-)
-DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
-# With the compiled static generate: what a GPU user would race.
-CUDA_DEFAULT_METHODS = "hf-generate,hf-generate-static,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
-# A second prompt length: any recompile a new length causes happens here, not in the table.
-WARMUP_PROMPT_LENGTHS = {"hf-generate-static": (32, 16)}
-# Draw from the seed when --temperature > 0 (--sampled: the first three).
-SAMPLED_METHODS = (
-    "plain-sample",
-    "medusa-sample",
-    "medusa-typical",
-    "eagle-sample",
-    "eagle-typical",
-    "lookup-sample",
-    "lookup-typical",
-)
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
-DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
-DEFAULT_EAGLE = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct-eagle"
 
 
 def check_arguments(args: argparse.Namespace, methods: list[str]) -> None:
@@ -138,98 +112,7 @@ def check_arguments(args: argparse.Namespace, methods: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help='JSONL lines {"id", "category", "prompt"}')
-    which = ap.add_mutually_exclusive_group()
-    which.add_argument(
-        "--methods",
-        default=None,
-        help=f"comma list of {', '.join(ALL_METHODS)} (default {DEFAULT_METHODS}; on CUDA {CUDA_DEFAULT_METHODS})",
-    )
-    which.add_argument(
-        "--sampled",
-        action="store_const",
-        const=",".join(SAMPLED_METHODS[:3]),
-        dest="methods",
-        default=None,
-        help=f"the sampled comparison: --methods {','.join(SAMPLED_METHODS)}",
-    )
-    ap.add_argument("--max-new-tokens", type=whole_number(1), default=128)
-    ap.add_argument("--tree", default=None, help="tree preset (default: the heads' calibrated default)")
-    ap.add_argument(
-        "--lookup",
-        type=whole_number(0, MAX_LOOKUP),
-        default=None,
-        help="lookup-branch length of the medusa methods (default: the heads' calibrated one, "
-        "0 if calibrated without it, else 4; 0 = heads only)",
-    )
-    add_model_arguments(ap)
-    ap.add_argument("--heads", default=str(DEFAULT_HEADS))
-    ap.add_argument("--eagle", default=str(DEFAULT_EAGLE), help="EAGLE head folder of the eagle-* methods")
-    ap.add_argument(
-        "--eagle-tree",
-        default=None,
-        help="the eagle-* methods' dynamic tree as top_k,depth,nodes (default: the head's own)",
-    )
-    ap.add_argument(
-        "--record-eagle",
-        action="store_true",
-        help="write eagle-greedy's measured speed-up over baseline into the EAGLE head's config.json "
-        "(calibration: the page's Drafter default reads it for this kind of device)",
-    )
-    ap.add_argument("--repeats", type=whole_number(1), default=3)
-    ap.add_argument("--limit", type=whole_number(0), default=0, help="only the first N prompts (0: all)")
-    ap.add_argument(
-        "--per-category", type=whole_number(0), default=0, help="only the first N prompts of each category (0: all)"
-    )
-    ap.add_argument(
-        "--temperature",
-        type=float,
-        default=0.7,
-        help="temperature of the sampled methods (plain-sample, medusa-sample, medusa-typical)",
-    )
-    ap.add_argument(
-        "--top-p",
-        type=float,
-        default=1.0,
-        help="nucleus sampling of plain-sample, medusa-sample and medusa-typical's root",
-    )
-    ap.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="sampling seed of plain-sample, medusa-sample and medusa-typical (which always samples its root with it)",
-    )
-    ap.add_argument("--no-chat-template", action="store_true")
-    ap.add_argument(
-        "--no-prepack",
-        action="store_true",
-        help="keep stock nn.Linear weights on CPU (every method; to measure what pre-packing gives)",
-    )
-    ap.add_argument(
-        "--stock-attention",
-        action="store_true",
-        help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)",
-    )
-    ap.add_argument(
-        "--cache",
-        default="auto",
-        choices=["auto", "dynamic", "static"],
-        help="KV cache of our methods (auto: static on CUDA, dynamic on a CPU; core/kv.py)",
-    )
-    ap.add_argument(
-        "--capture",
-        default="auto",
-        choices=["auto", "none", "compile", "cuda-graph"],
-        help="with --cache static, compile or record the fixed-shape steps before timing "
-        "(auto: cuda-graph on CUDA, none on a CPU); reported as 'capture s'",
-    )
-    ap.add_argument("--json", default=None, help="write all records to this JSON file")
-    ap.add_argument(
-        "--forward-costs",
-        action="store_true",
-        help="only time one forward of 1..33 tokens after a 256-token prefix (what a tree step costs), then stop",
-    )
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
 
     methods = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
@@ -293,9 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     static_cache_len = max(len(ids) for _, ids in encoded) + args.max_new_tokens
     decoders = {}
     tree_name, lookup, note, tree = None, 0, None, None
+    heads = eagle = None  # the drafters loaded: whether they draft in int8 is theirs to say (core/packing.py)
     if any(m.startswith("medusa") for m in methods):
         try:
-            heads = load_heads(args.heads, model=model)
+            heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
         except InputError as e:  # HeadsError: one sentence
             fail(e)
         # the playground's defaults too (the calibration of this device kind in these numerics)
@@ -348,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     eagle_tree = None
     if any(m.startswith("eagle") for m in methods):
         try:
-            eagle = load_eagle(args.eagle, model=model)
+            eagle = load_eagle(args.eagle, model=model, int8=False if args.float_draft else None)
             eagle_tree = (
                 DynamicTreeConfig(*map(int, args.eagle_tree.split(","))) if args.eagle_tree else eagle.config.tree
             )
@@ -358,6 +242,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else hint}") from None
         decoders["eagle-greedy"] = ours(
             "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), eagle=eagle, tree=eagle_tree
+        )
+        # eagle-lookup's branch: the medusa methods' length, else --lookup, never 0 (that is eagle-greedy)
+        branch = (lookup if tree is not None else args.lookup) or DEFAULT_LOOKUP
+        decoders["eagle-lookup"] = ours(
+            "medusa-greedy",
+            DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=branch),
+            eagle=eagle,
+            tree=eagle_tree,
         )
         decoders["eagle-sample"] = ours("medusa-sample", sample_cfg, eagle=eagle, tree=eagle_tree)
         decoders["eagle-typical"] = ours(
@@ -389,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
     eagle_desc = (
         f" | eagle tree top-k {eagle_tree.top_k} depth {eagle_tree.depth} nodes {eagle_tree.num_nodes}"
+        + (f" (eagle-lookup + lookup-{decoders['eagle-lookup'].config.lookup})" if "eagle-lookup" in methods else "")
         if eagle_tree
         else ""
     )
@@ -405,8 +298,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"Capturing {m}'s steps failed ({cause(e)}); its runs use the dynamic cache.", flush=True)
         description = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
         print(f"Engine: {description}.", flush=True)
+    draft = "int8" if any(getattr(d, "int8", False) for d in (heads, eagle)) else "float"
     print(
-        f"{setup} | {description} | tree {tree_name}{eagle_desc} | {len(prompts)} prompts x {args.repeats} repeats | "
+        f"{setup} | drafts {draft} | {description} | tree {tree_name}{eagle_desc} | "
+        f"{len(prompts)} prompts x {args.repeats} repeats | "
         f"max_new_tokens {args.max_new_tokens}{sampling}{static}",
         flush=True,
     )
@@ -464,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             "repeats": args.repeats,
             "threads": torch.get_num_threads(),
             "prepacked": prepacked,
+            "draft_int8": draft == "int8",
             "attention": attention,
         }
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
@@ -492,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
             tree=eagle_tree,
             args=args,
             medusa_tree=tree_name,
+            draft=draft,
         )
 
 

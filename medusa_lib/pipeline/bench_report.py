@@ -15,11 +15,22 @@ EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample
 
 
 def record_eagle(
-    folder: Path, records: list[dict], *, device, dtype: str, argv, tree, args, medusa_tree: str | None = None
+    folder: Path,
+    records: list[dict],
+    *,
+    device,
+    dtype: str,
+    argv,
+    tree,
+    args,
+    medusa_tree: str | None = None,
+    draft: str = "float",
 ) -> None:
     """eagle-greedy's e2e speed-up over baseline on this run's prompts, into the head's config.json
-    ``calibration``, with medusa-greedy's from the same run when it ran (present/drafter.py compares
-    the two to pick the page's default drafter)."""
+    ``calibration``, with the other drafter's from the same run where it ran: medusa-greedy (the heads
+    + their lookup branch) and medusa-heads-only; and eagle-lookup's (the EAGLE head + the same lookup
+    branch). present/drafter.py compares the two drafters as the page runs them: each with the lookup
+    branch. ``draft``: the drafters' matrices, int8 or float (core/packing.py)."""
     import datetime
     import sys
 
@@ -34,12 +45,16 @@ def record_eagle(
     def rate(rs):  # e2e tok/s over the runs = total new tokens / total time (prefill + decode)
         return sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)
 
+    def speedup(method):
+        return round(rate(by[method]) / rate(by["baseline"]), 3)
+
     eg = by["eagle-greedy"]
     record = {
         "device_kind": device_kind(device),
-        "speedup": round(rate(eg) / rate(by["baseline"]), 3),
+        "speedup": speedup("eagle-greedy"),
         "tokens_per_step": round(sum(r["new_tokens"] for r in eg) / sum(r["steps"] for r in eg), 3),
         "dtype": dtype,
+        "draft": draft,
         "tree": [tree.top_k, tree.depth, tree.num_nodes],
         "prompts": len(eg),
         "max_new_tokens": args.max_new_tokens,
@@ -47,12 +62,21 @@ def record_eagle(
         "date": datetime.date.today().isoformat(),
         "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    if by.get("eagle-lookup"):  # the EAGLE head as the page runs it: its tree + the lookup branch
+        record["lookup_speedup"] = speedup("eagle-lookup")
     if by.get("medusa-greedy"):  # the other drafter, in the same run: the page compares these two (ratios of one run)
-        record["medusa_speedup"] = round(rate(by["medusa-greedy"]) / rate(by["baseline"]), 3)
+        record["medusa_speedup"] = speedup("medusa-greedy")
         record["medusa_tree"] = medusa_tree
+    if by.get("medusa-heads-only"):  # both drafters without the lookup branch
+        record["medusa_heads_speedup"] = speedup("medusa-heads-only")
     cfg_path = update_eagle_config(folder, calibration=record)
-    medusa = f", medusa-greedy {record['medusa_speedup']:.2f}x" if "medusa_speedup" in record else ""
-    print(f"recorded in {cfg_path}: eagle-greedy {record['speedup']:.2f}x{medusa} baseline on {device_kind(device)}")
+    names = {
+        "lookup_speedup": "eagle-lookup",
+        "medusa_speedup": "medusa-greedy",
+        "medusa_heads_speedup": "medusa-heads-only",
+    }
+    others = "".join(f", {name} {record[k]:.2f}x" for k, name in names.items() if k in record)
+    print(f"recorded in {cfg_path}: eagle-greedy {record['speedup']:.2f}x{others} baseline on {device_kind(device)}")
 
 
 def reference_of(method: str, methods: list[str], sampled: list[str]) -> str | None:

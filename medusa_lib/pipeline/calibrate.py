@@ -48,7 +48,7 @@ from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
-from .cli import add_model_arguments
+from .cli import add_float_draft, add_model_arguments
 from .distill import generate_answers
 from .jsonl import load_jsonl
 
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         help="trees within this fraction of the fastest count as a tie; the smallest of them is the default",
     )
     ap.add_argument("--write", action="store_true", help="write trees.json and the default tree beside the heads")
+    add_float_draft(ap, "the Medusa heads'")
     ap.add_argument(
         "--keep-trees",
         action="store_true",
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
-    heads = load_heads(args.heads, model=model)
+    heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
     prompts = load_jsonl(args.prompts)
     acc_prompts, speed_prompts = split_prompts(prompts, args.acc_prompts, args.speed_prompts)
     if args.answers:
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
             "tie": args.tie,
             "lookup": args.lookup,
             "dtype": str(next(model.parameters()).dtype),
+            "draft": "int8" if heads.int8 else "float",  # the heads' proposal projection (core/packing.py)
             "device": device_label(device),
             "device_kind": device.type,
             "engine": engine.description,

@@ -10,6 +10,15 @@ from ..core.messages import cause, shown
 from .jsonl import load_jsonl
 
 
+def add_float_draft(ap: argparse.ArgumentParser, drafters: str = "the drafters'") -> None:
+    """--float-draft: keep the drafters' matrices float (by default they run int8 on a float32 CPU model)."""
+    ap.add_argument(
+        "--float-draft",
+        action="store_true",
+        help=f"keep {drafters} matrices float (default: int8 on a float32 CPU model, core/packing.py)",
+    )
+
+
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model, --dtype and --device, with the same defaults in every CLI (core.model.load_model takes them)."""
     ap.add_argument(

@@ -44,7 +44,7 @@ from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle, update_eagle_confi
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, eos_token_ids, load_model
 from .calibrate import pick_default, split_prompts, time_decoders
-from .cli import add_model_arguments, fail, whole_number
+from .cli import add_float_draft, add_model_arguments, fail, whole_number
 from .eagle_loss import depth_rates, simulated_lengths
 from .feature_cache import read_cache
 from .hidden_cache import frequent_tokens
@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tie", type=float, default=0.02, help="trees within this fraction of the fastest tie")
     ap.add_argument("--write-tree", action="store_true", help="make the chosen tree the head's default")
     ap.add_argument("--repeats", type=whole_number(1), default=3, help="timed passes per size, rounds per tree prompt")
+    add_float_draft(ap, "the EAGLE head's")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -190,10 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     folder = Path(args.heads)
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     try:
-        head = load_eagle(folder, model=model)
+        head = load_eagle(folder, model=model, int8=False if args.float_draft else None)
     except InputError as e:  # EagleError: one sentence
         fail(e)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    draft = "int8" if head.int8 else "float"  # the draft's matrices (core/packing.py)
     command = "python -m medusa_lib.pipeline.eagle_tune " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {}
     if sizes:
@@ -202,13 +204,17 @@ def main(argv: list[str] | None = None) -> None:
         subsets = proposal_subsets(head, train_records, sizes, list(eos_token_ids(model)))
         seqs = list(range(len(cache)))[:: max(1, len(cache) // args.sim_prompts)][: args.sim_prompts]
         tree = head.config.tree
-        print(f"{len(seqs)} held-out answers, tree {tree_name(tree)}, {dtype}, {torch.get_num_threads()} threads")
+        print(
+            f"{len(seqs)} held-out answers, tree {tree_name(tree)}, {dtype}, draft {draft}, "
+            f"{torch.get_num_threads()} threads"
+        )
         out["proposal_sweep"] = {
             "rows": sweep(head, cache, seqs, subsets, args.repeats),
             "tree": [tree.top_k, tree.depth, tree.num_nodes],
             "answers": len(seqs),
             "repeats": args.repeats,
             "dtype": dtype,
+            "draft": draft,
             "machine": machine(),
             "command": command,
         }
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if trees:
         _, prompts = split_prompts(load_jsonl(args.prompts), 0, args.speed_prompts)
         ids = [chat_prompt_ids(tok, p["prompt"]) for p in prompts]
-        print(f"{len(ids)} held-out prompts x {args.repeats}, {args.max_new_tokens} new tokens, {dtype}")
+        print(f"{len(ids)} held-out prompts x {args.repeats}, {args.max_new_tokens} new tokens, {dtype}, draft {draft}")
         res = time_trees(model, head, trees, ids, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
         print(f"{'tree (k,d,n)':<14}{'tokens/step':>12}{'tok/s':>8}{'vs plain':>10}")
         for name, r in res.items():
@@ -234,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
             "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens,
             "dtype": dtype,
+            "draft": draft,
             "machine": machine(),
             "command": command,
         }

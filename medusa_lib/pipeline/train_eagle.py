@@ -163,7 +163,7 @@ def train(
 def init_from(head: EagleHead, folder: str | Path, model) -> None:
     """Start ``head`` from the weights of the EAGLE head in ``folder`` (one trained on a GPU, say): the
     same recipe (fused layers) and the same proposal tokens, or one sentence (SystemExit) saying so."""
-    init = load_eagle(folder, model=model)
+    init = load_eagle(folder, model=model, int8=False)
     same_ids = (init.proposal_ids is None and head.proposal_ids is None) or (
         init.proposal_ids is not None
         and head.proposal_ids is not None
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
             + "\n"
         )
     eval_model, _ = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
-    head = load_eagle(out, model=eval_model)
+    head = load_eagle(out, model=eval_model, int8=False)  # the model card's figures: the head's own float drafts
     prompts = [
         r["prompt_ids"]
         for r in answers["heldout"][:: max(1, len(answers["heldout"]) // args.eval_prompts)][: args.eval_prompts]

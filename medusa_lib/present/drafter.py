@@ -285,6 +285,12 @@ class Drafters:
         if drafter == "eagle":
             head = next(iter(self.eagles.values()), None)
             about = getattr(head, "about", "")
+            int8 = [n for n, h in self.eagles.items() if getattr(h, "int8", False)]  # the numerics drafting in int8
+            if int8:
+                about += (
+                    f" In {' and '.join(int8)} it drafts in int8 here (its projection, attention and MLP); "
+                    "decoding stays exact."
+                )
             return tree_note(self.tree) + (f" {about}" if about else "")
         if drafter == "lookup":
             return (
@@ -304,7 +310,11 @@ def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Draft
     if record and record.get("medusa_speedup"):  # both drafters measured in one bench run: the ratio the rules ask for
         medusa = float(record["medusa_speedup"])
         dtype = str(record.get("dtype", "")).removeprefix("torch.")
-        source = f"measured in one bench run ({dtype}, {record.get('date', 'undated')})"
+        branch = ""
+        if record.get("lookup_speedup"):  # each drafter with the lookup branch beside its tree, as the page runs them
+            eagle, branch = float(record["lookup_speedup"]), ", each with the lookup branch"
+        drafts = f", {record['draft']} drafts" if record.get("draft") in ("int8", "float") else ""
+        source = f"measured in one bench run ({dtype}{drafts}, {record.get('date', 'undated')}{branch})"
     else:  # two records, perhaps of two machines or numerics: said so
         medusa = medusa_speedup(defaults, device)
         source = "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines)"
