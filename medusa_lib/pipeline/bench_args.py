@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..core.lookup import MAX_LOOKUP
-from .cli import add_float_draft, add_model_arguments, whole_number
+from .cli import add_engine_arguments, add_float_draft, add_model_arguments, whole_number
 
 ALL_METHODS = (
     "hf-generate",
@@ -123,17 +123,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         action="store_true",
         help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)",
     )
-    ap.add_argument(
-        "--cache",
-        default="auto",
-        choices=["auto", "dynamic", "static"],
-        help="KV cache of our methods (auto: static on CUDA, dynamic on a CPU; core/kv.py)",
-    )
-    ap.add_argument(
-        "--capture",
-        default="auto",
-        choices=["auto", "none", "compile", "cuda-graph"],
-        help="with --cache static, compile or record the fixed-shape steps before timing "
+    add_engine_arguments(
+        ap,
+        cache_help="KV cache of our methods (auto: static on CUDA, dynamic on a CPU; core/kv.py)",
+        capture_help="with --cache static, compile or record the fixed-shape steps before timing "
         "(auto: cuda-graph on CUDA, none on a CPU); reported as 'capture s'",
     )
     ap.add_argument("--json", default=None, help="write all records to this JSON file")

@@ -48,7 +48,7 @@ from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
-from .cli import add_float_draft, add_model_arguments
+from .cli import add_engine_arguments, add_float_draft, add_model_arguments
 from .distill import generate_answers
 from .jsonl import load_jsonl
 
@@ -299,18 +299,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="time the calibrated-N trees already in the heads' trees.json (grow only the sizes it lacks)",
     )
-    ap.add_argument(
-        "--cache",
-        default="auto",
-        choices=["auto", "dynamic", "static"],
-        help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, "
+    add_engine_arguments(
+        ap,
+        cache_help="the engine the trees are timed on (auto: the playground's for this device: static on CUDA, "
         "dynamic on a CPU)",
-    )
-    ap.add_argument(
-        "--capture",
-        default="auto",
-        choices=["auto", "none", "compile", "cuda-graph"],
-        help="with the static cache, the capture (auto: CUDA graphs on CUDA); "
+        capture_help="with the static cache, the capture (auto: CUDA graphs on CUDA); "
         "every tree size is captured before timing",
     )
     args = ap.parse_args(argv)

@@ -6,8 +6,15 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+from ..core.kv import CACHES, CAPTURES
 from ..core.messages import cause, shown
 from .jsonl import load_jsonl
+
+
+def add_engine_arguments(ap: argparse.ArgumentParser, *, cache_help: str, capture_help: str) -> None:
+    """--cache and --capture, with the choices core/kv.py takes ("auto": this device's, resolved there)."""
+    ap.add_argument("--cache", default="auto", choices=["auto", *CACHES], help=cache_help)
+    ap.add_argument("--capture", default="auto", choices=["auto", *CAPTURES], help=capture_help)
 
 
 def add_float_draft(ap: argparse.ArgumentParser, drafters: str = "the drafters'") -> None:
