@@ -120,23 +120,36 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
     )
 
 
-def test_the_shipped_heads_make_medusa_the_default_here(pg):
+def test_the_shipped_records_decide_the_default_drafter_here(pg):
+    """A head that records no figure for this kind of device leaves the Medusa heads selected; the shipped EAGLE
+    head's record (one bench run of both drafters on a CPU, each with the lookup branch as the page runs them)
+    decides between the two, and the note quotes the two figures it compared."""
     assert pg.drafters.available == ("medusa", "eagle", "lookup") and pg.drafters.default == "medusa"
     assert pg.drafters.note.startswith(
         "The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on CPU"
     )
-    # the shipped heads' own records: the EAGLE head's CPU figure (bench --record-eagle) is below the Medusa heads'
-    # calibrated one
+    from types import SimpleNamespace
+
     from medusa_lib.core.defaults import heads_defaults
     from medusa_lib.core.heads import load_heads
 
     cal = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())["calibration"]
-    medusa = medusa_speedup(
-        heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu", "float32"), torch.device("cpu")
+    assert cal["device_kind"] == "cpu" and cal["draft"] == "int8" and cal["dtype"] == "torch.float32"
+    defaults = heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu", "float32")
+    shipped = make_drafters(
+        {"float32": SimpleNamespace(calibration=cal)}, defaults=defaults, device=torch.device("cpu"), device_label="CPU"
     )
-    assert cal["device_kind"] == "cpu" and medusa is not None and default_drafter(medusa, cal["speedup"]) == "medusa"
-    # and in the one run that measured both on this machine, each with the lookup branch as the page runs them
-    assert cal["draft"] == "int8" and default_drafter(cal["medusa_speedup"], cal["lookup_speedup"]) == "medusa"
+    assert shipped.default == default_drafter(cal["medusa_speedup"], cal["lookup_speedup"])
+    assert f"Medusa heads {cal['medusa_speedup']:.2f}x, EAGLE head {cal['lookup_speedup']:.2f}x plain" in shipped.note
+    assert "float32, int8 drafts" in shipped.note and "each with the lookup branch" in shipped.note
+    # the same record on a GPU says nothing: the Medusa heads start selected there
+    gpu = make_drafters(
+        {"bfloat16": SimpleNamespace(calibration=cal)},
+        defaults=defaults,
+        device=torch.device("cuda"),
+        device_label="GPU",
+    )
+    assert gpu.default == "medusa"
 
 
 # ------------------------------------------------------------------ runs

@@ -299,3 +299,15 @@ def test_the_model_cards_acceptance_counts_the_decoders_full_steps(model, cache)
     assert got["accept_rate_per_depth"] == [
         round(reached[k] / reached[k - 1], 3) if reached[k - 1] else 0.0 for k in range(1, TREE.depth + 1)
     ]
+
+
+def test_the_model_card_names_the_recipe_with_its_training_time_test_steps():
+    from medusa_lib.pipeline.train_eagle import recipe_name
+
+    assert recipe_name({"recipe": "EAGLE-1 (top feature)", "ttt_steps": 1}) == "EAGLE-1 (top feature)"
+    assert (
+        recipe_name({"recipe": "EAGLE-1 (top feature)", "ttt_steps": 2})
+        == "EAGLE-1 (top feature) + training-time test (2 steps)"
+    )
+    assert recipe_name({"recipe": "EAGLE-3 (fused features)", "ttt_steps": 3}).endswith("(3 steps)")
+    assert recipe_name({}) == "EAGLE-1 (top feature)"

@@ -81,12 +81,14 @@ def test_the_gpu_check_stages_verifies_and_runs_every_part_on_a_cpu(tmp_path):
     assert fig["calibrate"]["step_cost"]["plain"]["ms_per_step"] > 0 and len(fig["costs"]["rows"]) == 6
     assert fig["compile"]["capture_failures"] == [] and "torch.compile" in fig["compile"]["engine"]
     assert {"plain", "medusa-greedy"} == set(fig["profile"])
-    eagle = fig["eagle"]["recipes"]  # both recipes trained on the features cached here, and their heads came back
-    assert set(eagle) == {"eagle1", "eagle3"} and all(
+    eagle = fig["eagle"]["recipes"]  # each recipe and follow-up trained on the features cached here; heads came back
+    assert set(eagle) == {"eagle1", "eagle3", "eagle1-ttt2"} and all(
         r["finished"] and r["tokens_per_step"] >= 1 for r in eagle.values()
     )
     assert eagle["eagle3"]["recipe"].startswith("EAGLE-3") and fig["eagle"]["feature_tokens_per_s"] > 0
     assert all((out / f"{name}.safetensors").stat().st_size > 0 for name in eagle)
+    back = json.loads((out / "eagle1-ttt2.config.json").read_text())  # the follow-up's config, with its history
+    assert back["fuse_layers"] is None and back["training"]["history"]
     table = (out / "check.md").read_text()
     assert all(f"| {p.name} | ok |" in table for p in gpu_parts.PARTS) and "| bench | ok |" in said
     with tarfile.open(out / "raw.tar.gz") as tar:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 import random
+import shlex
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -313,6 +315,71 @@ def test_a_failing_or_hanging_part_never_stops_the_others(tmp_path):
     assert (tmp_path / "out" / "raw.tar.gz").exists()
 
 
+def test_limit_gives_a_part_its_own_limit_for_one_call_and_refuses_what_it_cannot_use(tmp_path):
+    """A call for one part alone (the EAGLE training) stretches or cuts that part's limit; a wrong name or
+    number stops the call in one sentence before anything runs."""
+
+    def sleeps(ctx):
+        return [gpu_parts.Job([sys.executable, "-c", "import time; time.sleep(60)"], ctx.work / "s.log")]
+
+    parts = [gpu_parts.Part("sleeps", "sleeps", 120, 120, sleeps, lambda c, j: {}, lambda f: "", needs_model=False)]
+    ctx = gpu_parts.Context(
+        python=sys.executable, root=tmp_path, work=tmp_path / "w", device="cpu", tiny=True, check=""
+    )
+    ctx.work.mkdir()
+    fields = {"out": str(tmp_path / "out"), "budget": 60, "no_stage": True, "stage": str(tmp_path), "only": None}
+    args = type("Args", (), fields | {"skip": "", "limit": "sleeps=1"})()
+    check = gpu_check.Check(args, ctx, parts)
+    check.run(staged=True, stage_note="test")
+    part = json.loads((tmp_path / "out" / "check.json").read_text())["parts"]["sleeps"]
+    assert (part["status"], part["limit_s"]) == ("timeout", 1) and part["seconds"] < 10
+    assert gpu_check.part_limits("eagle=500, costs=30", ["eagle", "costs"]) == {"eagle": 500.0, "costs": 30.0}
+    for bad, said in (
+        ("eagel=500", "--limit names a part this check does not have: 'eagel' (parts: eagle, costs)."),
+        ("eagle=five", "--limit 'eagle=five': give the part's seconds as a positive number, e.g. eagle=500."),
+        ("eagle=0", "--limit 'eagle=0': give the part's seconds as a positive number, e.g. eagle=500."),
+    ):
+        with pytest.raises(SystemExit) as e:
+            gpu_check.part_limits(bad, ["eagle", "costs"])
+        assert str(e.value) == said
+
+
+def test_the_eagle_part_trains_each_recipe_and_a_follow_up_from_its_kept_head(tmp_path):
+    """The part's one shell line, run with a stand-in trainer: the features first, the recipes side by side,
+    the follow-up after its recipe, from that recipe's head, with the recipe stopping at its share of the
+    time and the follow-up at the part's stop."""
+    calls = tmp_path / "calls.jsonl"
+    fake = tmp_path / "fake_python.py"
+    fake.write_text(
+        "import json, sys, time, pathlib\n"
+        "a = sys.argv[3:]\n"
+        "get = lambda k: a[a.index(k) + 1] if k in a else None\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps({{'t': time.time(), 'args': a}}) + '\\n')\n"
+        "if get('--out'):\n"
+        "    pathlib.Path(get('--out')).mkdir(parents=True, exist_ok=True)\n"
+        "    (pathlib.Path(get('--out')) / 'training.json').write_text('{}')\n"
+    )
+    ctx = gpu_parts.Context(
+        python=f"{sys.executable} {fake}", root=tmp_path, work=tmp_path / "run-1", device="cuda", tiny=False, check=""
+    )
+    ctx.work.mkdir()
+    ctx.limit_s = 300
+    job = gpu_parts.eagle_jobs(ctx)[0]
+    t0 = time.time()
+    line = job.argv[2].replace(shlex.quote(ctx.python), ctx.python)
+    assert subprocess.run(["sh", "-c", line]).returncode == 0
+    seen = [json.loads(x) for x in calls.read_text().splitlines()]
+    assert "--features-only" in seen[0]["args"] and ctx.eagle_cache == tmp_path / "eagle-cache"
+    out = {Path(c["args"][c["args"].index("--out") + 1]).name: c for c in seen[1:]}
+    assert set(out) == {"eagle1", "eagle3", "eagle1-ttt2"}
+    stop = lambda c: float(c["args"][c["args"].index("--stop-at") + 1])  # noqa: E731
+    assert stop(out["eagle3"]) == stop(out["eagle1-ttt2"]) == pytest.approx(t0 + 300 - 60, abs=5)
+    assert stop(out["eagle1"]) == pytest.approx(t0 + 0.6 * (300 - 60), abs=5)  # its 60% of the time left
+    follow = out["eagle1-ttt2"]["args"]
+    assert follow[follow.index("--init") + 1] == str(ctx.work / "eagle" / "eagle1")
+    assert follow[follow.index("--ttt-steps") + 1] == "2" and out["eagle1-ttt2"]["t"] >= out["eagle1"]["t"]
+
+
 def test_the_eagle_part_reports_each_kept_head_and_brings_its_weights_back(tmp_path):
     """A finished recipe is read from training.json; one cut by the part's limit from the history its
     last kept checkpoint wrote into config.json; the kept weights of both are copied to --out."""
@@ -329,8 +396,8 @@ def test_the_eagle_part_reports_each_kept_head_and_brings_its_weights_back(tmp_p
         (folder / "config.json").write_text(json.dumps({"fuse_layers": fuse, "training": {"history": hist[:1]}}))
     done = {"recipe": "EAGLE-1 (top feature)", "history": hist, "best_tokens_per_step": 2.3, "steps": 250}
     (work / "eagle" / "eagle1" / "training.json").write_text(json.dumps(done | {"planned_steps": 400, "minutes": 1.2}))
-    (work / "eagle-cache" / "train-all").mkdir(parents=True)
-    (work / "eagle-cache" / "train-all" / "speed.json").write_text(json.dumps({"tokens": 3000, "seconds": 2.0}))
+    (tmp_path / "eagle-cache" / "train-all").mkdir(parents=True)  # beside the runs: a later call reuses it
+    (tmp_path / "eagle-cache" / "train-all" / "speed.json").write_text(json.dumps({"tokens": 3000, "seconds": 2.0}))
     ctx = gpu_parts.Context(
         python=sys.executable, root=tmp_path, work=work, device="cuda", tiny=False, check="", out=out
     )
@@ -354,6 +421,7 @@ def test_the_eagle_part_reports_each_kept_head_and_brings_its_weights_back(tmp_p
     )
     assert f["feature_tokens_per_s"] == 1500
     assert [(out / f"{n}.safetensors").read_bytes() for n in ("eagle1", "eagle3")] == [b"eagle1", b"eagle3"]
+    assert json.loads((out / "eagle3.config.json").read_text())["fuse_layers"] == [2, 15, 27]
     said = gpu_figures.eagle_words(f)
     assert "eagle1 (EAGLE-1 (top feature)): 2.300 tokens/step held-out (simulated), kept at batch 200 of 250" in said
     assert (

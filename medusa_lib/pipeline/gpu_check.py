@@ -243,11 +243,29 @@ def log_tail(job) -> str:
     return gpu_figures.last_line(job.log.read_text(errors="replace")) if job.log.exists() else "no output"
 
 
+def part_limits(text: str, names: list[str]) -> dict[str, float]:
+    """``--limit eagle=500,calibrate=300`` -> {part: seconds}, the parts' own limits for this call (the
+    check's --budget still bounds them all); a name or a number it cannot use stops the call, said once."""
+    limits = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, secs = item.partition("=")
+        if name not in names:
+            raise SystemExit(f"--limit names a part this check does not have: {name!r} (parts: {', '.join(names)}).")
+        try:
+            limits[name] = float(secs)
+        except ValueError:
+            limits[name] = -1.0
+        if not limits[name] > 0:
+            raise SystemExit(f"--limit {item!r}: give the part's seconds as a positive number, e.g. {name}=500.")
+    return limits
+
+
 class Check:
     """One run of the check: the parts' results, written to --out after each part."""
 
     def __init__(self, args, ctx: gpu_parts.Context, parts: list):
         self.args, self.ctx, self.parts, self.t0 = args, ctx, parts, time.monotonic()
+        self.limits = part_limits(getattr(args, "limit", "") or "", [p.name for p in parts])
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.deadline = self.t0 + args.budget
@@ -323,7 +341,7 @@ class Check:
 
     def run_group(self, group: list, env: dict) -> None:
         left = self.deadline - time.monotonic()
-        own = max(p.tiny_limit_s if self.ctx.tiny else p.limit_s for p in group)
+        own = max(self.limits.get(p.name, p.tiny_limit_s if self.ctx.tiny else p.limit_s) for p in group)
         limit = min(own, left)
         if left < min(own, MIN_START_S):
             for p in group:
@@ -427,6 +445,11 @@ def main(argv: list[str] | None = None) -> None:
         help="comma list of the parts to run (env always runs): " + ",".join(p.name for p in gpu_parts.PARTS),
     )
     ap.add_argument("--skip", default="", help="comma list of parts not to run")
+    ap.add_argument(
+        "--limit",
+        default="",
+        help="comma list of NAME=SECONDS: a part's own limit for this call, e.g. --only eagle --limit eagle=500",
+    )
     ap.add_argument(
         "--no-stage", action="store_true", help="use this environment as it is (a GPU box with `make setup`): no copies"
     )

@@ -297,7 +297,8 @@ def compile_words(f: dict) -> str:
 def eagle_read(ctx, jobs) -> dict:
     """Each recipe's kept head: its simulated held-out tokens/step from training.json, or, for a run cut by
     the part's limit, from the history its last kept checkpoint wrote into config.json; the feature cache's
-    speed; and the kept weights copied to --out/<name>.safetensors to come back whole."""
+    speed; and the kept head copied to --out/<name>.safetensors and <name>.config.json to come back whole
+    (``load_eagle`` reads the two back as a folder's eagle.safetensors and config.json)."""
     import shutil
 
     heads, out = ctx.work / "eagle", {}
@@ -305,6 +306,8 @@ def eagle_read(ctx, jobs) -> dict:
         weights, t = folder / "eagle.safetensors", load(folder / "training.json")
         if ctx.out is not None and weights.exists():  # the best head so far, even if the run was cut
             shutil.copy(weights, Path(ctx.out) / f"{folder.name}.safetensors")
+            if (folder / "config.json").exists():
+                shutil.copy(folder / "config.json", Path(ctx.out) / f"{folder.name}.config.json")
         cfg = load(folder / "config.json")
         history = t.get("history") or (cfg.get("training") or {}).get("history") or []
         if not history:
@@ -322,7 +325,7 @@ def eagle_read(ctx, jobs) -> dict:
             "minutes": t.get("minutes", history[-1].get("minutes")),
             "finished": bool(t),
         }
-    speeds = [load(p) for p in sorted((ctx.work / "eagle-cache").glob("*/speed.json"))]
+    speeds = [load(p) for p in sorted(ctx.eagle_cache.glob("*/speed.json"))]
     tokens, seconds = sum(s.get("tokens", 0) for s in speeds), sum(s.get("seconds", 0) for s in speeds)
     return {
         "recipes": out,

@@ -54,6 +54,12 @@ class Context:
     def eager_methods(self) -> list[str]:
         return [*EAGER, *fig.other_drafters(self.methods)]
 
+    @property
+    def eagle_cache(self) -> Path:
+        """The EAGLE feature cache, beside this stage's runs: a later call on the warm machine reuses it
+        (train_eagle rebuilds it only when the model, the answers or the dtype differ)."""
+        return self.work.parent / "eagle-cache"
+
 
 @dataclass(frozen=True)
 class Job:
@@ -158,16 +164,22 @@ def compile_jobs(ctx: Context) -> list[Job]:
     return [Job(argv, ctx.work / "compile.log", env={"TORCH_LOGS": "perf_hints"}, json=out)]
 
 
-# The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. Both read one feature cache.
+# The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. All read one feature cache.
 EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
+# Then from a recipe's kept head: name -> (the recipe, flags, its share of the recipe's time). On 2 CPU cores
+# training-time test paid from a trained EAGLE-1 head (2.561 -> 2.638 tokens/step; plain EAGLE-1 for as
+# long: 2.604), where from scratch it had lost (docs/performance.md).
+EAGLE_FOLLOW_UPS = {"eagle1-ttt2": ("eagle1", ["--ttt-steps", "2"], 0.4)}
 EAGLE_LAST_EVAL_S = 60  # the last held-out evaluation and the save, within the part's limit
 
 
 def eagle_jobs(ctx: Context) -> list[Job]:
     """Every answer's features cached once on this device, then each EAGLE recipe trained on them side by
-    side for the time left (untimed: the figures are held-out tokens/step, simulated). One shell line, so
-    the features come first; each recipe logs to <name>.log and keeps its head in eagle/<name>/."""
-    cache, heads = ctx.work / "eagle-cache", ctx.work / "eagle"
+    side for the time left (untimed: the figures are held-out tokens/step, simulated), a follow-up taking
+    over from its recipe's kept head for the last share of that time. One shell line, so the features come
+    first; each training logs to <name>.log and keeps its head in eagle/<name>/. The feature cache sits
+    beside the runs (``Context.eagle_cache``), so a later call on the warm machine reuses it."""
+    cache, heads = ctx.eagle_cache, ctx.work / "eagle"
     common = ["--device", ctx.device, "--dtype", ctx.size("bfloat16", "float32"), "--work", str(cache)]
     if ctx.tiny:  # six training answers and three held-out ones
         import gzip
@@ -177,18 +189,29 @@ def eagle_jobs(ctx: Context) -> list[Job]:
             held.write_text("".join(next(f) for _ in range(3)))
         common += ["--train-records", "6", "--heldout-answers", str(held)]
     # training ends by the part's limit less the last evaluation and the save, however long the features took
-    stop_at = time.time() + (ctx.limit_s or ctx.size(300, 60)) - ctx.size(EAGLE_LAST_EVAL_S, 45)
+    stop_at = round(time.time() + (ctx.limit_s or ctx.size(300, 60)) - ctx.size(EAGLE_LAST_EVAL_S, 45))
     train = [
-        "--no-eval", "--restart", "--max-minutes", str(ctx.size(60, 0.2)), "--stop-at", f"{stop_at:.0f}",
-        "--threads", "4",
+        "--no-eval", "--restart", "--max-minutes", str(ctx.size(60, 0.2)), "--threads", "4",
         "--epochs", str(ctx.size(40, 1)), "--eval-every", str(ctx.size(10**6, 2)),
         "--sim-prompts", str(ctx.size(32, 2)), "--eval-minutes", str(ctx.size(0.75, 0)),
     ]  # fmt: skip
-    runs = [
-        sh(ctx.cli("train_eagle", *common, *train, *flags, "--out", heads / name)) + f" > {ctx.work / name}.log 2>&1"
-        for name, flags in EAGLE_RECIPES.items()
-    ]
-    done = " && ".join(f"test -f {heads / name}/training.json" for name in EAGLE_RECIPES)
+
+    def one(name: str, flags: list, stop: str) -> str:
+        argv = ctx.cli("train_eagle", *common, *train, *flags, "--out", heads / name)
+        return f"{sh(argv)} --stop-at {stop} > {ctx.work / name}.log 2>&1"
+
+    runs = []
+    for name, flags in EAGLE_RECIPES.items():
+        follow = [(f, fl, share) for f, (src, fl, share) in EAGLE_FOLLOW_UPS.items() if src == name]
+        if not follow:
+            runs.append(one(name, flags, str(stop_at)))
+            continue
+        (then, then_flags, share), *_ = follow
+        # the recipe's own stop, reckoned when it starts (after the features): its share of the time left
+        mid = f'"$(( $(date +%s) + ({stop_at} - $(date +%s)) * {round(100 * (1 - share))} / 100 ))"'
+        runs.append(f"( {one(name, flags, mid)} && {one(then, [*then_flags, '--init', heads / name], str(stop_at))} )")
+    names = [*EAGLE_RECIPES, *EAGLE_FOLLOW_UPS]
+    done = " && ".join(f"test -f {heads / name}/training.json" for name in names)
     line = f"{sh(ctx.cli('train_eagle', *common, '--features-only'))} && ( {' & '.join(runs)} & wait ) && {done}"
     return [Job(["sh", "-c", line], ctx.work / "eagle-features.log")]
 

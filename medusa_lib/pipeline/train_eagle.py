@@ -214,6 +214,12 @@ def recipe_rows(runs: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def recipe_name(summary: dict) -> str:
+    """The recipe as the model card names it: what the head reads, and its training-time test steps past one."""
+    name, ttt = summary.get("recipe", "EAGLE-1 (top feature)"), int(summary.get("ttt_steps", 1))
+    return name + (f" + training-time test ({ttt} steps)" if ttt > 1 and "training-time test" not in name else "")
+
+
 def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> None:
     cfg = json.loads((out / "config.json").read_text())
     rows = "\n".join(
@@ -237,7 +243,7 @@ def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> 
     )
     speed = summary.get("feature_speed") or {}
     compared = (out / "recipes.md").read_text() if (out / "recipes.md").exists() else ""
-    text = f"""# EAGLE draft head for SmolLM2-135M-Instruct: {summary.get("recipe", "EAGLE-1 (top feature)")}
+    text = f"""# EAGLE draft head for SmolLM2-135M-Instruct: {recipe_name(summary)}
 
 A second drafter for Medusa Playground: one `{cfg.get("model_type")}` decoder layer of the base model's
 own class, reading `fc([e(x_(t+1)); h_t])` where h_t is {reads}, and projecting through the base
