@@ -166,10 +166,10 @@ def compile_jobs(ctx: Context) -> list[Job]:
 
 # The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. All read one feature cache.
 EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
-# Then from a recipe's kept head: name -> (the recipe, flags, its share of the recipe's time). On 2 CPU cores
+# Then from a recipe's kept head: recipe -> (name, flags, its share of the recipe's time). On 2 CPU cores
 # training-time test paid from a trained EAGLE-1 head (2.561 -> 2.638 tokens/step; plain EAGLE-1 for as
 # long: 2.604), where from scratch it had lost (docs/performance.md).
-EAGLE_FOLLOW_UPS = {"eagle1-ttt2": ("eagle1", ["--ttt-steps", "2"], 0.4)}
+EAGLE_FOLLOW_UPS = {"eagle1": ("eagle1-ttt2", ["--ttt-steps", "2"], 0.4)}
 EAGLE_LAST_EVAL_S = 60  # the last held-out evaluation and the save, within the part's limit
 
 
@@ -202,15 +202,14 @@ def eagle_jobs(ctx: Context) -> list[Job]:
 
     runs = []
     for name, flags in EAGLE_RECIPES.items():
-        follow = [(f, fl, share) for f, (src, fl, share) in EAGLE_FOLLOW_UPS.items() if src == name]
-        if not follow:
+        if name not in EAGLE_FOLLOW_UPS:
             runs.append(one(name, flags, str(stop_at)))
             continue
-        (then, then_flags, share), *_ = follow
+        then, then_flags, share = EAGLE_FOLLOW_UPS[name]
         # the recipe's own stop, reckoned when it starts (after the features): its share of the time left
         mid = f'"$(( $(date +%s) + ({stop_at} - $(date +%s)) * {round(100 * (1 - share))} / 100 ))"'
         runs.append(f"( {one(name, flags, mid)} && {one(then, [*then_flags, '--init', heads / name], str(stop_at))} )")
-    names = [*EAGLE_RECIPES, *EAGLE_FOLLOW_UPS]
+    names = [*EAGLE_RECIPES, *(then for then, _, _ in EAGLE_FOLLOW_UPS.values())]
     done = " && ".join(f"test -f {heads / name}/training.json" for name in names)
     line = f"{sh(ctx.cli('train_eagle', *common, '--features-only'))} && ( {' & '.join(runs)} & wait ) && {done}"
     return [Job(["sh", "-c", line], ctx.work / "eagle-features.log")]

@@ -217,7 +217,7 @@ def recipe_rows(runs: list[Path]) -> str:
 def recipe_name(summary: dict) -> str:
     """The recipe as the model card names it: what the head reads, and its training-time test steps past one."""
     name, ttt = summary.get("recipe", "EAGLE-1 (top feature)"), int(summary.get("ttt_steps", 1))
-    return name + (f" + training-time test ({ttt} steps)" if ttt > 1 and "training-time test" not in name else "")
+    return name + (f" + training-time test ({ttt} steps)" if ttt > 1 else "")
 
 
 def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> None:
