@@ -153,6 +153,22 @@ class OracleHeads(MedusaHeads):
 TRICKY = ["<script>", "</script>", "a&b", '"quote"', "<br>", "\u00e9t\u00e9"]  # tokens the page must show as text
 
 
+def pairwise(*axes: list) -> list[tuple]:
+    """Rows of the product of ``axes`` that hold every pair of values of every two axes at least once
+    (a covering array, built greedily in product order, so always the same rows): the whole product
+    where a test's cost is in its rows, when the faults it guards depend on two settings at a time."""
+    from itertools import combinations, product
+
+    rows = list(product(*axes))
+    todo = {(a, b, row[a], row[b]) for row in rows for a, b in combinations(range(len(axes)), 2)}
+    chosen = []
+    while todo:
+        best = max(rows, key=lambda r: sum((a, b, r[a], r[b]) in todo for a, b in combinations(range(len(r)), 2)))
+        chosen.append(best)
+        todo -= {(a, b, best[a], best[b]) for a, b in combinations(range(len(best)), 2)}
+    return chosen
+
+
 def tiny_tokenizer():
     """A word-level tokenizer whose 320 ids match the tiny models (ids 0-2: pad, bos, eos), with a chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers

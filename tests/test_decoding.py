@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import OracleHeads, make_model, random_heads
+from conftest import OracleHeads, make_model, pairwise, random_heads
 
 from medusa_lib import (
     DecodeConfig,
@@ -189,13 +189,21 @@ def sampled(model, n, *, temperature, seed, top_p=1.0, cache="dynamic"):
 HEAD_KINDS = {"plain": {}, "root": {"root": True}, "path": {"path": True}}
 
 
-@pytest.mark.parametrize("cache", CACHES)
-@pytest.mark.parametrize("head_kind", HEAD_KINDS)
-@pytest.mark.parametrize("tree_name", TREES)
-@pytest.mark.parametrize("arch", ARCHS)
+def test_pairwise_rows_hold_every_pair_of_settings_and_fewer_rows_than_the_product():
+    axes = [ARCHS, list(TREES), list(HEAD_KINDS), CACHES]
+    rows = pairwise(*axes)
+    assert len(set(rows)) == len(rows) == 12  # 4 x 3 pairs need 12 rows at least: the fewest possible
+    for a in range(len(axes)):
+        for b in range(a + 1, len(axes)):
+            assert {(r[a], r[b]) for r in rows} == {(x, y) for x in axes[a] for y in axes[b]}, (a, b)
+    assert pairwise([1, 2], ["x"]) == [(1, "x"), (2, "x")]
+
+
+@pytest.mark.parametrize("arch,tree_name,head_kind,cache", pairwise(ARCHS, list(TREES), list(HEAD_KINDS), CACHES))
 def test_medusa_exact_sampling_equals_plain_sampling_with_the_same_seed(cache, models, arch, tree_name, head_kind):
     """The sampling counterpart of Medusa greedy == plain greedy: every emitted token is one draw
-    from the same generator, so with the same seed the outputs are identical (float32)."""
+    from the same generator, so with the same seed the outputs are identical (float32). Every pair of
+    settings (model, tree, head kind, cache) runs at least once (12 rows instead of 72)."""
     model = models[arch]
     heads = random_heads(4, shared=arch != "gpt2", **HEAD_KINDS[head_kind])
     for temperature, seed, top_p in [(0.7, 0, 1.0), (1.0, 1, 1.0), (1.3, 2, 0.9), (0.3, 3, 1.0)]:
@@ -204,12 +212,10 @@ def test_medusa_exact_sampling_equals_plain_sampling_with_the_same_seed(cache, m
         assert res.tokens == ref, (temperature, seed, top_p)
 
 
-@pytest.mark.parametrize("cache", CACHES)
-@pytest.mark.parametrize("lookup", [0, 3])
-@pytest.mark.parametrize("tree_name", TREES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,tree_name,lookup,cache", pairwise(ARCHS, list(TREES), [0, 3], CACHES))
 def test_medusa_exact_sampling_with_rigged_heads_takes_several_tokens_a_step(cache, models, arch, tree_name, lookup):
-    """Heads that foresee the sampled answer (at rank 0 or 1): long walks, the same tokens."""
+    """Heads that foresee the sampled answer (at rank 0 or 1): long walks, the same tokens (every
+    pair of model, tree, lookup branch and cache at least once)."""
     model = models[arch]
     for seed in (0, 5):
         cfg, ref = sampled(model, cache=cache, n=N_NEW + 8, temperature=0.9, seed=seed)

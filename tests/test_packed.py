@@ -6,8 +6,25 @@ import pytest
 import torch
 from conftest import OracleHeads, make_model, random_heads
 
-from medusa_lib import DecodeConfig, HeadsConfig, MedusaHeads, get_tree, load_heads, run_method
-from medusa_lib.core.packing import PackedLinear, can_prepack, prepack_linear_weights
+from medusa_lib import (
+    DecodeConfig,
+    HeadsConfig,
+    MedusaHeads,
+    build_tree,
+    chain_choices,
+    get_tree,
+    load_heads,
+    run_method,
+)
+from medusa_lib.core.packing import (
+    FEW_ROWS,
+    PackedLinear,
+    can_prepack,
+    choose_few_row_kernels,
+    few_row_kernels,
+    mkl_linear,
+    prepack_linear_weights,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="oneDNN is not part of this torch build"
@@ -91,6 +108,53 @@ def test_medusa_greedy_equals_plain_and_generate_on_a_prepacked_model():
     )
     assert res.tokens == plain[:48] == gen
     assert res.tokens_per_step > 3.0  # long tree paths, verified with packed weights
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_row_products_through_mkl_equal_nn_linear_and_one_row_stays_packed(bias, monkeypatch):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 200, bias=bias).requires_grad_(False)
+    packed = PackedLinear(lin)
+    packed.mkl_rows = frozenset({2, 4})
+    calls = []
+    monkeypatch.setattr("medusa_lib.core.packing.mkl_linear", lambda *a: calls.append(a[0].shape) or mkl_linear(*a))
+    for shape in [(2, 96), (1, 2, 96), (1, 4, 96), (2, 2, 96), (1, 96), (1, 3, 96)]:
+        x = torch.randn(shape)
+        got, want = packed(x), lin(x)
+        assert got.shape == want.shape and got.is_contiguous()
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert calls == [(2, 96), (1, 2, 96), (1, 4, 96), (2, 2, 96)]  # 2 and 4 rows (2 x 2 too), never 1 or 3
+
+
+def test_the_few_row_choice_is_timed_once_and_shared_by_every_packed_linear():
+    model = make_model("llama").requires_grad_(False)
+    assert few_row_kernels(model) == ()  # nothing packed, nothing chosen
+    prepack_linear_weights(model)
+    chosen = choose_few_row_kernels(model, rounds=1)
+    assert set(chosen) <= set(FEW_ROWS) and few_row_kernels(model) == tuple(sorted(chosen))
+    assert {m.mkl_rows for m in model.modules() if isinstance(m, PackedLinear)} == {frozenset(chosen)}
+    # a margin no kernel can win by keeps oneDNN everywhere
+    assert choose_few_row_kernels(model, rounds=1, margin=1e9) == () == few_row_kernels(model)
+
+
+def test_greedy_stays_exact_with_every_few_row_product_through_mkl():
+    model = make_model("llama").requires_grad_(False)
+    prepack_linear_weights(model)
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            m.mkl_rows = frozenset(FEW_ROWS)
+    plain = run_method(model, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=56, stop_on_eos=False)).tokens
+    gen = model.generate(torch.tensor([PROMPT]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for tree in (get_tree("mc_sim_7b_63"), build_tree(chain_choices(4))):  # 64 rows (oneDNN), 5 rows (MKL)
+        res = run_method(
+            model,
+            PROMPT,
+            method="medusa-greedy",
+            heads=OracleHeads(model, PROMPT + plain),
+            tree=tree,
+            config=DecodeConfig(max_new_tokens=48, stop_on_eos=False),
+        )
+        assert res.tokens == plain[:48] == gen[0, len(PROMPT) :].tolist(), tree.name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,7 +32,7 @@ from torch import nn
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
 from .messages import InputError, kind
-from .packing import prepack_linear_weights
+from .packing import choose_few_row_kernels, prepack_linear_weights
 
 DEFAULT_MODEL = "default"
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -294,7 +294,8 @@ def load_model(
     """Load (model, tokenizer) for decoding: the embedded default, a local folder, or a Hub id.
 
     ``device_map='auto'`` lets accelerate spread a model too large for one GPU over all devices.
-    ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`packing.PackedLinear`).
+    ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`packing.PackedLinear`),
+    and route the few-row products that MKL ran faster here to it (``packing.choose_few_row_kernels``).
     ``packed_gqa``: on CPU, run grouped-query attention without copying the KV cache
     (``medusa_lib.core.attention``; same results, every method benefits).
     """
@@ -394,6 +395,9 @@ def load_model(
         n = prepack_linear_weights(model)
         if n:
             say(f"Pre-packed {n} linear weights for oneDNN.")
+            rows = choose_few_row_kernels(model)
+            if rows:
+                say(f"Products of {', '.join(map(str, rows))} rows run through MKL (timed faster here).")
     if packed_gqa and not device_map and dev.type == "cpu" and use_packed_gqa(model):
         say("Grouped-query attention folds query heads onto the KV heads (no KV cache copies).")
     check_supported(model)

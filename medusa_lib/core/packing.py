@@ -7,6 +7,12 @@ reorders the weight once, at load time, into oneDNN's blocked layout and calls t
 torch.compile emits for frozen linears. The maths is that of ``nn.Linear``: y = x W^T + b
 (bfloat16 results bit-identical; float32 ones differ in rounding only, oneDNN instead of MKL).
 
+Few-row products are the exception: oneDNN's packed kernel costs about 1.8x its one-row time from
+2 rows on (AMD EPYC, AVX2), while MKL's ``W @ x.T`` over the row-major weight streams 2-4 rows at
+nearly one row's cost. :func:`choose_few_row_kernels` times both on the model's own weights once,
+at load, and routes a row count to MKL only where it measured faster by a margin; the choice is
+per machine (recorded by the bench) and never applies to one row, autograd or other dtypes.
+
 A drafter's own matrices (never the model's) can go further: :class:`Int8Linear` holds int8
 weights and runs fbgemm's dynamic int8 GEMM, about 4x the float32 speed of a few-row product on
 an AVX2 CPU. A draft only proposes tokens that the model then verifies, so decoding stays exact;
@@ -15,6 +21,7 @@ what int8 changes is how often the drafts are right (measured: docs/performance.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -67,6 +74,8 @@ class PackedLinear(nn.Module):
     back to it.
     """
 
+    mkl_rows: frozenset[int] = frozenset()  # row counts that run MKL's W @ x.T (choose_few_row_kernels)
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -82,6 +91,8 @@ class PackedLinear(nn.Module):
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
         ):
             return nn.functional.linear(x, w, self.bias)
+        if self.mkl_rows and x.numel() // self.in_features in self.mkl_rows:
+            return mkl_linear(x, w, self.bias)
         return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
@@ -109,6 +120,61 @@ def prepack_linear_weights(model: nn.Module) -> int:
                 setattr(module, name, PackedLinear(child))
                 n += 1
     return n
+
+
+# ---------------------------------------------------------------------- few-row products
+FEW_ROWS = (2, 3, 4, 5, 6)  # row counts of a small verify step, timed at load
+
+
+def mkl_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T + b as MKL's ``W @ x.T`` over the row-major weight (fast for 2-4 rows on some CPUs)."""
+    rows = x.numel() // x.shape[-1]
+    y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
+    if bias is not None:
+        y = y + bias
+    return y.contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+def choose_few_row_kernels(
+    model: nn.Module, *, rows=FEW_ROWS, rounds: int = 5, margin: float = 1.15, sample_params: int = 24_000_000
+) -> tuple[int, ...]:
+    """Time oneDNN's packed product against :func:`mkl_linear` for each of ``rows``, over the model's
+    own float32 pre-packed weights (the first ``sample_params`` in forward order, streamed from
+    memory as in a step), the fastest of ``rounds`` interleaved passes each (the least disturbed by
+    anything else running); the row counts where MKL was faster by ``margin`` run through it from
+    now on, in every packed linear of the model. Returns them (empty: oneDNN everywhere)."""
+    mods = [m for m in model.modules() if isinstance(m, PackedLinear) and m.packed.dtype == torch.float32]
+    sample, size = [], 0
+    for m in mods:
+        if size < sample_params:
+            sample.append(m)
+            size += m.in_features * m.out_features
+    if not sample:
+        return ()
+    best: dict[tuple[int, str], float] = {}
+    with torch.no_grad():
+        for n in range(rounds + 1):  # the first pass warms up, untimed
+            for r in rows:
+                xs = {m.in_features: torch.randn(r, m.in_features) for m in sample}
+                for kind, op in (
+                    ("dnn", lambda m: packed_linear(xs[m.in_features], m.packed, m.bias)),
+                    ("mkl", lambda m: mkl_linear(xs[m.in_features], m.weight, m.bias)),
+                ):
+                    t0 = time.perf_counter()
+                    for m in sample:
+                        op(m)
+                    if n:
+                        t = time.perf_counter() - t0
+                        best[(r, kind)] = min(t, best.get((r, kind), t))
+    chosen = tuple(r for r in rows if best[(r, "dnn")] > margin * best[(r, "mkl")])
+    for m in mods:
+        m.mkl_rows = frozenset(chosen)
+    return chosen
+
+
+def few_row_kernels(model: nn.Module) -> tuple[int, ...]:
+    """The row counts that :func:`choose_few_row_kernels` routed to MKL in this model (sorted)."""
+    return tuple(sorted(next((m.mkl_rows for m in model.modules() if isinstance(m, PackedLinear)), ())))
 
 
 # ---------------------------------------------------------------------- int8 drafts

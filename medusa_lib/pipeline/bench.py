@@ -76,7 +76,7 @@ from ..core.kv import describe_engine, prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
-from ..core.packing import is_prepacked
+from ..core.packing import few_row_kernels, is_prepacked
 from ..core.tree import get_tree, with_lookup
 from .bench_args import (  # noqa: F401  (re-exported: the methods are bench's)
     ALL_METHODS,
@@ -162,8 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     device = input_device(model)
     if args.methods is None and device.type == "cuda":
         methods = CUDA_DEFAULT_METHODS.split(",")
+    mkl_rows = few_row_kernels(model)
+    mkl = f" (MKL for {', '.join(map(str, mkl_rows))} rows)" if mkl_rows else ""
     setup = (
-        f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights "
+        f"model {args.model} | {dtype} | {device} | {'pre-packed' if prepacked else 'stock'} linear weights{mkl} "
         f"| attention {attention} | torch threads {torch.get_num_threads()}"
     )
     if args.forward_costs:
@@ -359,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
             "repeats": args.repeats,
             "threads": torch.get_num_threads(),
             "prepacked": prepacked,
+            "mkl_rows": list(mkl_rows),  # products of these row counts ran MKL's W @ x.T (packing.py)
             "draft_int8": draft == "int8",
             "attention": attention,
         }

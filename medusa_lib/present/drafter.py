@@ -42,7 +42,7 @@ SHIPPED_HEADS = (
     Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
 )  # the default model's
 EAGLE_SUFFIX = "-eagle"  # the EAGLE head of heads folder X lives in X-eagle
-EAGLE_BUDGETS = (8, 16, 24, 40)  # the Tree lab's sweep of EAGLE's node budget
+EAGLE_BUDGETS = (3, 8, 16, 24, 40)  # the Tree lab's sweep of EAGLE's node budget
 
 
 def eagle_beside(heads: str | Path | None) -> Path | None:
