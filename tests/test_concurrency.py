@@ -257,7 +257,7 @@ def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
     from ui.handlers import Handlers
 
     pg = tiny_playground(oracle=False)
-    stats = count_runs(monkeypatch, pg)
+    stats = count_runs(monkeypatch, pg, step_seconds=0.01)  # 200 steps take 2 s: longer than the close needs
     gen = Handlers(pg).run(
         PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
     )

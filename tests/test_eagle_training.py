@@ -34,7 +34,20 @@ def records(model):
 
 @pytest.fixture(scope="module")
 def cache(model, records):
-    return FeatureCache.build(model, records, layers=fused_layers(6))
+    with pytest.MonkeyPatch.context() as mp:  # float32 forwards on every CPU: the comparisons below are exact-ish
+        mp.setattr("medusa_lib.pipeline.feature_cache.cpu_has_native_bf16", lambda: False)
+        return FeatureCache.build(model, records, layers=fused_layers(6))
+
+
+def test_a_cpu_with_bfloat16_instructions_caches_features_from_bfloat16_forwards(model, records, monkeypatch):
+    """Where the CPU has bfloat16 instructions the cache's forwards run under bfloat16 autocast (the
+    fast numerics, issue #34): the features are the autocast forward's, not float32's."""
+    monkeypatch.setattr("medusa_lib.pipeline.feature_cache.cpu_has_native_bf16", lambda: True)
+    fast = FeatureCache.build(model, records[:1], layers=fused_layers(6))
+    ids = records[0]["prompt_ids"] + records[0]["answer_ids"]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.base_model(input_ids=torch.tensor([ids]))
+    torch.testing.assert_close(fast.seq(0)[0].float(), out.last_hidden_state[0].float(), rtol=0.02, atol=0.02)
 
 
 def fitted(model, cache, *, fuse=False, steps=1, batches=80):
@@ -66,7 +79,8 @@ def test_the_cache_holds_the_base_models_features_and_layer_inputs(model, record
             torch.testing.assert_close(cache.seq_layers(i)[:, j].float(), out.hidden_states[k][0], **bf16)
 
 
-def test_build_cache_writes_shards_and_resumes_at_the_first_missing_one(model, records, cache, tmp_path):
+def test_build_cache_writes_shards_and_resumes_at_the_first_missing_one(model, records, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr("medusa_lib.pipeline.feature_cache.cpu_has_native_bf16", lambda: False)  # as the fixture
     lines = []
     built = build_cache(model, records, tmp_path, batch_tokens=40, shard_tokens=20, log=lines.append)
     shards = sorted(tmp_path.glob("shard_*.pt"))
@@ -112,7 +126,9 @@ def test_training_time_test_computes_what_the_drafter_computes_at_depth_two_and_
                 torch.testing.assert_close(g, gs[j][0, t], rtol=1e-4, atol=1e-5)
 
 
-def test_one_step_is_eagle_one_and_more_steps_score_deeper_drafts(model, cache):
+def test_one_step_is_eagle_one_and_more_steps_score_deeper_drafts(model, cache, monkeypatch):
+    # float32 on every CPU (a CPU with bfloat16 instructions trains under bfloat16 autocast): the maths by hand
+    monkeypatch.setattr("medusa_lib.pipeline.eagle_loss.cpu_has_native_bf16", lambda: False)
     head = new_eagle_head(model, tree=TREE)
     proj = head.projection_weight().detach().float()
     one, m1 = eagle_loss(head, proj, cache, [0, 1, 2], noise=0.0)
@@ -158,6 +174,7 @@ def test_a_fused_drafter_reads_the_layer_inputs_of_the_rows_it_verified(model, r
     at exactly the committed positions (the cache's, computed in one forward of the whole answer)."""
     from medusa_lib.core import drafters
 
+    monkeypatch.setattr("medusa_lib.pipeline.feature_cache.cpu_has_native_bf16", lambda: False)  # float32 forwards
     cache = FeatureCache.build(model, records, layers=fused_layers(6), dtype=torch.float32)
     head = new_eagle_head(model, tree=TREE, fuse_layers=fused_layers(6)).eval()
     got, verified = [], drafters._EagleRun.verified

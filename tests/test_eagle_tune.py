@@ -157,3 +157,54 @@ def test_a_head_on_the_whole_vocabulary_is_swept_and_given_back_as_it_came(model
     assert [r["proposal_tokens"] for r in rows] == [VOCAB, 16]
     assert head.proposal_ids is None and head.config.num_proposal_tokens is None  # restored
     assert torch.equal(head.token_ids(torch.tensor([5, 7])), torch.tensor([5, 7]))
+
+
+def test_machine_keys_name_the_device_the_numerics_and_a_cpus_bfloat16_instructions(monkeypatch):
+    from medusa_lib.core.defaults import machine_key, sweep_key
+
+    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: False)
+    assert machine_key("cpu", torch.float32) == "cpu-float32" == machine_key(torch.device("cpu"), "float32")
+    assert machine_key("cuda:0", torch.bfloat16) == "cuda-bfloat16"
+    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: True)
+    assert machine_key("cpu", torch.float32) == "cpu-float32-native-bf16"
+    assert machine_key("cpu", torch.bfloat16) == "cpu-bfloat16-native-bf16"
+    assert machine_key("cuda", "float16") == "cuda-float16"  # a GPU's CPU flags do not matter
+    # The first sweeps named no key: read from their dtype and machine line.
+    assert (
+        sweep_key({"dtype": "float32", "machine": "AMD EPYC, 2 cores, flags: avx2, torch threads 2"}) == "cpu-float32"
+    )
+    assert sweep_key({"dtype": "bfloat16", "machine": "AMD EPYC, flags: avx2 avx512f avx512_bf16"}) == (
+        "cpu-bfloat16-native-bf16"
+    )
+    assert sweep_key({"key": "cuda-bfloat16", "dtype": "bfloat16"}) == "cuda-bfloat16"
+
+
+def test_a_tree_swept_on_another_kind_of_machine_is_kept_apart_and_loaded_there_only(tmp_path, monkeypatch):
+    """write_tree: the first sweep and any of the same kind of machine set the top-level tree; a sweep on
+    another kind goes under tree_sweeps[key], and load_eagle takes it on that kind only."""
+    from medusa_lib.pipeline.eagle_tune import write_tree
+
+    model = make_model("llama")
+    folder = tmp_path / "eagle"
+    new_eagle_head(model, tree=TREE).save(folder)
+    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: False)
+    here = {"chosen": "2,2,2", "key": "cpu-float32", "rows": []}
+    assert write_tree(folder, DynamicTreeConfig(2, 2, 2), here) == "the top-level tree"
+    other = {"chosen": "2,3,5", "key": "cpu-float32-native-bf16", "rows": []}
+    assert write_tree(folder, DynamicTreeConfig(2, 3, 5), other) == "tree_sweeps['cpu-float32-native-bf16']"
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["top_k"], cfg["depth"], cfg["num_nodes"]) == (2, 2, 2) and cfg["tree_sweep"] == here
+    assert cfg["tree_sweeps"] == {"cpu-float32-native-bf16": other}
+    assert load_eagle(folder, model=model).config.tree == DynamicTreeConfig(2, 2, 2)  # an AVX2-only CPU
+    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: True)
+    assert load_eagle(folder, model=model).config.tree == DynamicTreeConfig(2, 3, 5)  # AVX512-BF16, float32
+    again = {"chosen": "2,3,6", "key": "cpu-float32", "rows": []}  # the top level's kind again
+    assert write_tree(folder, DynamicTreeConfig(2, 3, 6), again) == "the top-level tree"
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_nodes"] == 6 and cfg["tree_sweeps"] == {"cpu-float32-native-bf16": other}
+    cfg["tree_sweeps"]["cpu-float32-native-bf16"]["chosen"] = "2,2,9"  # more nodes than top-k 2, depth 2 can give
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EagleError) as err:
+        load_eagle(folder, model=model)
+    assert "tree_sweeps: The dynamic tree keeps between 1 and 6 nodes" in str(err.value)
+    assert str(err.value).endswith("Time the trees again (eagle_tune).")

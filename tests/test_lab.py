@@ -45,6 +45,23 @@ def test_step_costs_on_the_tiny_model_measure_every_size_against_a_plain_step():
     assert dip.fitted == (1.0, 1.0, 1.2) and dip.measured == (1.0, 0.9, 1.2)
 
 
+def test_sizes_whose_products_run_through_mkl_are_fitted_apart_and_keep_their_dip():
+    # An AVX2 CPU: oneDNN makes 3 rows cost ~1.8 rows' time, MKL streams 2 and 4 rows at about one's.
+    points = {1: 1.0, 2: 1.06, 3: 1.62, 4: 1.10, 5: 1.70, 8: 1.95}
+    one_kernel = CostCurve.of(points, source="measured")
+    assert one_kernel.fitted == pytest.approx((1.0, 1.06, 1.36, 1.36, 1.70, 1.95)) and one_kernel.mkl_rows == ()
+    split = CostCurve.of(points, source="measured", mkl_rows=(4, 2, 6, 1))
+    assert split.mkl_rows == (2, 4)  # only measured sizes past the plain step
+    assert split.fitted == pytest.approx((1.0, 1.06, 1.62, 1.10, 1.70, 1.95))
+    assert split.at(4) < split.at(3) and split.at(3.5) == pytest.approx(1.36)
+    # Each kernel's sizes are still non-decreasing among themselves, and never below a plain step.
+    noisy = CostCurve.of({1: 1.0, 2: 1.2, 3: 1.7, 4: 1.1, 5: 1.6}, source="measured", mkl_rows=(2, 4))
+    assert noisy.fitted == pytest.approx((1.0, 1.15, 1.65, 1.15, 1.65))
+    assert CostCurve.from_rows(
+        [{"tokens": 1, "vs_one_token": 1.0}, {"tokens": 4, "vs_one_token": 0.9}], mkl_rows=(4,)
+    ).fitted == (1.0, 1.0)
+
+
 def test_monotone_is_the_least_squares_non_decreasing_fit():
     assert monotone([1.0, 1.4, 1.2, 2.0]) == pytest.approx([1.0, 1.3, 1.3, 2.0])
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]

@@ -198,6 +198,19 @@ def test_measure_costs_replaces_the_calibrated_curve_with_this_machines(pg, monk
         and "measured on this machine" in out["lab_note"]
     )
     assert "measured (" in names_of(out["lab_cost"])[0]
+    assert lab.cost.mkl_rows == () and "MKL" not in out["lab_note"]  # the tiny model is not pre-packed
+
+
+def test_measured_costs_fit_the_sizes_routed_to_mkl_apart_and_say_so(pg, monkeypatch):
+    from ui.lab import COST_OUTPUTS, LabHandlers
+
+    monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
+    monkeypatch.setattr("medusa_lib.present.lab.few_row_kernels", lambda model: (2, 4))
+    out = outputs(COST_OUTPUTS, LabHandlers(pg).measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
+    lab = out["lab_state"]["lab"]
+    assert lab.cost.mkl_rows == (2, 4)
+    assert "Steps of 2, 4 tokens ran their products through MKL" in out["lab_note"]
+    assert names_of(out["lab_cost"])[1] == "non-decreasing fit (MKL sizes apart)"
 
 
 def _fast_costs(model, sizes, *, repeats, progress, static_kv=None):

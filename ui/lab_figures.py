@@ -81,7 +81,7 @@ def cost_figure(
             x=list(c.cost.sizes),
             y=list(c.cost.fitted),
             mode="lines",
-            name="non-decreasing fit",
+            name="non-decreasing fit" + (" (MKL sizes apart)" if c.cost.mkl_rows else ""),
             line=dict(color=HEADS_ONLY, width=3),
         )
     )

@@ -56,6 +56,40 @@ def record_kind(record: dict, key: str | None = None) -> str:
     return record.get("device_kind") or (key.split("-")[0] if key else LEGACY_KIND)
 
 
+def machine_key(device: torch.device | str | None, dtype: torch.dtype | str) -> str:
+    """The kind of machine a timed choice (EAGLE's node budget) holds for: device kind and numerics,
+    and on a CPU with bfloat16 instructions (AVX512-BF16, AMX) "-native-bf16", since there a float32
+    verify of many tokens costs much less over a plain step than on an AVX2-only CPU, so the fastest
+    tree differs: "cpu-float32", "cpu-float32-native-bf16", "cpu-bfloat16-native-bf16", "cuda-bfloat16"."""
+    from .model import cpu_has_native_bf16
+
+    kind = device_kind(device)
+    native = "-native-bf16" if kind == "cpu" and cpu_has_native_bf16() else ""
+    return f"{kind}-{str(dtype).removeprefix('torch.')}{native}"
+
+
+def sweep_key(sweep: dict) -> str:
+    """The ``machine_key`` a recorded tree sweep was timed on: its ``key``, else (the first sweeps, made
+    on a CPU before sweeps named one) read from its dtype and the machine line's CPU flags."""
+    if sweep.get("key"):
+        return str(sweep["key"])
+    line = str(sweep.get("machine") or "")
+    native = "-native-bf16" if "avx512_bf16" in line or "amx_bf16" in line else ""
+    return f"cpu-{str(sweep.get('dtype') or 'float32').removeprefix('torch.')}{native}"
+
+
+def swept_tree(meta: dict, key: str) -> tuple[int, int, int] | None:
+    """The dynamic tree (top-k, depth, nodes) an EAGLE head's timed sweep chose on machines of ``key``
+    (config.json's ``tree_sweeps[key]``, written by ``eagle_tune --write-tree``), None if none did:
+    the head's top-level tree holds (the one its top-level ``tree_sweep`` chose)."""
+    sweep = (meta.get("tree_sweeps") or {}).get(key)
+    try:
+        top_k, depth, nodes = (int(x) for x in str(sweep["chosen"]).split(","))
+    except (TypeError, KeyError, ValueError):
+        return None
+    return top_k, depth, nodes
+
+
 def record_numerics(record: dict) -> str | None:
     """The numerics a calibration record was timed in ('float32', 'bfloat16', ...), None if it says none."""
     dtype = record.get("dtype")

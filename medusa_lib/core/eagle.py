@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from .defaults import machine_key, swept_tree
 from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
 from .heads import hidden_size_of
 from .messages import InputError, cause, is_number, kind, shown
@@ -370,6 +371,14 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     folder = Path(folder).expanduser()
     cfg = read_eagle_config(folder)
     meta = json.loads((folder / CONFIG_FILE).read_text())
+    p = next(model.parameters())
+    swept = swept_tree(meta, machine_key(p.device, p.dtype))  # the tree a timed sweep chose on machines like this
+    if swept:
+        cfg = replace(cfg, top_k=swept[0], depth=swept[1], num_nodes=swept[2])
+        try:
+            cfg.tree.check()
+        except InputError as e:
+            raise EagleError(f"{folder / CONFIG_FILE}, tree_sweeps: {e} Time the trees again (eagle_tune).") from None
     if cfg.model_type and getattr(model.config, "model_type", None) != cfg.model_type:
         raise EagleError(
             f"This EAGLE head has a {cfg.model_type} layer but the model is a {model.config.model_type}; "
@@ -400,7 +409,6 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     head.calibration = meta.get("calibration")
     about = meta.get("about")  # which EAGLE it is and what its training measured, one line for the page
     head.about = f"This is {cfg.recipe}" + (f": {about}" if isinstance(about, str) and about.strip() else ".")
-    p = next(model.parameters())
     head.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
     head.requires_grad_(False)
     if is_prepacked(model):

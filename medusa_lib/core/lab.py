@@ -159,8 +159,8 @@ def recorded_costs(record: dict | None) -> dict[int, float]:
 
 
 def monotone(values: Sequence[float]) -> list[float]:
-    """The closest non-decreasing sequence (least squares; pool adjacent violators): a step of more
-    tokens never costs less, so a measured dip is noise of the shared device."""
+    """The closest non-decreasing sequence (least squares; pool adjacent violators): on one kernel a
+    step of more tokens never costs less, so a dip among its sizes is noise of the shared device."""
     blocks: list[list[float]] = []  # [mean, weight]
     for v in values:
         blocks.append([float(v), 1.0])
@@ -175,8 +175,13 @@ class CostCurve:
     """Step cost relative to a plain step against tokens verified per step.
 
     sizes, measured  the points measured (or read from a calibration record), sizes ascending
-    fitted           ``measured`` made non-decreasing (:func:`monotone`), never below the smallest size's
+    fitted           ``measured`` made non-decreasing (:func:`monotone`) within each kernel, never below
+                     the smallest size's
     source           "measured" (on this machine) or "calibration" (a record of this device kind)
+    mkl_rows         the sizes whose products ran another kernel (``packing.few_row_kernels``: MKL's
+                     few-row products): fitted apart from the rest, so a size that kernel makes cheaper
+                     than a smaller one keeps its dip (on an AVX2 CPU a 4-token step can cost less than
+                     a 3-token one)
     """
 
     sizes: tuple[int, ...]
@@ -184,19 +189,27 @@ class CostCurve:
     fitted: tuple[float, ...]
     source: str
     device: str = ""
+    mkl_rows: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, points: dict[int, float], *, source: str, device: str = "") -> "CostCurve":
+    def of(
+        cls, points: dict[int, float], *, source: str, device: str = "", mkl_rows: Iterable[int] = ()
+    ) -> "CostCurve":
         sizes = sorted(points)
         values = [points[s] for s in sizes]
+        mkl = tuple(sorted({int(r) for r in mkl_rows} & set(sizes[1:])))
+        fitted = dict(zip(sizes, values))
+        for group in ([s for s in sizes[1:] if s not in mkl], list(mkl)):
+            fitted.update(zip(group, monotone([points[s] for s in group])))
         # The smallest step (a plain one) stays the unit.
-        fitted = [values[0]] + [max(v, values[0]) for v in monotone(values)[1:]]
-        return cls(tuple(sizes), tuple(values), tuple(fitted), source, device)
+        fit = [values[0]] + [max(fitted[s], values[0]) for s in sizes[1:]]
+        return cls(tuple(sizes), tuple(values), tuple(fit), source, device, mkl)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[dict], *, device: str = "") -> "CostCurve":
-        """From :func:`step_costs`' rows."""
-        return cls.of({int(r["tokens"]): float(r["vs_one_token"]) for r in rows}, source="measured", device=device)
+    def from_rows(cls, rows: Iterable[dict], *, device: str = "", mkl_rows: Iterable[int] = ()) -> "CostCurve":
+        """From :func:`step_costs`' rows; ``mkl_rows``: the row counts the timed model routed to MKL."""
+        points = {int(r["tokens"]): float(r["vs_one_token"]) for r in rows}
+        return cls.of(points, source="measured", device=device, mkl_rows=mkl_rows)
 
     def at(self, size: float) -> float:
         """The fitted cost at any size: linear between points, the end slope beyond the last one."""

@@ -47,6 +47,7 @@ from ..core.kv import Engine, prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
+from ..core.packing import few_row_kernels
 from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
 from .cli import add_engine_arguments, add_float_draft, add_model_arguments
 from .distill import generate_answers
@@ -410,6 +411,7 @@ def main(argv: list[str] | None = None) -> None:
             "device": device_label(device),
             "device_kind": device.type,
             "engine": engine.description,
+            "mkl_rows": list(few_row_kernels(model)),  # the verify's few-row products through MKL
         }
         write_calibration(Path(args.heads), record, trees)
 

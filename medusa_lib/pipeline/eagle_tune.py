@@ -20,8 +20,10 @@ weights are untouched) and records the sweep in its config.json.
 ones ``calibrate`` times the Medusa trees on) with EAGLE greedy, one after another with plain
 greedy on the same prompt (``calibrate.time_decoders``: speed-up = the median over prompts of the
 paired ratio), in this run's numerics. ``--write-tree`` makes the smallest tree within ``--tie`` of
-the fastest the head's default and records the sweep (``tree_sweep``, with its numerics and
-machine) in its config.json. The page starts in float32, so tune in float32.
+the fastest the head's tree on machines of this kind (``defaults.machine_key``: device, numerics,
+and whether the CPU has bfloat16 instructions) and records the sweep in its config.json (the
+top-level ``tree_sweep``, or ``tree_sweeps[key]`` for another kind of machine); ``load_eagle``
+picks the tree of the machine it loads on. The page starts in float32: tune float32 on every kind.
 
 Time it alone. Measure the head again with the bench (``--record-eagle``) after writing, since its
 calibration predates the change.
@@ -39,6 +41,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
+from ..core.defaults import machine_key, sweep_key
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle, update_eagle_config
 from ..core.messages import InputError
@@ -147,9 +150,19 @@ def time_trees(model, head, trees: list[DynamicTreeConfig], prompt_ids, *, max_n
     return time_decoders(decoders, prompt_ids, repeats=repeats)
 
 
-def write_tree(folder: Path, tree: DynamicTreeConfig, record: dict) -> None:
-    """Make ``tree`` the head's default dynamic tree in ``folder``'s config.json and record the sweep."""
-    update_eagle_config(folder, top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes, tree_sweep=record)
+def write_tree(folder: Path, tree: DynamicTreeConfig, record: dict) -> str:
+    """Make ``tree`` the head's dynamic tree on machines of the sweep's ``key`` (``defaults.machine_key``)
+    in ``folder``'s config.json, with the sweep: the top-level tree and ``tree_sweep`` when there is
+    none yet or it was timed on the same kind of machine, else ``tree_sweeps[key]`` (the top level, the
+    tree of every machine no sweep was timed on, stays). Returns where it went."""
+    meta = json.loads((folder / CONFIG_FILE).read_text())
+    top = meta.get("tree_sweep")
+    if not isinstance(top, dict) or sweep_key(top) == record["key"]:
+        update_eagle_config(folder, top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes, tree_sweep=record)
+        return "the top-level tree"
+    sweeps = meta.get("tree_sweeps") if isinstance(meta.get("tree_sweeps"), dict) else {}
+    update_eagle_config(folder, tree_sweeps={**sweeps, record["key"]: record})
+    return f"tree_sweeps[{record['key']!r}]"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,11 +255,12 @@ def main(argv: list[str] | None = None) -> None:
             "dtype": dtype,
             "draft": draft,
             "machine": machine(),
+            "key": machine_key(next(model.parameters()).device, dtype),
             "command": command,
         }
         if args.write_tree:
-            write_tree(folder, named[best], out["tree_sweep"])
-            print(f"wrote tree {best} to {folder / CONFIG_FILE}")
+            where = write_tree(folder, named[best], out["tree_sweep"])
+            print(f"wrote tree {best} to {folder / CONFIG_FILE} ({where}: machines of {out['tree_sweep']['key']})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     if args.write or args.write_tree:

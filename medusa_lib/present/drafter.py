@@ -230,8 +230,14 @@ class Drafters:
 
     @property
     def tree(self) -> DynamicTreeConfig | None:
-        """The EAGLE head's own dynamic tree (top-k, depth, nodes), or None."""
-        head = next(iter(self.eagles.values()), None)
+        """The EAGLE head's own dynamic tree (top-k, depth, nodes) in the page's first numerics, or None."""
+        return self.tree_of()
+
+    def tree_of(self, numerics: str | None = None) -> DynamicTreeConfig | None:
+        """The dynamic tree of the EAGLE head loaded for ``numerics`` (None: float32, the page's first
+        numerics, where loaded, else the one loaded): each numerics may have its own, timed on machines
+        like this one (``defaults.swept_tree``)."""
+        head = self.eagles.get(numerics or "float32") or next(iter(self.eagles.values()), None)
         return head.config.tree if head is not None else None
 
     def resolve(self, drafter) -> str:
@@ -271,10 +277,11 @@ class Drafters:
             return LookupDrafter(lookup)
         return MedusaDrafter(heads, tree())
 
-    def tree_label(self, drafter: str, *, medusa: Callable[[], str], lookup: int) -> str:
-        """The name of the tree ``drafter`` verifies, as the JSON gives it (``medusa()``: the heads' tree's)."""
+    def tree_label(self, drafter: str, *, medusa: Callable[[], str], lookup: int, numerics: str | None = None) -> str:
+        """The name of the tree ``drafter`` verifies in ``numerics``, as the JSON gives it (``medusa()``: the
+        heads' tree's)."""
         if drafter == "eagle":
-            t = self.tree
+            t = self.tree_of(numerics)
             return f"eagle-dynamic (top-k {t.top_k}, depth {t.depth}, {t.num_nodes} nodes)"
         if drafter == "lookup":
             return f"prompt-lookup chain (up to {lookup} tokens)"

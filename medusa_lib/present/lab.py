@@ -29,6 +29,7 @@ from ..core.lab import (
     step_costs,
 )
 from ..core.model import device_label, device_name, input_device
+from ..core.packing import few_row_kernels
 from ..core.spec_metrics import Acceptance, draft_positions, format_rates, step_acceptance
 from ..core.tree import (
     TOPK,
@@ -72,13 +73,24 @@ class TreeLab:
         if self.cost.source == "calibration":
             return (
                 f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, "
-                "from its measured trees); press Measure costs to time each size on this machine."
+                "from its measured trees); press Measure costs to time each size on this machine." + self.kernel_note
             )
         return (
             f"Step costs measured on this machine ({self.cost.device or self.device}): "
             "the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), "
             "which leaves out the heads' draft and the acceptance a real step adds, "
-            "so they read lower than a calibration's."
+            "so they read lower than a calibration's." + self.kernel_note
+        )
+
+    @property
+    def kernel_note(self) -> str:
+        """Why the fit may dip: the sizes whose products ran through MKL are fitted apart."""
+        if self.cost is None or not self.cost.mkl_rows:
+            return ""
+        rows = ", ".join(map(str, self.cost.mkl_rows))
+        return (
+            f" Steps of {rows} tokens ran their products through MKL (faster here for so few rows), "
+            "so the fit keeps them apart: one of them can cost less than a smaller step."
         )
 
     @property
@@ -101,7 +113,10 @@ def tree_lab(pg) -> TreeLab:
     cost = None
     if record and record_kind(record) == kind and recorded_costs(record):
         cost = CostCurve.of(
-            recorded_costs(record), source="calibration", device=record.get("device") or KIND_NAMES.get(kind, kind)
+            recorded_costs(record),
+            source="calibration",
+            device=record.get("device") or KIND_NAMES.get(kind, kind),
+            mkl_rows=record.get("mkl_rows") or (),
         )
     gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
     return TreeLab(
@@ -127,7 +142,8 @@ def measure_costs(
     through the engine its runs use: with a captured static engine, its replayed fixed-shape steps."""
     kv = pg.static_kv if pg.static_kv is not None and pg.static_kv.capture != "none" else None
     rows = step_costs(pg.model, sizes, repeats=repeats, progress=progress, static_kv=kv)
-    return replace(lab, cost=CostCurve.from_rows(rows, device=device_label(input_device(pg.model))))
+    mkl = few_row_kernels(pg.model) if kv is None else ()
+    return replace(lab, cost=CostCurve.from_rows(rows, device=device_label(input_device(pg.model)), mkl_rows=mkl))
 
 
 def editor_tree(pg, text: str) -> MedusaTree:

@@ -403,7 +403,10 @@ class Playground(RequestInputs, ExactnessChecks):
         check = self.greedy_check(records[plain], records[medusa], settings)
         drafter = self.drafters.resolve(settings.drafter)
         tree = self.drafters.tree_label(
-            drafter, medusa=lambda: self.resolve_tree(settings).name, lookup=self.defaults.lookup
+            drafter,
+            medusa=lambda: self.resolve_tree(settings).name,
+            lookup=self.defaults.lookup,
+            numerics=dtype_name(self.pair(settings)[0]),
         )
         out = {
             "prompt": prompt,
