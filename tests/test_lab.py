@@ -36,7 +36,7 @@ def test_step_costs_on_the_tiny_model_measure_every_size_against_a_plain_step():
     )
     assert [r["tokens"] for r in rows] == [1, 2, 4, 8]  # the plain step first, always
     assert rows[0]["vs_one_token"] == 1.0 and all(r["body_ms"] > 0 and r["lm_head_ms"] >= 0 for r in rows)
-    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert seen == [(k, 12) for k in range(1, 13)]  # 4 sizes x 3 rounds (2 warm-up), one call a forward
     curve = CostCurve.from_rows(rows)
     assert curve.sizes == (1, 2, 4, 8) and curve.source == "measured"
     assert all(a <= b for a, b in zip(curve.fitted, curve.fitted[1:]))  # cost never falls with size

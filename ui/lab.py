@@ -213,7 +213,7 @@ class LabHandlers:
         def step(done: int, total: int) -> None:  # after each size: the place to stop
             if why := stop():
                 raise RunStopped(why)
-            progress(done / total, desc=f"Timing size {done} of {total}")
+            progress(done / total, desc=f"Timed {done} of {total} verify steps (every size, round after round)")
 
         try:
             progress(0, desc="Timing one verify step of each size")

@@ -55,11 +55,14 @@ def step_costs(
 ) -> list[dict]:
     """Median ms of one body forward of L new tokens after a cached ``prefix`` (causal 4D float mask,
     explicit positions, as in a tree step) and of the lm_head over those L rows, per size L; a plain
-    step (L = 1) is always measured first. ``vs_one_token`` = (body + lm_head) / that of L = 1.
-    ``progress(done, total)`` is called after each size. With ``static_kv`` (the captured engine a
-    GPU server decodes with) each size is timed as that engine runs it: a fixed-shape forward over
-    the static cache, replayed as a CUDA graph (recorded first where missing); body_ms then holds
-    the whole step's forward, lm_head included."""
+    step (L = 1) is always among them. ``vs_one_token`` = (body + lm_head) / that of L = 1. The sizes
+    are timed round after round (2 warm-up rounds, then ``repeats``), every forward after the same
+    prefix (one cache, cropped back after each), so a drift of a shared machine (warming up after
+    a load, another job) moves every size alike instead of the one timed first, the unit.
+    ``progress(done, total)`` is called after each forward (total: sizes x rounds). With
+    ``static_kv`` (the captured engine a GPU server decodes with) each size is timed as that engine
+    runs it: a fixed-shape forward over the static cache, replayed as a CUDA graph (recorded first
+    where missing); body_ms then holds the whole step's forward, lm_head included."""
     if static_kv is not None and static_kv.claim():
         try:
             return _static_costs(
@@ -78,16 +81,19 @@ def step_costs(
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(3, vocab, (1, prefix), generator=g).to(device)
-    rows = []
-    for i, L in enumerate(sizes):
+    steps = {}  # size -> (new tokens, mask, positions)
+    for L in sizes:
         causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
         mask = torch.cat([torch.zeros(L, prefix, dtype=dtype), causal], dim=1)[None, None].to(device)
-        new = torch.randint(3, vocab, (1, L), generator=g).to(device)
         pos = torch.arange(prefix, prefix + L, device=device)[None]
-        body_ms, head_ms = [], []
-        cache = new_cache()
-        body(input_ids=ids, past_key_values=cache, use_cache=True)
-        for rep in range(repeats + 2):  # the first two are warm-up
+        steps[L] = (torch.randint(3, vocab, (1, L), generator=g).to(device), mask, pos)
+    cache = new_cache()
+    body(input_ids=ids, past_key_values=cache, use_cache=True)
+    times: dict[int, tuple[list[float], list[float]]] = {L: ([], []) for L in sizes}
+    rounds = repeats + 2  # the first two are warm-up
+    for rep in range(rounds):
+        for i, L in enumerate(sizes):
+            new, mask, pos = steps[L]
             t0 = _sync(device)
             h = body(
                 input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
@@ -95,13 +101,16 @@ def step_costs(
             t1 = _sync(device)
             lm_head(h)
             t2 = _sync(device)
-            cache.crop(-L)  # back to the prefix: every repeat verifies after the same context
+            cache.crop(-L)  # back to the prefix: every forward verifies after the same context
             if rep >= 2:
-                body_ms.append(1000 * (t1 - t0))
-                head_ms.append(1000 * (t2 - t1))
-        rows.append({"tokens": L, "body_ms": statistics.median(body_ms), "lm_head_ms": statistics.median(head_ms)})
-        if progress is not None:
-            progress(i + 1, len(sizes))
+                times[L][0].append(1000 * (t1 - t0))
+                times[L][1].append(1000 * (t2 - t1))
+            if progress is not None:
+                progress(rep * len(sizes) + i + 1, rounds * len(sizes))
+    rows = [
+        {"tokens": L, "body_ms": statistics.median(b), "lm_head_ms": statistics.median(h)}
+        for L, (b, h) in times.items()
+    ]
     base = rows[0]["body_ms"] + rows[0]["lm_head_ms"]
     for r in rows:
         r["vs_one_token"] = (r["body_ms"] + r["lm_head_ms"]) / base
