@@ -210,7 +210,7 @@ class LabHandlers:
     def measure_costs(self, state, text, lookup_on, progress=gr.Progress()) -> tuple:
         st, stop = self.state(state), self.stop()
 
-        def step(done: int, total: int) -> None:  # after each size: the place to stop
+        def step(done: int, total: int) -> None:  # after each timed forward: the place to stop
             if why := stop():
                 raise RunStopped(why)
             progress(done / total, desc=f"Timed {done} of {total} verify steps (every size, round after round)")

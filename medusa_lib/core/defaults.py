@@ -64,18 +64,21 @@ def machine_key(device: torch.device | str | None, dtype: torch.dtype | str) -> 
     from .model import cpu_has_native_bf16
 
     kind = device_kind(device)
-    native = "-native-bf16" if kind == "cpu" and cpu_has_native_bf16() else ""
-    return f"{kind}-{str(dtype).removeprefix('torch.')}{native}"
+    return _machine_key(kind, dtype, kind == "cpu" and cpu_has_native_bf16())
+
+
+def _machine_key(kind: str, dtype: torch.dtype | str, native_bf16: bool) -> str:
+    return f"{kind}-{str(dtype).removeprefix('torch.')}" + ("-native-bf16" if native_bf16 else "")
 
 
 def sweep_key(sweep: dict) -> str:
     """The ``machine_key`` a recorded tree sweep was timed on: its ``key``, else (the first sweeps, made
     on a CPU before sweeps named one) read from its dtype and the machine line's CPU flags."""
+    from .model import native_bf16_in
+
     if sweep.get("key"):
         return str(sweep["key"])
-    line = str(sweep.get("machine") or "")
-    native = "-native-bf16" if "avx512_bf16" in line or "amx_bf16" in line else ""
-    return f"cpu-{str(sweep.get('dtype') or 'float32').removeprefix('torch.')}{native}"
+    return _machine_key("cpu", sweep.get("dtype") or "float32", native_bf16_in(str(sweep.get("machine") or "")))
 
 
 def swept_tree(meta: dict, key: str) -> tuple[int, int, int] | None:

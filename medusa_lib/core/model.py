@@ -198,13 +198,18 @@ DTYPES = {
 }
 
 
+def native_bf16_in(flags: str) -> bool:
+    """Whether CPU flags (/proc/cpuinfo, or a recorded machine line naming them) hold bfloat16 matrix
+    instructions (AVX512-BF16 or AMX)."""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def cpu_has_native_bf16() -> bool:
     """True on CPUs with bfloat16 matrix instructions (AVX512-BF16 or AMX), where bf16 is the fastest dtype."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return native_bf16_in(Path("/proc/cpuinfo").read_text())
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -34,6 +34,7 @@ from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, l
 from ..core.messages import cause, kind, shown
 from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
 from ..core.tree import MedusaTree
+from .numerics import EXACT
 from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
 
@@ -237,7 +238,7 @@ class Drafters:
         """The dynamic tree of the EAGLE head loaded for ``numerics`` (None: float32, the page's first
         numerics, where loaded, else the one loaded): each numerics may have its own, timed on machines
         like this one (``defaults.swept_tree``)."""
-        head = self.eagles.get(numerics or "float32") or next(iter(self.eagles.values()), None)
+        head = self.eagles.get(numerics or EXACT) or next(iter(self.eagles.values()), None)
         return head.config.tree if head is not None else None
 
     def resolve(self, drafter) -> str:
