@@ -14,6 +14,7 @@ Paper: Cai et al., "Medusa", ICML 2024, arXiv 2401.10774.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -36,13 +37,13 @@ def env_number(
         return raw
     try:
         value = int(raw) if whole else float(raw)
-        if not (low <= value and (high is None or value <= high)):
+        if not (math.isfinite(value) and low <= value and (high is None or value <= high)):  # inf: no bound at all
             raise ValueError
     except ValueError:
         rule = (
             f"a whole number from {low:g}" + (f" to {high:g}" if high is not None else " up")
             if whole
-            else f"a number of at least {low:g}" + (f" and at most {high:g}" if high is not None else "")
+            else f"a finite number of at least {low:g}" + (f" and at most {high:g}" if high is not None else "")
         )
         sys.exit(
             f"error: {name}={raw!r} is not {rule}{' (or ' + ' or '.join(also) + ')' if also else ''}; "
@@ -91,9 +92,14 @@ MAX_NEW_TOKENS = env_number("MEDUSA_MAX_NEW_TOKENS", "96", low=1, also=())
 MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, also=())
 # Wall time one API call may take: ends a run whose client left unseen.
 MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())
-# Calls that may wait for the device at once, and of them from one client address: past either, "busy, try again".
+# Calls that may wait for the device at once, of them from one user (a browser session) and from one network
+# address (a class behind one school network): past any, "busy, try again".
 MAX_QUEUE = env_number("MEDUSA_MAX_QUEUE", "16", low=1, also=())
 MAX_QUEUE_PER_CLIENT = env_number("MEDUSA_MAX_QUEUE_PER_CLIENT", "4", low=1, also=())
+MAX_QUEUE_PER_ADDRESS = env_number("MEDUSA_MAX_QUEUE_PER_ADDRESS", "40", low=1, also=())
+# The proxies in front of the server (a Space's, a school's), comma-separated addresses or networks: only the entry
+# such a proxy appends to X-Forwarded-For names a caller's address. Empty: the header is ignored.
+TRUSTED_PROXIES = os.environ.get("MEDUSA_TRUSTED_PROXIES", "")
 EXAMPLES = ROOT / "assets" / "examples.json"
 
 
@@ -139,8 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--capture",
         default=CAPTURE,
         choices=CAPTURE_CHOICES,
-        help="with --cache static, capture the fixed-shape steps at load (default auto: cuda-graph on a GPU, "
-        "none on a CPU)",
+        help="with --cache static, capture the fixed-shape steps at load (default auto: compile on a GPU, each step "
+        "compiled by Inductor and recorded as one CUDA graph; cuda-graph records the eager kernels; none on a CPU)",
     )
     ap.add_argument(
         "--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)"
@@ -236,8 +242,22 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
         sys.exit(f"error: {str(e).replace('--eagle', flag('--eagle', 'MEDUSA_EAGLE', argv), 1)}")
 
 
+def proxies() -> tuple[str, ...]:
+    """MEDUSA_TRUSTED_PROXIES as a list, or exit with one sentence naming the variable."""
+    from ui.serve import trusted_proxies
+
+    try:
+        return trusted_proxies(TRUSTED_PROXIES)
+    except ValueError as e:
+        sys.exit(
+            f"error: MEDUSA_TRUSTED_PROXIES lists {e}; list the addresses of the proxies in front of this server, "
+            "comma-separated, or unset it."
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    trusted = proxies()
     check_serving(args, argv)
     from medusa_lib.present import Playground, load_examples
     from ui import DeviceTurn, build_demo, serve  # imported here: --help needs nothing heavy
@@ -282,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
                 share=args.share,
                 queue_size=MAX_QUEUE,
                 per_client=MAX_QUEUE_PER_CLIENT,
+                per_address=MAX_QUEUE_PER_ADDRESS,
+                proxies=trusted,
                 prevent_thread_lock=True,
             )
         except OSError as e:  # the port was taken while the model loaded ...

@@ -366,6 +366,43 @@ def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(sav
     assert "hf-generate-static" in bench.CUDA_DEFAULT_METHODS.split(",")
 
 
+@pytest.mark.slow
+def test_the_compile_anchor_gives_hf_generates_tokens_and_compiles_once_in_its_warm_up(saved, capsys):
+    """hf-compiled: transformers' StaticCache + a one-token step under torch.compile (Inductor on this
+    CPU), stopping as the others do; pre-packed weights (which Inductor cannot lower) are refused."""
+    with pytest.raises(SystemExit, match=r"^error: hf-compiled compiles the stock model, .* add --no-prepack\.$"):
+        bench.main([*saved_args(saved, heads=None), "--methods", "hf-compiled", "--dtype", "float32"])
+    out = saved / "compiled.json"
+    bench.main(
+        [
+            *saved_args(saved, heads=None),
+            "--methods",
+            "hf-generate,hf-compiled,baseline",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+            "--no-prepack",
+        ]
+    )
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    by = {(r["method"], r["id"]): r for r in data["records"]}
+    for p in PROMPTS:
+        ref, compiled = by[("hf-generate", p["id"])], by[("hf-compiled", p["id"])]
+        assert compiled["output_token_ids"] == ref["output_token_ids"] == by[("baseline", p["id"])]["output_token_ids"]
+        assert compiled["steps"] == len(ref["output_token_ids"]) - 1 and compiled["decode_seconds"] > 0
+    assert data["warmup_seconds"]["hf-compiled"] > 0 and data["static_cache_len"] is not None
+    assert re.search(r"^\s+hf-compiled\s+3/3$", printed, re.MULTILINE)
+    assert "hf-compiled" in bench.CUDA_DEFAULT_METHODS.split(",") and "hf-compiled" not in bench.DEFAULT_METHODS
+
+
 @pytest.mark.parametrize("capture", ["none", pytest.param("compile", marks=pytest.mark.slow)])
 def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_capture_apart(saved, capsys, capture):
     out = saved / f"engine-{capture}.json"
@@ -411,7 +448,9 @@ def test_our_methods_on_the_static_engine_give_generates_tokens_and_report_the_c
         )
     else:  # three step shapes (1 token, chain-3, chain-3 + lookup-4) compiled before the warm-up
         assert re.search(
-            r"^Engine: static KV cache, each whole decode step torch.compile; 3 captured in \d+\.\d s\.$", printed, re.M
+            r"^Engine: static KV cache, each whole decode step compiled by Inductor; 3 captured in \d+\.\d s\.$",
+            printed,
+            re.M,
         )
         assert data["engine"]["capture_seconds"] > 0 and re.search(
             r"^capture s \(before the warm-up; not in the tables\): \d+\.\d\d$", printed, re.M

@@ -188,6 +188,8 @@ def test_tree_lab_edit_measure_and_use(page):
     assert (
         page.locator("#lab-speedup .legendtext", has_text="optimum").count() >= 1
     )  # the shipped heads' calibration is a CPU one
+    # ... and they carry an H200's too: its step costs, dashed beside this CPU's
+    assert page.locator("#lab-cost .legendtext", has_text="NVIDIA H200 (its calibration)").count() == 1
     before = page.input_value("#lab-paths textarea")
     nodes = page.locator("#lab-tree .textpoint").count()
     page.click("#lab-add")

@@ -357,8 +357,10 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
     assert said == [
         f"wrote {folder / 'trees.json'}, default_tree=calibrated-17 and lookup=0 (CUDA bfloat16 calibration: {where})"
     ]
-    others = before["calibrations"]  # shipped: the float32 CPU record beside the bfloat16 one
-    assert set(others) == {"cpu-float32"} and others["cpu-float32"]["dtype"] == "torch.float32"
+    # shipped: the float32 CPU record beside the bfloat16 one, and an H200's, which a new CUDA bfloat16 one replaces
+    assert set(before["calibrations"]) == {"cpu-float32", "cuda-bfloat16"}
+    others = {k: v for k, v in before["calibrations"].items() if k != "cuda-bfloat16"}
+    assert others["cpu-float32"]["dtype"] == "torch.float32"
     assert {k: v for k, v in cfg.items() if k != "calibrations"} == {
         k: v for k, v in before.items() if k != "calibrations"
     } and cfg["calibrations"] == {**others, "cuda-bfloat16": cuda}  # the CPU records untouched

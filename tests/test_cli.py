@@ -173,6 +173,7 @@ SERVING_ENV = (
     "MEDUSA_MAX_PROMPT_CHARS",
     "MEDUSA_MAX_PROMPT_TOKENS",
     "MEDUSA_MAX_RUN_SECONDS",
+    "MEDUSA_MAX_QUEUE_PER_ADDRESS",
 )
 
 
@@ -213,7 +214,27 @@ SERVING_ENV = (
         (
             "MEDUSA_MAX_RUN_SECONDS",
             "0",
-            "error: MEDUSA_MAX_RUN_SECONDS='0' is not a number of at least 1; fix it or unset it.",
+            "error: MEDUSA_MAX_RUN_SECONDS='0' is not a finite number of at least 1; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_RUN_SECONDS",
+            "inf",
+            "error: MEDUSA_MAX_RUN_SECONDS='inf' is not a finite number of at least 1; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_RUN_SECONDS",
+            "nan",
+            "error: MEDUSA_MAX_RUN_SECONDS='nan' is not a finite number of at least 1; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_RUN_SECONDS",
+            "1e999",
+            "error: MEDUSA_MAX_RUN_SECONDS='1e999' is not a finite number of at least 1; fix it or unset it.",
+        ),
+        (
+            "MEDUSA_MAX_QUEUE_PER_ADDRESS",
+            "0",
+            "error: MEDUSA_MAX_QUEUE_PER_ADDRESS='0' is not a whole number from 1 up; fix it or unset it.",
         ),
         ("MEDUSA_SHARE", "true", "error: MEDUSA_SHARE='true' must be 1 (on) or 0 (off); fix it or unset it."),
     ],
@@ -359,6 +380,18 @@ EAGLE_DAMAGE = {
         lambda e: edit_json(e / "config.json", calibration={"speedup": "fast"}),
         "config.json has a calibration that is not a record of numbers",
     ),
+    "tree sweeps as a list": (
+        lambda e: edit_json(e / "config.json", tree_sweeps=[1]),
+        "config.json has tree_sweeps=[1]; it must be an object of sweeps by kind of machine",
+    ),
+    "a tree sweep's choice as a list": (
+        lambda e: edit_json(e / "config.json", tree_sweeps={"cpu-float32-avx2": [1]}),
+        "config.json has tree_sweeps=",
+    ),
+    "config.json nested 100,000 deep": (
+        lambda e: (e / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+        "config.json cannot be read (it is nested too deeply)",
+    ),
 }
 
 
@@ -408,6 +441,14 @@ HEADS_DAMAGE = {
     "config.json of []": (
         lambda h: (h / "config.json").write_text("[]"),
         "config.json holds a list, not an object of settings; copy the heads again or train new ones.",
+    ),
+    "config.json nested 100,000 deep": (
+        lambda h: (h / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+        "config.json cannot be read (it is nested too deeply); copy the heads again or train new ones.",
+    ),
+    "trees.json nested 100,000 deep": (
+        lambda h: (h / "trees.json").write_text("[" * 100_000 + "]" * 100_000),
+        "trees.json cannot be read (it is nested too deeply); calibrate again",
     ),
     "trees.json not JSON": (
         lambda h: (h / "trees.json").write_text("{x"),
@@ -489,6 +530,8 @@ def cli_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text("{x\n")
     (tmp_path / "no-prompt.jsonl").write_text('{"id": 1}\n')
+    (tmp_path / "nested.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp_path / "nested-prompt.jsonl").write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     (tmp_path / "good.jsonl").write_text('{"id": "a", "category": "c", "prompt": "w5 w6"}\n')
     (tmp_path / "afile").write_text("x")
     return tmp_path
@@ -501,6 +544,15 @@ BAD_RUNS = [  # (arguments, the message's start; {t}: the tmp folder); refused b
     (
         ["--prompts", "{t}/no-prompt.jsonl"],
         'error: --prompts \'{t}/no-prompt.jsonl\': its entry 1 is not an object with a "prompt" text ({{"id": 1}}).',
+    ),
+    (
+        ["--prompts", "{t}/nested.jsonl"],
+        "error: --prompts '{t}/nested.jsonl' cannot be read as JSONL (a line is nested too deeply); "
+        "give one JSON object a line.",
+    ),
+    (
+        ["--prompts", "{t}/nested-prompt.jsonl"],
+        "error: --prompts '{t}/nested-prompt.jsonl' cannot be read as JSONL (a line is nested too deeply); ",
     ),
     (["--json", "{t}/afile/out.json"], "error: --json '{t}/afile/out.json' is under '{t}/afile', which is a file"),
     (["--json", "/proc/medusa.json"], "error: --json '/proc/medusa.json' cannot be written: '/proc' takes no files"),
@@ -560,6 +612,52 @@ def test_a_folder_without_a_model_or_heads_with_a_bad_config_is_one_sentence(cap
     random_heads().save(heads)
     (heads / "config.json").write_text("[]")
     said = run_cli(main, base + ["--model", str(model_folder), "--heads", str(heads)], capsys)
+    assert said == f"error: {heads}/config.json holds a list, not an object of settings; " + (
+        "copy the heads again or train new ones."
+    )
+
+
+# ------------------------------------------------------------------ calibrate and profile_step
+@pytest.mark.parametrize(
+    "tool, argv, message",
+    [
+        ("calibrate", ["--prompts", "{t}/missing.jsonl"], "error: --prompts '{t}/missing.jsonl' is not a file; "),
+        ("calibrate", ["--prompts", "{t}/nested.jsonl"], "error: --prompts '{t}/nested.jsonl' cannot be read as JSONL"),
+        ("calibrate", ["--answers", "{t}/bad.jsonl"], "error: --answers '{t}/bad.jsonl' cannot be read as JSONL"),
+        ("calibrate", ["--heads", "{t}/no-heads"], "error: --heads '{t}/no-heads' does not exist; give the folder"),
+        ("calibrate", ["--device", "tpu9"], "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."),
+        ("calibrate", ["--cache", "bogus"], "argument --cache: invalid choice: 'bogus'"),
+        ("profile_step", ["--heads", "{t}/no-heads"], "error: --heads '{t}/no-heads' does not exist; give the folder"),
+        ("profile_step", ["--device", "tpu9"], "error: Unknown device 'tpu9'; use cpu, cuda, cuda:0 or auto."),
+        ("profile_step", ["--cache", "bogus"], "argument --cache: invalid choice: 'bogus'"),
+        ("profile_step", ["--max-new-tokens", "0"], "argument --max-new-tokens: must be a whole number of at least 1"),
+    ],
+)
+def test_calibrate_and_profile_step_refuse_bad_arguments_before_the_model_loads(
+    monkeypatch, capsys, cli_files, tool, argv, message
+):
+    import importlib
+
+    module = importlib.import_module(f"medusa_lib.pipeline.{tool}")
+    monkeypatch.setattr(module, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    base = ["--prompts", str(cli_files / "good.jsonl")] if tool == "calibrate" else []
+    said = run_cli(module.main, base + [a.format(t=cli_files) for a in argv], capsys)
+    assert message.format(t=cli_files) in said, said
+
+
+@pytest.mark.parametrize("tool", ["calibrate", "profile_step"])
+def test_calibrate_and_profile_step_say_a_bad_model_or_heads_in_one_sentence(capsys, cli_files, model_folder, tool):
+    import importlib
+
+    main = importlib.import_module(f"medusa_lib.pipeline.{tool}").main
+    base = (["--prompts", str(cli_files / "good.jsonl")] if tool == "calibrate" else []) + ["--device", "cpu"]
+    assert run_cli(main, base + ["--model", "/etc"], capsys).startswith(
+        "error: The folder '/etc' has no config.json, so it holds no model"
+    )
+    heads = cli_files / "heads"
+    random_heads().save(heads)
+    (heads / "config.json").write_text("[]")
+    said = run_cli(main, base + ["--model", str(model_folder), "--heads", str(heads), "--dtype", "float32"], capsys)
     assert said == f"error: {heads}/config.json holds a list, not an object of settings; " + (
         "copy the heads again or train new ones."
     )

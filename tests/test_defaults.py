@@ -120,3 +120,22 @@ def test_a_record_named_by_its_kind_alone_is_that_kinds():
     d = heads_defaults(heads, "cuda", "bfloat16")
     assert (d.tree, d.note, d.calibration["device_kind"]) == ("calibrated-12", None, "cuda")
     assert heads_defaults(heads, "cpu").tree == "calibrated-5"
+
+
+def test_the_shipped_heads_carry_a_gpus_own_calibration_beside_the_cpus():
+    """The default heads on a GPU run the tree an H200 chose by measurement (calibrate --device cuda),
+    not the CPU's; the trees it timed sit in trees.json under their own names, so the CPU's trees of
+    the same size, which its records timed, stay as they were."""
+    from medusa_lib.core.heads import load_heads
+    from medusa_lib.present.drafter import SHIPPED_HEADS
+
+    heads = load_heads(SHIPPED_HEADS)
+    gpu = heads_defaults(heads, "cuda", "bfloat16")
+    assert gpu.tree == "calibrated-32-h200" and gpu.lookup == 4 and gpu.note is None
+    assert gpu.calibration["device"] == "NVIDIA H200" and gpu.calibration["device_kind"] == "cuda"
+    assert set(gpu.calibration["trees"]) <= set(heads.tree_presets)  # every tree it timed is there by name
+    assert len(heads.tree_presets["calibrated-32-h200"]) == 32
+    assert heads.tree_presets["calibrated-32-h200"] != heads.tree_presets["calibrated-32"]
+    assert heads_defaults(heads, "cuda", "float32").tree == "calibrated-32-h200"  # the GPU's, in either numerics
+    assert heads_defaults(heads, "cpu", "float32").tree == "calibrated-3"
+    assert heads_defaults(heads, "cpu", "bfloat16").tree == "calibrated-5"

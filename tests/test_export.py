@@ -1,5 +1,6 @@
-"""Export to vLLM's Medusa format (medusa_lib.pipeline.export): round trip through our own loader,
-one-sentence refusals. The run in a real vLLM is tests/test_vllm.py (slow)."""
+"""Export to vLLM (medusa_lib.pipeline.export): Medusa heads round trip through our own loader; an EAGLE head's
+layout computes, by vLLM's EAGLE-1 rules, what our head computes; one-sentence refusals, before anything is
+written. The runs in a real vLLM are tests/test_vllm.py (slow)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ def test_exported_heads_loaded_back_from_vllm_layout_propose_what_the_source_pro
     else:
         assert token_map is None and config["truncated_vocab_size"] == VOCAB
     assert "vllm serve" in (out / "README.md").read_text() and "enable_weights_track" in (out / "README.md").read_text()
+    assert json.loads((out / "vllm.json").read_text()) == {"speculative_method": "medusa", "num_speculative_tokens": K}
 
     back = load_heads(out, model=model)  # our own loader, reading vLLM's layout
     h = torch.randn(64, HIDDEN)
@@ -97,7 +99,7 @@ def test_export_replaces_an_earlier_export_but_never_another_folder(model_folder
     out = tmp_path / "vllm"
     export_vllm(tmp_path / "heads", out, model=str(model_folder), progress=False)
     export_vllm(tmp_path / "heads", out, model=str(model_folder), progress=False)  # again: replaced
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "vllm.json"]
     assert not list(tmp_path.glob("*.tmp-export"))
     other = tmp_path / "notes"
     other.mkdir()
@@ -149,7 +151,8 @@ def test_bad_command_lines_get_one_sentence(tmp_path):
         main(["--heads", str(missing), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert (
         str(err.value) == f"error: No heads folder at {str(missing)!r}; "
-        "give the folder that holds medusa_lm_head.safetensors and config.json."
+        "give the folder that holds medusa_lm_head.safetensors (Medusa heads) or eagle.safetensors (an EAGLE head) "
+        "and config.json."
     )
     with pytest.raises(SystemExit) as err:
         main(["--heads", str(missing), "--to", "tgi", "--out", str(tmp_path / "out")])
@@ -189,7 +192,7 @@ def test_a_bad_out_or_heads_config_is_one_sentence(tmp_path, case, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path):
+def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path, model_folder):
     heads = tmp_path / "heads"
     random_heads(root=True).save(heads)
     out = subprocess.run(
@@ -224,6 +227,8 @@ def test_the_cli_shows_progress_and_exits_with_one_line(tmp_path):
             "vllm",
             "--out",
             str(tmp_path / "out"),
+            "--model",
+            str(model_folder),
         ],
         capture_output=True,
         text=True,
@@ -252,3 +257,205 @@ def test_the_page_says_whether_the_heads_export_and_with_which_command(tmp_path,
         "then `python -m medusa_lib.pipeline.export --heads DIR --to vllm --out OUT` "
         "(docs/serving.md#serving-your-heads)."
     )
+
+
+# ---------------------------------------------------------------------- the EAGLE head
+EAGLE_SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m-instruct-eagle"
+
+
+def tiny_eagle(folder: Path, *, proposal: bool = True, seed: int = 5) -> Path:
+    """A random EAGLE-1 head for the tiny Llama (fc bias and both norms far from their initial values), saved."""
+    from medusa_lib.core.eagle import new_eagle_head
+
+    model = make_model("llama")
+    torch.manual_seed(seed)
+    head = new_eagle_head(model, proposal_ids=torch.randperm(VOCAB)[:100] if proposal else None, base_model="tiny")
+    for name, p in head.named_parameters():
+        torch.nn.init.normal_(p, mean=1.0 if "norm" in name else 0.0, std=0.3 if "norm" in name else 0.2)
+    return head.save(folder)
+
+
+def vllm_eagle_forward(out: Path, embed: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """g [T, d] as vLLM 0.32's EagleLlamaForCausalLM (llama_eagle.py) computes it from an exported folder, over
+    one causal sequence: fc without bias on [e ; f]; Llama decoder layers built from config.json, the first
+    without its input RMSNorm; o_proj's bias as attention_bias gives it, q/k/v without one (qkv_bias false)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["attention_bias"] is True and raw["qkv_bias"] is False and raw["model_type"] == "llama"
+    cfg = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("qkv_bias", "exported_by")})
+    state = load_file(str(out / "model.safetensors"))
+    T = tokens.numel()
+    pos = torch.arange(T)[None]
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+    x = torch.cat([embed[tokens], features], dim=-1) @ state["fc.weight"].T
+    pe = LlamaRotaryEmbedding(config=cfg)(x[None], pos)
+    h = x[None]
+    for i in range(cfg.num_hidden_layers):
+        layer = LlamaDecoderLayer(cfg, layer_idx=i).eval()
+        ours = {k[len(f"layers.{i}.") :]: v for k, v in state.items() if k.startswith(f"layers.{i}.")}
+        missing = set(layer.load_state_dict(ours, strict=False).missing_keys)
+        no_bias = {f"self_attn.{p}_proj.bias" for p in "qkv"}  # vLLM builds q/k/v without a bias
+        assert missing == no_bias | ({"input_layernorm.weight"} if i == 0 else set()), missing
+        for name in no_bias:
+            layer.get_parameter(name).data.zero_()
+        if i == 0:
+            layer.input_layernorm = torch.nn.Identity()  # vLLM's first EAGLE layer has none
+        h = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=pe)
+    return h[0]
+
+
+@pytest.mark.parametrize("proposal", [True, False], ids=["proposal-vocabulary", "full-vocabulary"])
+def test_the_exported_eagle_head_computes_by_vllms_rules_what_ours_computes(proposal, model_folder, tmp_path):
+    from medusa_lib.core.eagle import load_eagle
+
+    model = make_model("llama")  # the same weights as model_folder (seed 0)
+    tiny_eagle(tmp_path / "eagle", proposal=proposal)
+    out = export_vllm(tmp_path / "eagle", tmp_path / "vllm", model=str(model_folder), progress=False)
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in keys)  # vLLM shares the target's
+    assert "fc.bias" not in keys and "layers.0.input_layernorm.weight" not in keys  # vLLM has neither
+    method = json.loads((out / "vllm.json").read_text())
+    assert method["speculative_method"] == "eagle"
+    assert (method["differs"] is not None) is proposal  # the one difference is said, never silent
+    readme = (out / "README.md").read_text()
+    assert '"method": "eagle"' in readme and "vllm serve" in readme and "LLM(" in readme
+
+    head = load_eagle(tmp_path / "eagle", model=model, int8=False)
+    torch.manual_seed(0)
+    T = 12
+    features, tokens = torch.randn(T, HIDDEN), torch.randint(0, VOCAB, (T,))
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+    with torch.no_grad():
+        ours = head(features[None], tokens[None], torch.arange(T)[None], attention_mask=mask)[0]
+        theirs = vllm_eagle_forward(out, model.get_input_embeddings().weight, features, tokens)
+        dropped = theirs - head.fc.bias  # what vLLM would compute from a layer without the pass-through's bias
+    torch.testing.assert_close(theirs, ours, atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(dropped, ours, atol=1e-2)  # the bias matters: the comparison can fail
+    lm_head = model.get_output_embeddings().weight
+    assert torch.equal((theirs @ lm_head.T).argmax(-1), (ours @ lm_head.T).argmax(-1))  # vLLM's drafts, full vocab
+
+
+def test_the_shipped_eagle_head_exports_with_its_one_difference_said(tmp_path, capsys):
+    main(["--heads", str(EAGLE_SHIPPED), "--to", "vllm", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr()
+    differs = (
+        "vLLM's EAGLE-1 has no token map, so it drafts the top token of all 49,152 with the target's lm_head "
+        "where this head drafts over its 8,192 proposal tokens: its drafts differ from ours only where the top "
+        "token is outside the proposal vocabulary (the target verifies every draft: output unchanged)."
+    )
+    assert f"note: {differs}" in err.err and err.out.startswith(f"wrote {tmp_path / 'out'}")
+    method = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    assert method == {
+        "speculative_method": "eagle",
+        "num_speculative_tokens": 3,
+        "draft_vocabulary": 49152,
+        "trained_proposal_tokens": 8192,
+        "differs": differs,
+    }
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (576, 2, 49152)
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+REFUSALS = {
+    "medusa heads passed as eagle": (
+        ["--drafter", "eagle"],
+        "error: {heads} holds Medusa heads, not an EAGLE head (no eagle.safetensors); give the EAGLE head's folder "
+        "(such as assets/heads/smollm2-135m-instruct-eagle) or leave out --drafter eagle.",
+    ),
+    "eagle head passed as medusa": (
+        ["--drafter", "medusa"],
+        "error: {eagle} holds an EAGLE head (eagle.safetensors), not Medusa heads; give a Medusa heads folder "
+        "(such as assets/heads/smollm2-135m-instruct-plain) or leave out --drafter medusa.",
+    ),
+    "an unknown drafter": (["--drafter", "hydra"], "error: Unknown drafter 'hydra' for --drafter; use medusa or eagle"),
+    "eagle head for another model": (
+        [],
+        "error: This EAGLE head was trained for a model with hidden size 64 and 999 tokens, but {model} has 64 and "
+        "320; export with --model set to the model it was trained for (someone/other-model).",
+    ),
+    "medusa heads for another model": (
+        [],
+        "error: These heads were trained for a model with hidden size 32 and 320 tokens, but {model} has 64 and 320; "
+        "export with --model set to the model they were trained for.",
+    ),
+    "eagle head of another family": (
+        [],
+        "error: This EAGLE head drafts for a qwen2 model; the export writes vLLM's EAGLE drafter for Llama models "
+        "only (EagleLlamaForCausalLM), so export a head trained for a Llama model.",
+    ),
+    "eagle-3 head": (
+        [],
+        "error: This EAGLE head fuses base layers [0, 1] (the EAGLE-3 recipe), which vLLM's EAGLE drafter cannot run: "
+        "its EAGLE-1 reads the final hidden state only and its EAGLE-3 is another layer; export an EAGLE-1 head "
+        "(fuse_layers null, such as assets/heads/smollm2-135m-instruct-eagle).",
+    ),
+    "eagle weights cut short": (
+        [],
+        "error: The EAGLE weights {eagle}/eagle.safetensors are not a readable safetensors file (",
+    ),
+    "eagle weights of random bytes": (
+        [],
+        "error: The EAGLE weights {eagle}/eagle.safetensors are not a readable safetensors file (",
+    ),
+    "eagle config.json damaged": ([], "error: {eagle}/config.json cannot be read ("),
+    "medusa weights cut short": (
+        [],
+        "error: The heads file {heads}/medusa_lm_head.safetensors is not a readable safetensors file (",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_what_cannot_be_exported_is_refused_in_one_sentence_before_anything_is_written(case, model_folder, tmp_path):
+    heads, eagle = tmp_path / "heads", tmp_path / "eagle"
+    random_heads(hidden=32 if case == "medusa heads for another model" else HIDDEN).save(heads)
+    tiny_eagle(eagle)
+    config = json.loads((eagle / "config.json").read_text())
+    edits = {
+        "eagle head for another model": {"vocab_size": 999, "base_model": "someone/other-model"},
+        "eagle head of another family": {"model_type": "qwen2"},
+        "eagle-3 head": {"fuse_layers": [0, 1]},
+    }
+    (eagle / "config.json").write_text(json.dumps({**config, **edits.get(case, {})}))
+    if case == "eagle weights cut short":
+        _cut(eagle / "eagle.safetensors")
+    elif case == "eagle weights of random bytes":
+        (eagle / "eagle.safetensors").write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
+    elif case == "eagle config.json damaged":
+        (eagle / "config.json").write_text('{"format": "medusa-playground-eagle-1", ')
+    elif case == "medusa weights cut short":
+        _cut(heads / "medusa_lm_head.safetensors")
+    source = heads if case.startswith(("medusa", "an unknown")) else eagle
+    flags, message = REFUSALS[case]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as err:
+        main(["--heads", str(source), "--to", "vllm", "--out", str(out), "--model", str(model_folder), *flags])
+    said = str(err.value)
+    assert said.startswith(message.format(heads=heads, eagle=eagle, model=model_folder)), said
+    assert "\n" not in said and said.endswith(".") and said.count(". ") == 0, said  # one sentence
+    assert not out.exists() and not list(tmp_path.glob("*.tmp-export"))
+
+
+def test_an_eagle_head_named_for_another_model_is_refused_for_the_default_model(tmp_path):
+    import shutil
+
+    folder = tmp_path / "eagle"
+    shutil.copytree(EAGLE_SHIPPED, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "base_model": "HuggingFaceTB/SmolLM2-135M"}))
+    with pytest.raises(SystemExit) as err:
+        main(["--heads", str(folder), "--to", "vllm", "--out", str(tmp_path / "out")])
+    assert str(err.value) == (
+        "error: This EAGLE head was trained for HuggingFaceTB/SmolLM2-135M, not HuggingFaceTB/SmolLM2-135M-Instruct; "
+        "export with --model set to a local folder of HuggingFaceTB/SmolLM2-135M."
+    )
+    assert not (tmp_path / "out").exists()

@@ -79,7 +79,9 @@ def test_the_gpu_check_stages_verifies_and_runs_every_part_on_a_cpu(tmp_path):
     assert {"hf-generate", "baseline", "medusa-greedy"} <= set(fig["bench-eager"]["methods"])
     assert fig["float32"]["shards_done"] == 2 and fig["float32"]["methods"]["baseline"]["same"] == 2
     assert fig["calibrate"]["step_cost"]["plain"]["ms_per_step"] > 0 and len(fig["costs"]["rows"]) == 6
-    assert fig["compile"]["capture_failures"] == [] and "torch.compile" in fig["compile"]["engine"]
+    assert set(fig["graph"]["methods"]) == {"baseline", "medusa-greedy"} and fig["graph"]["failed"] == []
+    assert fig["float32-compiled"]["methods"]["medusa-greedy"]["same_as_hf_generate"] == 1
+    assert "static KV cache" in fig["graph"]["engine"] and fig["bench"]["methods"]["baseline"]["vs_hf_compiled"] > 0
     assert {"plain", "medusa-greedy"} == set(fig["profile"])
     eagle = fig["eagle"]["recipes"]  # each recipe and follow-up trained on the features cached here; heads came back
     assert set(eagle) == {"eagle1", "eagle3", "eagle1-ttt2"} and all(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import html
-
 import pytest
-from conftest import PROMPT, tiny_playground
+from conftest import PROMPT, status_text, tiny_playground
 
 from medusa_lib.core.lab import add_best_node, gain_curve
 from medusa_lib.core.tree import build_tree, greedy_choices
@@ -143,7 +141,7 @@ def test_a_bad_tree_gets_the_custom_tree_box_sentence_and_leaves_the_figures(pg)
         with pytest.raises(Exception) as err:
             editor_tree(pg, text)
         out = outputs(EDIT_OUTPUTS, h.edit(None, text, True))
-        assert html.unescape(out["lab_status"]) == f"**Cannot use this tree:** {err.value}"
+        assert status_text(out["lab_status"]) == f"**Cannot use this tree:** {err.value}"
         assert set(out) == set(EDIT_OUTPUTS) and all(
             type(out[n]).__name__ != "Figure" for n in EDIT_OUTPUTS if n != "lab_status"
         )  # gr.skip()
@@ -287,10 +285,10 @@ def test_the_lab_s_measurements_end_at_the_api_s_bound(pg, monkeypatch):
     )
     h = LabHandlers(pg, max_run_seconds=0)
     out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0]]", PROMPT, 24, True, False, None))
-    assert out["lab_status"] == f"**Cannot measure:** {bound}"
+    assert status_text(out["lab_status"]) == f"**Cannot measure:** {bound}"
     monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
     out = outputs(COST_OUTPUTS, h.measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))
-    assert out["lab_note"] == f"**Cannot measure the costs:** {bound}"
+    assert status_text(out["lab_note"]) == f"**Cannot measure the costs:** {bound}"
 
 
 def test_the_page_shows_the_export_hint_once_in_the_tree_lab_and_not_above_the_tabs():
@@ -320,3 +318,22 @@ def test_the_page_shows_the_export_hint_once_in_the_tree_lab_and_not_above_the_t
     assert "lab-tab" in above and "playground-tab" not in above
     order = [c["props"].get("elem_id") for c in components if c.get("props", {}).get("elem_id")]
     assert order.index("lab-acceptance") < order.index("lab-export")  # where the heads are discussed
+
+
+def test_a_gpus_calibration_draws_its_cost_curve_beside_this_devices():
+    """Heads calibrated on a GPU, on this CPU: the lab keeps the GPU's step costs apart (they are not this
+    device's), draws them dashed under the device's name, and says in the note what a step costs there."""
+    from conftest import cuda_calibrated_playground
+
+    from ui.lab_figures import cost_figure
+
+    lab = tree_lab(cuda_calibrated_playground())
+    assert lab.cost is None and [c.device for c in lab.elsewhere] == ["NVIDIA H100 80GB HBM3"]
+    gpu = lab.elsewhere[0]
+    assert gpu.sizes == (1, 4) and gpu.measured == pytest.approx((1.0, 2.5 / 2.25))
+    fig = cost_figure(curves(lab), note=lab.cost_note)
+    assert [t.name for t in fig.data] == ["NVIDIA H100 80GB HBM3 (its calibration)"]
+    assert fig.data[0].line.dash == "dash" and list(fig.data[0].y) == pytest.approx([1.0, 2.5 / 2.25])
+    assert "The dashed curve: the step costs NVIDIA H100 80GB HBM3 measured in its calibration" in lab.cost_note
+    here = tree_lab(tiny_playground(oracle=False))  # heads with no other device's calibration: nothing dashed
+    assert here.elsewhere == () and "dashed" not in here.cost_note

@@ -1,6 +1,7 @@
-"""One run at a time on every route, every run bounded, the queue limited (issue #35): the device's one thread
+"""One run at a time on every route, every run bounded, the queue limited: the device's one thread
 (``DeviceTurn``), no REST route around the queue, the bound on the page's /run and the race replay, the
-queue's size limit and per-client share, small uploads."""
+queue's size limit and its shares per user (browser session) and per address (no forged header buys a place),
+NaN and infinity refused in one sentence, small uploads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import LIMIT, PROMPT, api_args, free_port, status_text, tiny_playground
@@ -132,7 +134,7 @@ def test_the_race_replay_stops_at_the_bound():
 # ---------------------------------------------------------------- a live server
 @pytest.fixture(scope="module")
 def served_small():
-    """A live server whose queue holds 3 waiting runs, 2 of them from one client."""
+    """A live server whose queue holds 4 waiting runs, 3 of them from one address and 2 from one user."""
     from gradio_client import Client
 
     from ui import build_demo, serve
@@ -141,8 +143,8 @@ def served_small():
     pg.max_new_tokens_limit = LIMIT
     demo = build_demo(pg, max_new_tokens=16)
     port = free_port()
-    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, queue_size=3,
-          per_client=2)  # fmt: skip
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, queue_size=4,
+          per_client=2, per_address=3)  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
     try:
         yield pg, url, Client(url, verbose=False)
@@ -178,29 +180,121 @@ def gate_runs(monkeypatch, pg) -> tuple[threading.Event, dict]:
     return gate, stats
 
 
-def test_the_queue_has_a_size_limit_and_one_client_cannot_hold_every_place(served_small, monkeypatch):
-    pg, url, client = served_small
+def call(url: str, body: dict, *, session: str | None = None, forwarded: str | None = None) -> tuple[int, dict | str]:
+    """A /call/compare post as any HTTP client may make it: in a session of its choosing or none, and with
+    any X-Forwarded-For it likes."""
+    return post(
+        url,
+        "gradio_api/call/compare",
+        {**body, **({"session_hash": session} if session else {})},
+        {"X-Forwarded-For": forwarded} if forwarded else {},
+    )
+
+
+def yours(n: int) -> str:
+    return (
+        f"{n} of your runs are already waiting for the device, the most one user may queue; "
+        "wait for one to finish (or cancel one), then try again."
+    )
+
+
+def from_address(n: int) -> str:
+    return (
+        f"{n} runs from your network address are already waiting for the device, the most one address may queue; "
+        "try again in a few minutes."
+    )
+
+
+def test_a_forged_forwarded_for_buys_no_place(served_small, monkeypatch):
+    """Behind no proxy X-Forwarded-For is ignored: posts from one machine, each naming another address, got every
+    place of the queue. Calls in no session share one user per address; new sessions share the address's cap."""
+    pg, url, client = served_small  # 4 places, 2 per user, 3 per address
     gate, stats = gate_runs(monkeypatch, pg)
     body = {"data": api_args(PROMPT, {"max_new_tokens": 4})}
-    me, other, third = {}, {"X-Forwarded-For": "10.0.0.2"}, {"X-Forwarded-For": "10.0.0.3"}
     try:
-        assert post(url, "gradio_api/call/compare", body, me)[0] == 200  # runs (held at the gate)
+        assert call(url, body, forwarded="10.0.0.1")[0] == 200  # runs (held at the gate)
         assert wait_for(lambda: stats["started"] == 1, 30) < 30
-        assert [post(url, "gradio_api/call/compare", body, me)[0] for _ in range(2)] == [200, 200]  # wait
-        status, answer = post(url, "gradio_api/call/compare", body, me)  # a third waiting run from one client
-        assert status == 503 and answer["detail"] == (
-            "2 runs from your address are already waiting for the device, the most one client may queue; "
-            "wait for one to finish (or cancel one), then try again."
-        )
-        assert post(url, "gradio_api/call/compare", body, other)[0] == 200  # another client: the 3rd place
-        status, answer = post(url, "gradio_api/call/compare", body, third)
-        assert status == 503 and answer["detail"].startswith(
-            "The server is busy: 3 runs are already waiting for the device, the most it queues; try again"
-        )
+        assert [call(url, body, forwarded=f"10.0.0.{i}")[0] for i in (2, 3)] == [200, 200]  # wait
+        status, answer = call(url, body, forwarded="10.0.0.4")
+        assert (status, answer["detail"]) == (503, yours(2))
+        assert call(url, body, session="s1", forwarded="10.0.0.5")[0] == 200  # a session of its own: the 3rd
+        status, answer = call(url, body, session="s2", forwarded="10.0.0.6")
+        assert (status, answer["detail"]) == (503, from_address(3))
     finally:
         gate.set()
     assert wait_for(lambda: stats["started"] == 4, 60) < 60  # the four accepted runs all ran
     assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4
+
+
+@pytest.fixture(scope="module")
+def served_behind_a_proxy():
+    """A live server that trusts the loopback as its proxy: 4 places, 2 per user, 2 per address."""
+    from ui import build_demo, serve
+
+    pg = tiny_playground()
+    pg.max_new_tokens_limit = LIMIT
+    demo = build_demo(pg, max_new_tokens=16)
+    port = free_port()
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, queue_size=4,
+          per_client=2, per_address=2, proxies=("127.0.0.1",))  # fmt: skip
+    try:
+        yield pg, f"http://127.0.0.1:{port}/", demo
+    finally:
+        demo.close()
+
+
+def test_behind_a_trusted_proxy_only_its_own_entry_names_the_address(served_behind_a_proxy, monkeypatch):
+    """The proxy appends the address it saw; what the client wrote before it (the left entries) never counts."""
+    pg, url, _ = served_behind_a_proxy
+    gate, stats = gate_runs(monkeypatch, pg)
+    body = {"data": api_args(PROMPT, {"max_new_tokens": 4})}
+    try:
+        assert call(url, body, session="run", forwarded="10.0.0.9")[0] == 200
+        assert wait_for(lambda: stats["started"] == 1, 30) < 30
+        posts = [call(url, body, session=f"s{i}", forwarded=f"6.6.6.{i}, 10.0.0.2")[0] for i in range(2)]
+        assert posts == [200, 200]
+        status, answer = call(url, body, session="s2", forwarded="6.6.6.2, 10.0.0.2")
+        assert (status, answer["detail"]) == (503, from_address(2))
+        assert call(url, body, session="s3", forwarded="10.0.0.3")[0] == 200  # another address behind the proxy
+        status, answer = call(url, body, session="s3", forwarded="10.0.0.3")
+        assert status == 200
+        status, answer = call(url, body, session="s4", forwarded="10.0.0.4")  # every place taken
+        assert status == 503 and answer["detail"].startswith(
+            "The server is busy: 4 runs are already waiting for the device, the most it queues; try again"
+        )
+    finally:
+        gate.set()
+    assert wait_for(lambda: stats["started"] == 5, 60) < 60
+
+
+def test_a_class_behind_one_address_all_queue_and_each_user_has_a_share(monkeypatch):
+    """30 browser sessions from one address each get a place (up to the queue's size); one session's fifth
+    waiting run is refused, another session's second is not. The app's default shares."""
+    from ui import build_demo, serve
+    from ui.serve import ADDRESS_SHARE, CLIENT_SHARE
+
+    assert CLIENT_SHARE == 4 and ADDRESS_SHARE >= 30 + CLIENT_SHARE
+    pg = tiny_playground(oracle=False)
+    demo = build_demo(pg, max_new_tokens=4)
+    port = free_port()
+    serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, queue_size=40)
+    url = f"http://127.0.0.1:{port}/"
+    gate, stats = gate_runs(monkeypatch, pg)
+    body = {"data": api_args(PROMPT, {"max_new_tokens": 2})}
+    try:
+        assert call(url, body, session="teacher")[0] == 200
+        assert wait_for(lambda: stats["started"] == 1, 30) < 30
+        assert [call(url, body, session=f"student{i}")[0] for i in range(30)] == [200] * 30
+        assert [call(url, body, session="student0")[0] for _ in range(3)] == [200] * 3  # 4 waiting
+        status, answer = call(url, body, session="student0")
+        assert (status, answer["detail"]) == (503, yours(4))
+        assert call(url, body, session="student1")[0] == 200
+    finally:
+        gate.set()
+        try:
+            assert wait_for(lambda: stats["started"] == 35, 120) < 120
+        finally:
+            demo.close()
 
 
 def test_an_unread_page_run_releases_the_device_at_the_bound(served_small, monkeypatch):
@@ -217,31 +311,124 @@ def test_an_unread_page_run_releases_the_device_at_the_bound(served_small, monke
     assert_stops_and_the_next_run_is_quick(pg, client, stats, within=6)
 
 
-def test_uploads_are_capped_small(served_small):
+def raw_call(url: str, api: str, args: list, at: int, literal: str) -> tuple[int, str]:
+    """A /call post whose JSON body has ``literal`` (NaN, Infinity: Python's json reads them, JavaScript's and
+    gradio_client's never write them) as argument ``at``: (HTTP status, the error's sentence or the event)."""
+    items = [json.dumps(a) for a in args]
+    items[at] = literal
+    status, answer = post(url, f"gradio_api/call/{api}", ('{"data": [' + ", ".join(items) + "]}").encode())
+    if status != 200:
+        return status, answer["detail"]
+    with urllib.request.urlopen(f"{url}gradio_api/call/{api}/{answer['event_id']}", timeout=60) as resp:
+        events = resp.read().decode()
+    error = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ")][-1]
+    return status, error.get("error") if isinstance(error, dict) else events
+
+
+COMPARE_NUMBERS = {
+    1: "Max new tokens must be a whole number from 1 to 512 (got {}).",
+    2: "Temperature must be between 0 and 2 (got {}).",
+    3: "Epsilon must be between 0 and 1 (got {}).",
+    4: "Delta must be between 0 and 1 (got {}).",
+    10: "The seed must be a whole number from 0 to 9223372036854775807 (got {}).",
+}
+RUN_NUMBERS = {
+    1: "Max new tokens must be a whole number from 1 to 512 (got {}).",
+    2: "Temperature must be between 0 and 2 (got {}).",
+    3: "\u03b5 epsilon must be between 0 and 1 (got {}).",
+    4: "\u03b4 delta must be between 0 and 1 (got {}).",
+    9: "Seed must be a whole number of at least 0 (got {}).",
+}
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_in_a_raw_body_get_one_sentence_for_every_number(served_small, literal):
+    """/compare answers in the playground's words (an error event); the page's /run at the queue's door (HTTP 400),
+    where gradio let NaN through, named no input for an infinity, and answered a seed of NaN with no message."""
     pg, url, client = served_small
+    compare = api_args(PROMPT, {"max_new_tokens": 4})
+    for at, sentence in COMPARE_NUMBERS.items():
+        assert raw_call(url, "compare", compare, at, literal) == (200, sentence.format(literal)), at
+    page = PAGE_ARGS[:1] + [4] + PAGE_ARGS[2:] + ["greedy", "medusa"]
+    for at, sentence in RUN_NUMBERS.items():
+        assert raw_call(url, "run", page, at, literal) == (400, sentence.format(literal)), at
+    assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4  # still serving
+
+
+def test_the_event_loop_leaves_the_cpu_to_the_decode(served_behind_a_proxy):
+    """gradio's queue looked for work every millisecond, also while a run decodes (its thread took a share of the
+    CPU beside the decode's): a served demo looks as often as its own settings say."""
+    from ui.serve import PROGRESS_POLL_SECONDS, QUEUE_POLL_SECONDS
+
+    *_, demo = served_behind_a_proxy
+    assert QUEUE_POLL_SECONDS >= 0.01 and PROGRESS_POLL_SECONDS >= 0.05
+    assert (demo._queue.sleep_when_free, demo._queue.progress_update_sleep_when_free) == (
+        QUEUE_POLL_SECONDS,
+        PROGRESS_POLL_SECONDS,
+    )
+
+
+def upload(url: str, payload: bytes, name: str = "f.bin", path: str = "gradio_api/upload") -> tuple[int, str]:
     boundary = "xyz"
-    payload = b"0" * (2 * 2**20)
     body = (
         (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
             "Content-Type: application/octet-stream\r\n\r\n"
         ).encode()
         + payload
         + f"\r\n--{boundary}--\r\n".encode()
     )
-    status, answer = post(url, "gradio_api/upload", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    assert status == 413, (status, answer)
+    return post(url, path, body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+
+def test_uploads_are_refused_whatever_their_size_or_number(served_small):
+    """The page takes no file, but gradio's upload route stored any number of files (each up to the size cap):
+    a client could fill the disk a megabyte at a time. Every upload is refused in one sentence, nothing stored."""
+    import gradio
+
+    pg, url, client = served_small
+    sentence = "This server takes no uploads: the page and its API take text and numbers only; send those instead."
+    folder = Path(gradio.utils.get_upload_folder())
+    files = lambda: {p.name for p in folder.rglob("*")} if folder.exists() else set()  # noqa: E731
+    assert not files() & {"f.bin", "many.bin"}
+    for payload in (b"", b"x", b"0" * 1000, b"0" * (2 * 2**20)):
+        assert upload(url, payload) == (403, sentence)
+    for _ in range(20):
+        assert upload(url, b"y" * 100, name="many.bin")[0] == 403
+    assert upload(url, b"x", path="upload") == (403, sentence)
+    assert not files() & {"f.bin", "many.bin"}  # nothing stored
+    assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4  # still serving
 
 
 def test_the_app_s_queue_limits_are_the_server_s_and_a_bad_one_gets_its_sentence(monkeypatch):
     from test_cli import load_app_module
 
-    from ui.serve import CLIENT_SHARE, QUEUE_SIZE
+    from ui.serve import ADDRESS_SHARE, CLIENT_SHARE, QUEUE_SIZE
 
-    for k in ("MEDUSA_MAX_QUEUE", "MEDUSA_MAX_QUEUE_PER_CLIENT"):
+    for k in (
+        "MEDUSA_MAX_QUEUE",
+        "MEDUSA_MAX_QUEUE_PER_CLIENT",
+        "MEDUSA_MAX_QUEUE_PER_ADDRESS",
+        "MEDUSA_TRUSTED_PROXIES",
+    ):
         monkeypatch.delenv(k, raising=False)
     app_cli = load_app_module(monkeypatch)
-    assert (app_cli.MAX_QUEUE, app_cli.MAX_QUEUE_PER_CLIENT) == (QUEUE_SIZE, CLIENT_SHARE)
+    assert (app_cli.MAX_QUEUE, app_cli.MAX_QUEUE_PER_CLIENT, app_cli.MAX_QUEUE_PER_ADDRESS) == (
+        QUEUE_SIZE,
+        CLIENT_SHARE,
+        ADDRESS_SHARE,
+    )
+    assert app_cli.proxies() == ()  # no proxy trusted: X-Forwarded-For is ignored
+    assert load_app_module(monkeypatch, MEDUSA_TRUSTED_PROXIES="10.0.0.1, 172.16.0.0/12").proxies() == (
+        "10.0.0.1",
+        "172.16.0.0/12",
+    )
+    with pytest.raises(SystemExit) as e:
+        load_app_module(monkeypatch, MEDUSA_TRUSTED_PROXIES="10.0.0.1,*").proxies()
+    assert str(e.value) == (
+        "error: MEDUSA_TRUSTED_PROXIES lists '*', which is not an IP address or network (such as 10.0.0.1 or "
+        "10.0.0.0/8); list the addresses of the proxies in front of this server, comma-separated, or unset it."
+    )
     with pytest.raises(SystemExit) as e:
         load_app_module(monkeypatch, MEDUSA_MAX_QUEUE="0")
     assert str(e.value) == "error: MEDUSA_MAX_QUEUE='0' is not a whole number from 1 up; fix it or unset it."

@@ -378,7 +378,7 @@ def test_with_a_capturing_engine_a_run_first_captures_its_programs(monkeypatch):
     kv = pg.static_kv
     kv.capture = "cuda-graph"
     seen = []
-    monkeypatch.setattr("medusa_lib.present.playground.ready", lambda d, k: seen.append((d.method, k is kv)))
+    monkeypatch.setattr("medusa_lib.present.playground.ready", lambda d, k, say=None: seen.append((d.method, k is kv)))
     settings = Settings(max_new_tokens=8, tree="chain-2", lookup=3, temperature=0.0)
     ids, decoders = pg.prepare(TEXT, settings)
     assert kv.claim()  # another run holds the cache: nothing is captured now

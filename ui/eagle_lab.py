@@ -31,6 +31,7 @@ from medusa_lib.present.lab import acceptance_text
 from .figures import _layout, empty_figure
 from .handlers import cannot_run
 from .live import DeviceTurn, caller_gone, on_gpu
+from .render import literal_markdown
 
 SPEEDUP, PER_STEP, DEFAULT = "#D55E00", "#0072B2", "#009E73"  # Okabe-Ito
 
@@ -137,7 +138,7 @@ class EagleLabHandlers:
                 progress=step,
             )
         except Exception as e:
-            return gr.skip(), f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}"
+            return gr.skip(), f"**Cannot measure:** {literal_markdown(cannot_run(e))}"
         tree = self.pg.drafters.tree
         best = max((p for p in points if p.speedup is not None), key=lambda p: p.speedup, default=None)
         rows = "; ".join(

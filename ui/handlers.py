@@ -18,7 +18,7 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from medusa_lib.core.messages import InputError
+from medusa_lib.core.messages import InputError, is_number
 from medusa_lib.present import (
     DRAFTED_BY,
     DRAFTER_NAMES,
@@ -190,7 +190,8 @@ class Handlers:
         if rec is None or len(rec.views) < 2:
             msg = "Run the playground to inspect a Medusa step." if rec is None else no_step_message(rec)
             return empty_figure(msg, title=title), empty_figure(msg, title="Tree attention mask"), empty_paths()
-        i = min(max(int(step or 1), 1), len(rec.views) - 1)
+        # the slider's value from any client: NaN, infinity or text shows the first step, as the slider's start
+        i = min(max(int(step) if is_number(step) else 1, 1), len(rec.views) - 1)
         view = rec.views[i]
         s = view.step
         by = (

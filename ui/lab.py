@@ -6,7 +6,6 @@ runs the model: the tree, its mask and its point on the three curves are redrawn
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import gradio as gr
@@ -46,6 +45,7 @@ from .figures import empty_figure, mask_figure, tree_figure
 from .handlers import cannot_run, method_of, pack
 from .lab_figures import acceptance_figure, cost_figure, gain_figure, speedup_figure
 from .live import DeviceTurn, caller_gone, on_gpu
+from .render import literal_markdown
 
 EDIT_OUTPUTS = ["lab_status", "lab_paths", "lab_leaf", "lab_tree", "lab_mask", "lab_cost", "lab_gain", "lab_speedup"]
 MEASURE_OUTPUTS = [*EDIT_OUTPUTS, "lab_acceptance", "lab_state"]
@@ -81,7 +81,7 @@ class LabHandlers:
         try:
             tree = editor_tree(self.pg, text)
         except Exception as e:
-            return {"lab_status": f"**Cannot use this tree:** {html.escape(cannot_run(e), quote=False)}"}
+            return {"lab_status": f"**Cannot use this tree:** {literal_markdown(cannot_run(e))}"}
         point = tree_point(lab, tree, lookup_on=bool(lookup_on))
         c = curves(lab)
         leaf_names = [choices_text([c_])[1:-1] for c_ in leaves(tree.choices)]
@@ -113,7 +113,7 @@ class LabHandlers:
         try:
             text = choices_text(preset_choices(name, self.pg.tree_presets))
         except Exception as e:
-            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot use this tree:** {html.escape(cannot_run(e), quote=False)}")
+            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot use this tree:** {literal_markdown(cannot_run(e))}")
         return pack(EDIT_OUTPUTS, **self.draw(state, text, lookup_on))
 
     def add_node(self, state, text, lookup_on) -> tuple:
@@ -124,9 +124,9 @@ class LabHandlers:
             tree = editor_tree(self.pg, text)
             text = choices_text(add_best_node(tree.choices, lab.accuracy, num_heads=self.pg.heads.num_heads))
         except ValueError as e:  # a TreeError, or no accuracies
-            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {html.escape(str(e), quote=False)}")
+            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {literal_markdown(str(e))}")
         except Exception as e:
-            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {html.escape(cannot_run(e), quote=False)}")
+            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {literal_markdown(cannot_run(e))}")
         return pack(EDIT_OUTPUTS, **self.draw(state, text, lookup_on))
 
     def remove(self, state, text, leaf, lookup_on) -> tuple:
@@ -138,9 +138,9 @@ class LabHandlers:
                 raise ValueError("Pick a leaf to remove from the list.") from None
             text = choices_text(remove_leaf(tree.choices, node))
         except ValueError as e:
-            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot remove it:** {html.escape(str(e), quote=False)}")
+            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot remove it:** {literal_markdown(str(e))}")
         except Exception as e:
-            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot remove it:** {html.escape(cannot_run(e), quote=False)}")
+            return pack(EDIT_OUTPUTS, lab_status=f"**Cannot remove it:** {literal_markdown(cannot_run(e))}")
         return pack(EDIT_OUTPUTS, **self.draw(state, text, lookup_on))
 
     def use(self, text) -> tuple:
@@ -148,7 +148,7 @@ class LabHandlers:
         try:
             tree = editor_tree(self.pg, text)
         except Exception as e:
-            return gr.skip(), f"**Cannot use this tree:** {html.escape(cannot_run(e), quote=False)}"
+            return gr.skip(), f"**Cannot use this tree:** {literal_markdown(cannot_run(e))}"
         return choices_text(
             tree.choices
         ), f"Sent to the comparison's Custom tree box ({tree.num_nodes} tokens): press **Run** above."
@@ -188,7 +188,7 @@ class LabHandlers:
                 stop=stop,
             )
         except Exception as e:
-            return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {html.escape(cannot_run(e), quote=False)}")
+            return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {literal_markdown(cannot_run(e))}")
         st = {**st, "measured": m}
         speed = (
             f"{m.speedup:.2f}\u00d7 {REFERENCE_NAMES[m.plain.method]}"
@@ -219,9 +219,7 @@ class LabHandlers:
             progress(0, desc="Timing one verify step of each size")
             lab = self.device.call(measure_costs, self.pg, st["lab"], progress=step)
         except Exception as e:
-            return pack(
-                COST_OUTPUTS, lab_note=f"**Cannot measure the costs:** {html.escape(cannot_run(e), quote=False)}"
-            )
+            return pack(COST_OUTPUTS, lab_note=f"**Cannot measure the costs:** {literal_markdown(cannot_run(e))}")
         st = {**st, "lab": lab}
         drawn = self.draw(st, text, lookup_on)
         return pack(

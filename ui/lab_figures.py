@@ -64,9 +64,30 @@ def cost_figure(
 ) -> go.Figure:
     """Step cost relative to a plain step against tokens verified per step."""
     title = "Cost: one verify step / one plain step"
-    if c.cost is None:
+    if c.cost is None and not c.elsewhere:
         return empty_figure(note or "No cost figures yet.", title=title, height=360)
     fig = go.Figure()
+    for other in c.elsewhere:  # another kind of device's calibration, beside this one's
+        fig.add_trace(
+            go.Scatter(
+                x=list(other.sizes),
+                y=list(other.fitted),
+                mode="lines+markers",
+                name=f"{html.escape(other.device)} (its calibration)",
+                line=dict(color="#B07AA1", width=2, dash="dash"),
+                marker=dict(size=6),
+            )
+        )
+    if c.cost is None:
+        return _curve_layout(
+            fig,
+            title=title,
+            x_title="tokens verified per step (with lookup)",
+            y_title="\u00d7 a plain step",
+            this=None,
+            measured=None,
+            this_name="",
+        )
     fig.add_trace(
         go.Scatter(
             x=list(c.cost.sizes),

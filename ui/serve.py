@@ -1,5 +1,6 @@
-"""How the server takes calls: every run through the one device queue, a size limit on that queue and
-a share of it per client, no route around it, and uploads capped small (the page takes no file).
+"""How the server takes calls: every run through the one device queue, a size limit on that queue, a share
+of it per user (a browser session) and per network address, no route around it, numbers that are numbers,
+and no uploads (the page takes no file).
 
 ``serve(demo, ...)`` is what app.py and the tests' live servers call, so the tests exercise the same
 server a user gets.
@@ -7,55 +8,146 @@ server a user gets.
 
 from __future__ import annotations
 
+import ipaddress
+import math
+import os
+from contextlib import contextmanager
+
 import gradio as gr
+
+from medusa_lib.core.messages import must_be
 
 from .ui import launch_options
 
 DEVICE = "device"  # the concurrency id of every event that runs the model (ui.py, lab.py)
 QUEUE_SIZE = 16  # calls that may wait for the device at once (MEDUSA_MAX_QUEUE)
-CLIENT_SHARE = 4  # of them from one client address (MEDUSA_MAX_QUEUE_PER_CLIENT)
+CLIENT_SHARE = 4  # of them from one user: a browser session, or a gradio_client (MEDUSA_MAX_QUEUE_PER_CLIENT)
+# of them from one network address (MEDUSA_MAX_QUEUE_PER_ADDRESS): a class of 30 behind one school network
+# each has a place, and some a second one
+ADDRESS_SHARE = 40
+# How often gradio's event loop looks for a free slot, and for progress to send: its defaults wake the loop every
+# millisecond, also while a run decodes, and on a small machine that CPU is taken from the decode's threads.
+# A queued call then starts at most this much later.
+QUEUE_POLL_SECONDS = 0.02
+PROGRESS_POLL_SECONDS = 0.1
 UPLOAD_LIMIT = "1mb"  # the page takes no file: gradio's upload route stores at most this much a file
+# gradio's upload route stores every file it is sent, with no limit on their number: the page takes none, so it is shut
+UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")
+DRAIN_BYTES = 4 * 2**20
+NO_UPLOADS = "This server takes no uploads: the page and its API take text and numbers only; send those instead."
 BUSY = (
     "The server is busy: {n} runs are already waiting for the device, the most it queues; try again in a few minutes."
 )
 YOURS = (
-    "{n} runs from your address are already waiting for the device, the most one client may queue; "
+    "{n} of your runs are already waiting for the device, the most one user may queue; "
     "wait for one to finish (or cancel one), then try again."
+)
+ADDRESS = (
+    "{n} runs from your network address are already waiting for the device, the most one address may queue; "
+    "try again in a few minutes."
 )
 
 
-def client_of(request) -> str:
-    """Who a call comes from: its address, and the address a proxy (a Hugging Face Space) says it forwards.
+def trusted_proxies(text: str) -> tuple[str, ...]:
+    """The proxies whose X-Forwarded-For entry is believed (MEDUSA_TRUSTED_PROXIES): addresses or networks,
+    comma-separated; empty: none, and the header is ignored. A bad entry raises ValueError with one sentence."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False) if "/" in entry else ipaddress.ip_address(entry)
+        except ValueError:
+            raise ValueError(
+                f"{entry[:40]!r}, which is not an IP address or network (such as 10.0.0.1 or 10.0.0.0/8)"
+            ) from None
+    return entries
 
-    A client can write any X-Forwarded-For it likes, so the header alone never decides: a spoofed one
-    still shares the queue's size limit with everyone else."""
-    host = getattr(getattr(request, "client", None), "host", None) or "?"
-    headers = getattr(request, "headers", None) or {}
-    forwarded = str(headers.get("x-forwarded-for", "")).split(",")[0].strip()
-    return f"{host}|{forwarded}"
+
+def address_of(request) -> str:
+    """The address a call comes from: the connection's own, or, where that is a trusted proxy, the entry that
+    proxy appended to X-Forwarded-For (uvicorn resolves it from ``trusted_proxies`` at launch: ``serve``).
+    Entries a client wrote itself never count, so the header cannot make one machine look like many."""
+    return getattr(getattr(request, "client", None), "host", None) or "?"
 
 
-def guard_queue(demo: gr.Blocks, *, size: int = QUEUE_SIZE, per_client: int = CLIENT_SHARE) -> None:
-    """Refuse a run that would wait behind ``size`` others, or that one client asks for while ``per_client``
-    of its runs wait: HTTP 503 with one sentence (the page and gradio_client show it as "busy, try again").
-    Runs that are running do not count: only those waiting for their turn."""
+def user_of(session_hash: str | None, request) -> str:
+    """Who a call's share belongs to: its browser session (or gradio_client's), so a class behind one address
+    is 30 users; a call that names no session (a raw ``/call`` post) shares one with its whole address."""
+    return f"session {session_hash}" if session_hash else f"address {address_of(request)}"
+
+
+def waiting_user(event) -> str:
+    # gradio gives a call without a session hash its own event id as one
+    named = event.session_hash if event.session_hash != event._id else None
+    return user_of(named, event.request)
+
+
+def rule_of(component) -> str:
+    """What a number input takes, as the sentence for a bad value says it."""
+    low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
+    whole = getattr(component, "precision", None) == 0 or getattr(component, "step", None) == 1
+    if low is not None and high is not None:
+        return f"a whole number from {low:g} to {high:g}" if whole else f"between {low:g} and {high:g}"
+    if low is not None:
+        return f"a whole number of at least {low:g}" if whole else f"a number of at least {low:g}"
+    return "a whole number" if whole else "a finite number"
+
+
+def not_a_number(fn, data) -> str | None:
+    """The sentence for a NaN or an infinity sent to a number input (JSON's NaN and Infinity literals, or 1e400):
+    gradio's own check lets NaN through and answers an infinity in words that name no input, or not at all."""
+    for component, value in zip(getattr(fn, "inputs", None) or [], data or []):
+        if isinstance(component, (gr.Number, gr.Slider)) and isinstance(value, float) and not math.isfinite(value):
+            label = getattr(component, "label", None) or "A number"
+            return must_be(label, rule_of(component), value)
+    return None
+
+
+def guard_queue(
+    demo: gr.Blocks, *, size: int = QUEUE_SIZE, per_client: int = CLIENT_SHARE, per_address: int = ADDRESS_SHARE
+) -> None:
+    """Refuse a run that would wait behind ``size`` others, or that one network address asks for while
+    ``per_address`` of its runs wait, or one user (a browser session) while ``per_client`` of theirs wait: HTTP
+    503 with one sentence (the page and gradio_client show it as "busy, try again"). Runs that are running do not
+    count: only those waiting for their turn. Any call with a NaN or an infinity for a number: HTTP 400."""
     queue = demo._queue  # gradio's queue, made by demo.queue(); it has no per-client limit of its own
     push = queue.push
 
     async def guarded_push(body, request, username):
         fn = demo.fns.get(body.fn_index) if body.fn_index is not None else None
+        why = not_a_number(fn, body.data)
+        if why is not None:
+            return False, why, "error"
         line = queue.event_queue_per_concurrency_id.get(DEVICE)
         if fn is not None and fn.concurrency_id == DEVICE and line is not None:
             waiting = list(line.queue)
             if len(waiting) >= size:
                 return False, BUSY.format(n=len(waiting)), "queue_full"
-            me = client_of(request)
-            mine = sum(client_of(e.request) == me for e in waiting)
+            here = address_of(request)
+            from_here = sum(address_of(e.request) == here for e in waiting)
+            if from_here >= per_address:
+                return False, ADDRESS.format(n=from_here), "queue_full"
+            me = user_of(body.session_hash, request)
+            mine = sum(waiting_user(e) == me for e in waiting)
             if mine >= per_client:
                 return False, YOURS.format(n=mine), "queue_full"
         return await push(body, request, username)
 
     queue.push = guarded_push
+
+
+@contextmanager
+def forwarded_for(proxies: tuple[str, ...]):
+    """uvicorn reads the proxies it trusts from FORWARDED_ALLOW_IPS when gradio starts it, and trusts the
+    loopback by default: a client on the server's machine could name any address. Set while the server starts."""
+    before = os.environ.get("FORWARDED_ALLOW_IPS")
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(proxies)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FORWARDED_ALLOW_IPS", None)
+        else:
+            os.environ["FORWARDED_ALLOW_IPS"] = before
 
 
 def serve(
@@ -65,19 +157,48 @@ def serve(
     server_port: int,
     queue_size: int = QUEUE_SIZE,
     per_client: int = CLIENT_SHARE,
+    per_address: int = ADDRESS_SHARE,
+    proxies: tuple[str, ...] = (),
     **launch,
 ) -> gr.Blocks:
     """Queue and launch ``demo``: one run at a time on the device (the events' concurrency limit of 1, and
     ``DeviceTurn`` underneath), no REST route that skips the queue (``api_open=False``: ``/gradio_api/run/...``
-    and ``fn_index`` posts are refused), the queue's limits, small uploads. ``launch`` goes on to
+    and ``fn_index`` posts are refused), the queue's limits, an event loop that leaves the CPU to the decode,
+    small uploads. ``proxies``: the trusted proxies
+    (``trusted_proxies``) whose X-Forwarded-For entry names the caller's address. ``launch`` goes on to
     ``demo.launch`` (share, prevent_thread_lock, quiet)."""
     demo.queue(default_concurrency_limit=1, api_open=False)
-    guard_queue(demo, size=queue_size, per_client=per_client)
-    demo.launch(
-        server_name=server_name,
-        server_port=server_port,
-        max_file_size=UPLOAD_LIMIT,
-        **launch_options(),
-        **launch,
-    )
+    demo._queue.sleep_when_free = QUEUE_POLL_SECONDS
+    demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_SECONDS
+    guard_queue(demo, size=queue_size, per_client=per_client, per_address=per_address)
+    block = not launch.pop("prevent_thread_lock", False)
+    with forwarded_for(trusted_proxies(",".join(proxies))):
+        demo.launch(
+            server_name=server_name,
+            server_port=server_port,
+            max_file_size=UPLOAD_LIMIT,
+            prevent_thread_lock=True,
+            **launch_options(),
+            **launch,
+        )
+    refuse_uploads(demo.app)
+    if block:
+        demo.block_thread()
     return demo
+
+
+def refuse_uploads(app) -> None:
+    """Answer every upload with HTTP 403 and one sentence, before gradio's own route (the first match wins)."""
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def no_uploads(request):
+        read = 0
+        async for chunk in request.stream():  # read what was sent (a little): a client that is cut off mid-send
+            read += len(chunk)  # never sees the answer
+            if read > DRAIN_BYTES:
+                break
+        return PlainTextResponse(NO_UPLOADS, status_code=403)
+
+    for path in UPLOAD_ROUTES:
+        app.router.routes.insert(0, Route(path, no_uploads, methods=["POST"]))

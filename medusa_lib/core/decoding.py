@@ -215,7 +215,7 @@ class Decoder:
         kv = self._open_kv(ids.shape[1])
         if kv.kind == "static":
             try:  # a capture made now (another preset, a custom tree): recorded only if it succeeds
-                ready(self, kv)
+                self.note = ready(self, kv) or self.note
             except Exception as e:  # noqa: BLE001  the run still runs, on the dynamic cache, and says so
                 kv.release()
                 self.note = f"Capturing this run's step failed ({cause(e, 120)}), so it runs with the dynamic cache."

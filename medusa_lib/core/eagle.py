@@ -299,10 +299,9 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     where = folder / CONFIG_FILE
     try:
         meta = json.loads(where.read_text())
-    except (OSError, ValueError) as e:
-        raise EagleError(
-            f"{where} cannot be read ({cause(e, 120)}); copy the EAGLE head again or train a new one."
-        ) from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+        why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
+        raise EagleError(f"{where} cannot be read ({why}); copy the EAGLE head again or train a new one.") from None
     if not isinstance(meta, dict):
         raise EagleError(
             f"{where} holds {kind(meta)}, not an object, so it is not an EAGLE head of this project; "
@@ -342,6 +341,12 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
         raise EagleError(
             f"{where} has a calibration that is not a record of numbers ({shown(record)}); "
             "measure it again (python -m medusa_lib.pipeline.bench --record-eagle) or delete calibration."
+        )
+    sweeps = meta.get("tree_sweeps")
+    if sweeps is not None and not (isinstance(sweeps, dict) and all(isinstance(v, dict) for v in sweeps.values())):
+        raise EagleError(
+            f"{where} has tree_sweeps={shown(sweeps)}; it must be an object of sweeps by kind of machine, as "
+            "eagle_tune --write-tree writes it: time the trees again or delete tree_sweeps."
         )
     cfg = EagleConfig(**{k: meta[k] for k in EagleConfig.__dataclass_fields__ if k in meta})
     try:

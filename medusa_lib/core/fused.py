@@ -16,7 +16,10 @@ from typing import Iterator
 
 import torch
 
+from .kv import COMPILE_MODE
 from .lookup import ngram_match
+from .messages import cause
+from .prefill import Prefill
 from .rules import REASONS, Knobs, Rule, accept, cut
 from .steps import Step, _sync
 from .tree import TreeBuffers
@@ -102,8 +105,9 @@ class Program:
             self.lj = torch.arange(self.lookup, device=dev)
         self.graph = None  # a CUDA graph of ``step`` (``capture``)
         self.cuda = torch.cuda  # what replays it (tests: a stand-in)
-        self.compiled = None  # or ``step`` compiled (capture "compile")
+        self.compiled = None  # or ``step`` compiled (capture "compile" on a CPU)
         self.failed: Exception | None = None  # why a compile failed: not tried again (it can take minutes)
+        self.note: str | None = None  # on CUDA, the sentence saying a failed compile fell back to eager kernels
 
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
@@ -180,17 +184,22 @@ class Program:
 
     # ------------------------------------------------------------------ capture
     def capture(self, *, graphs=None) -> float:
-        """Record ``step`` as one CUDA graph (kv.StaticKV.record) or compile it (capture "compile"),
-        over a valid stand-in state; the state's buffers and lengths are saved first and restored
-        after (the stand-in also writes K/V slots past the prefix, which is harmless only because a
-        capture happens before a run's prefill, ``Decoder.steps``). A recorded graph is replayed once
-        and must leave the state exactly as the eager step does. Returns the seconds it took; raises
-        when anything fails, and then the program stays eager (``graph`` None)."""
-        if self.failed is not None:
+        """Make the program fast: under capture "compile" compile ``step`` with Inductor (without its
+        own CUDA graphs, ``kv.COMPILE_MODE``) and warm it up, then on CUDA record it, compiled or
+        eager ("cuda-graph"), as one CUDA graph (kv.StaticKV.record). All of it runs over a valid
+        stand-in state; the state's buffers and lengths are saved first and restored after (the
+        stand-in also writes K/V slots past the prefix, which is harmless only because a capture
+        happens before a run's prefill, ``Decoder.steps``). A recorded graph is replayed once and
+        must leave the state exactly as the function it recorded does when called. On CUDA a compile,
+        or a recording of the compiled step, that fails leaves ``note`` (one sentence) and records the
+        eager step instead. Returns the seconds it took; raises when anything else fails, and then the
+        program stays eager."""
+        if self.failed is not None and self.note is None:
             raise self.failed
         t0 = time.perf_counter()
         s, kv = self.s, self.kv
         saved = self._snapshot()
+        to_graph = graphs is not None or kv.device.type == "cuda"
 
         def stand_in():  # two committed tokens, room for a whole step
             self._restore(saved)
@@ -201,50 +210,64 @@ class Program:
             s.tokens.zero_()
 
         try:
-            if kv.capture == "compile":
-                for t in [
-                    *(v for v in (*vars(s).values(), *vars(self).values()) if isinstance(v, torch.Tensor)),
-                    kv.lens,
-                    kv.store,
-                ]:
-                    if (
-                        t is not None
-                    ):  # fixed addresses: CUDA graphs under reduce-overhead mutate them in place, with no copies
-                        torch._dynamo.mark_static_address(t)
-                torch._dynamo.config.recompile_limit = max(
-                    torch._dynamo.config.recompile_limit, 64
-                )  # one compiled step per program
-                fn = torch.compile(
-                    self.step,
-                    mode="reduce-overhead" if kv.device.type == "cuda" else "default",
-                    fullgraph=True,
-                    dynamic=False,
-                )
-                for _ in range(2):
-                    stand_in()
-                    fn()
+            fn, eager = self.step, True
+            if kv.capture == "compile" and self.failed is None:
+                try:
+                    fn, eager = self._compile(stand_in), False
+                except Exception as e:
+                    self.failed = e  # compiling again would fail again, after as long
+                    if not to_graph:
+                        raise
+                    self.note = (
+                        f"torch.compile failed on a {self.num_nodes}-token step ({cause(e, 120)}), "
+                        "so that step replays its eager kernels in one CUDA graph."
+                    )
+                    fn, eager = self.step, True
+            if not to_graph:
                 self.compiled = fn
-            else:
-                stand_in()
-                graph, _ = kv.record(self.step, runs=2, reset=stand_in, graphs=graphs)
-                self.cuda = graphs or torch.cuda
-                stand_in()
-                graph.replay()
-                replayed = self._snapshot()
-                stand_in()
-                self.step()
-                eager = self._snapshot()
-                differ = [k for k in eager if not torch.equal(replayed[k], eager[k])]
-                if differ:
-                    raise RuntimeError(f"the replayed graph's {differ[0]} differs from the eager step's")
-                self.graph = graph
-        except Exception as e:
-            if kv.capture == "compile":
+                return time.perf_counter() - t0
+            try:
+                self.graph = self._record(fn, stand_in, graphs)
+            except Exception as e:
+                if eager:
+                    self.note = None  # nothing replays: no fallback to count
+                    raise
                 self.failed = e
-            raise
+                self.note = (
+                    f"Recording the compiled {self.num_nodes}-token step failed ({cause(e, 120)}), "
+                    "so that step replays its eager kernels in one CUDA graph."
+                )
+                self.graph = self._record(self.step, stand_in, graphs)
         finally:
             self._restore(saved)
         return time.perf_counter() - t0
+
+    def _record(self, fn, stand_in, graphs) -> object:
+        """``fn`` recorded as one CUDA graph over the stand-in state, replayed once and checked against a
+        call of ``fn``; raises when the capture fails or the replay leaves another state."""
+        stand_in()
+        graph, _ = self.kv.record(fn, runs=2, reset=stand_in, graphs=graphs)
+        self.cuda = graphs or torch.cuda
+        stand_in()
+        graph.replay()
+        replayed = self._snapshot()
+        stand_in()
+        fn()
+        called = self._snapshot()
+        differ = [k for k in called if not torch.equal(replayed[k], called[k])]
+        if differ:
+            raise RuntimeError(f"the replayed graph's {differ[0]} differs from the step's")
+        return graph
+
+    def _compile(self, stand_in) -> object:
+        """``step`` compiled by Inductor, one graph with no break and no dynamic shape, called twice
+        (the compile and any tuning happen here, never inside a CUDA-graph capture)."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # one per program
+        fn = torch.compile(self.step, mode=COMPILE_MODE, fullgraph=True, dynamic=False)
+        for _ in range(2):
+            stand_in()
+            fn()
+        return fn
 
     def _snapshot(self) -> dict:
         """What a step leaves: the state's buffers (result, next tokens, history, counters) and the lengths."""
@@ -311,30 +334,52 @@ def evict(kv, *, keep: tuple) -> None:
 
 
 @torch.inference_mode()  # as the runs replay it: a capture outside inference mode would record other tensors
-def ready(decoder, kv, *, graphs=None) -> None:
+def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     """Capture (or compile) the decoder's programs on a capturing ``kv`` before its run starts;
-    raises when a capture fails (the run then takes the dynamic cache, ``Decoder.steps``)."""
+    raises when a capture fails (the run then takes the dynamic cache, ``Decoder.steps``). ``say``
+    hears a line before each program (a compile can take a minute) and after it. Returns the
+    sentence of a program that fell back to eager kernels (``Program.note``), or None."""
     if kv.capture == "none":
-        return
-    for prog in programs(decoder, kv):
-        if prog is not None and not prog.captured:
-            kv.capture_seconds += prog.capture(graphs=graphs)
+        return None
+    progs = [p for p in programs(decoder, kv) if p is not None]
+    if kv.prefill is None and kv.prefill_note is None and (graphs is not None or kv.device.type == "cuda"):
+        prefill = Prefill(kv)
+        try:  # the prompt in recorded chunks; should it fail, prompts run eagerly and the steps are still recorded
+            kv.capture_seconds += prefill.record(graphs=graphs)
+            kv.prefill = prefill
+        except Exception as e:  # noqa: BLE001  said once, not tried again
+            kv.prefill_note = f"Recording the prefill failed ({cause(e, 120)}), so prompts run eagerly."
+            if say:
+                say(kv.prefill_note)
+    for prog in progs:
+        if not prog.captured:
+            what = f"the {prog.num_nodes}-token {decoder.method} step"
+            if say:
+                say(f"{'Compiling' if kv.capture == 'compile' else 'Capturing'} {what}...")
+            seconds = prog.capture(graphs=graphs)
+            kv.capture_seconds += seconds
+            if say:
+                say(f"  {what}: {seconds:.1f} s")
+    return next((p.note for p in progs if p.note), kv.prefill_note)
 
 
 def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
-    """A run on the static engine: an eager prefill, then per step one program run (one graph
-    replay on CUDA) and one read of its result row. Yields the same Step records as the dynamic
-    path (the phases of a step are not separated: {"step": seconds})."""
+    """A run on the static engine: the prefill (recorded chunks where recorded, else eager), then per
+    step one program run (one graph replay on CUDA) and one read of its result row. Yields the same
+    Step records as the dynamic path (the phases of a step are not separated: {"step": seconds})."""
     d, cfg, dev = decoder, decoder.config, decoder.device
     tree, root_prog = programs(d, kv)
     state, limit, detail = kv.state, d.info.context_limit, cfg.record_detail
     n = ids.shape[1]
     t0 = _sync(dev)
     kv.start()
-    hidden = d.body(
-        input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
-    ).last_hidden_state[0, -1]
-    logits = d.lm_head(hidden)
+    if kv.prefill is not None:  # recorded chunks (prefill.py)
+        hidden, logits = kv.prefill.run(ids)
+    else:
+        hidden = d.body(
+            input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
+        ).last_hidden_state[0, -1]
+        logits = d.lm_head(hidden)
     root = d._pick_root(logits, n)  # the first new token, as the dynamic decoder picks it
     new, reason = d._finish([int(root)], 0, n)
     state.start(ids[0], root=root, config=cfg, eos=tuple(d.info.eos_token_ids or ()), context=limit)

@@ -157,8 +157,9 @@ def read_trees(path: Path, *, num_heads: int) -> dict[str, list[list[int]]]:
     fix = "calibrate again (python -m medusa_lib.pipeline.calibrate --write) or delete it"
     try:
         trees = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise HeadsError(f"{path} cannot be read ({cause(e, 120)}); {fix}.") from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+        why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
+        raise HeadsError(f"{path} cannot be read ({why}); {fix}.") from None
     if not isinstance(trees, dict):
         raise HeadsError(
             f'{path} holds {kind_of(trees)}, not an object of named trees like {{"t": [[0], [1]]}}; {fix}.'
@@ -232,7 +233,12 @@ def read_checkpoint(
     layout, and its config.json, in any of the three public formats or ours."""
     folder = _resolve_folder(name_or_path, local_only=local_only)
     config_path = folder / CONFIG_FILE
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    try:
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    except RecursionError:  # JSON nested past Python's stack
+        raise HeadsError(
+            f"{config_path} cannot be read (it is nested too deeply); copy the heads again or train new ones."
+        ) from None
     if not isinstance(config, dict):
         raise HeadsError(
             f"{config_path} holds {kind_of(config)}, not an object of settings; copy the heads again or train new ones."

@@ -14,8 +14,14 @@ built on the device from a device scalar (``tree_mask``), the lengths set in one
 single-forward ``forward``/``warm_up`` remain for the Tree lab's measured costs (``lab.py``).
 
   capture none        eager calls of the stock model (exact and testable everywhere)
-  capture compile     ``torch.compile`` of each program (mode "reduce-overhead" on CUDA)
-  capture cuda-graph  one ``torch.cuda.CUDAGraph`` per program (CUDA only)
+  capture compile     each program compiled by Inductor without its own CUDA graphs, then on CUDA
+                      recorded as one ``torch.cuda.CUDAGraph`` (fused kernels, one launch a step:
+                      SGLang's and vLLM's recipe); on a CPU the compiled program is called
+  capture cuda-graph  one ``torch.cuda.CUDAGraph`` of the eager kernels per program (CUDA only)
+
+Under ``compile`` every layer keeps its own whole K and V tensors: the one store that ``bind``
+makes for the eager engines is written through per-layer views, and Inductor copies a whole
+tensor whose view a graph mutates, every step.
 
 transformers 5.x ``StaticLayer`` writes at its ``cumulative_length`` (a device tensor) with
 ``index_copy_`` and has no crop: a step sets the prefix length inside the (captured) call (recipe
@@ -27,6 +33,7 @@ run at a time (``claim``/``release``); a run that finds it busy gets one of its 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -38,7 +45,7 @@ from torch import nn
 
 from .caches import compact_cache, moved_slots, new_cache, new_static_cache
 from .messages import InputError, cause
-from .model import body_and_lm_head, input_device
+from .model import CACHE_DIR, body_and_lm_head, input_device
 from .packing import is_prepacked
 from .tree import TreeBuffers
 
@@ -50,6 +57,9 @@ class EngineError(InputError):
 CACHES = ("dynamic", "static")
 ALIGN = 64  # static lengths are rounded up to a multiple of this
 CAPTURES = ("none", "compile", "cuda-graph")
+# Inductor without its own CUDA graphs (those skip steps that mutate their inputs, as every step does);
+# the engine records the compiled program in its own graph instead.
+COMPILE_MODE = "default"
 
 
 class DynamicKV:
@@ -138,11 +148,11 @@ class StaticKV:
         # replays them
         self.programs: OrderedDict = OrderedDict()
         self.state = None  # the device buffers those programs read and write (fused.FusedState)
+        self.prefill = None  # the prompt's forward in recorded chunks (prefill.Prefill), once recorded
+        self.prefill_note: str | None = None  # why recording it failed (then prompts run eagerly; not tried again)
         self._lock = threading.Lock()
         self._step = (
-            torch.compile(
-                self._eager_step, mode="reduce-overhead" if self.device.type == "cuda" else "default", dynamic=False
-            )
+            torch.compile(self._eager_step, mode=COMPILE_MODE, dynamic=False)
             if capture == "compile"
             else self._eager_step
         )
@@ -168,8 +178,8 @@ class StaticKV:
         """Allocate the cache once: one eager 1-token forward makes transformers allocate every
         layer, then every layer's K and V become views of one store and every length a view of one
         [layers] tensor, so the compaction of a step is one gather and one copy for all layers, and
-        setting the lengths one copy (not one launch per layer). Layers of different shapes keep
-        their own tensors (``store`` stays None)."""
+        setting the lengths one copy (not one launch per layer). Layers of different shapes, and
+        every layer under ``compile`` (module docstring), keep their own tensors (``store`` stays None)."""
         if self.lens is not None:
             return
         layers = self.cache.layers
@@ -186,7 +196,7 @@ class StaticKV:
             for layer in layers
         }
         self.lens = torch.zeros(len(layers), dtype=torch.long, device=self.device)
-        if len(shapes) == 1 and layers[0].keys.shape == layers[0].values.shape:
+        if self.capture != "compile" and len(shapes) == 1 and layers[0].keys.shape == layers[0].values.shape:
             self.store = torch.zeros(
                 (len(layers), 2, *layers[0].keys.shape), dtype=layers[0].keys.dtype, device=layers[0].keys.device
             )
@@ -265,8 +275,6 @@ class StaticKV:
             return s.out
         if n not in self.captured:
             return self._eager_step(s.ids, s.pos, s.mask)
-        if self.capture == "compile" and self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous step's outputs have been read
         return self._step(s.ids, s.pos, s.mask)
 
     # ------------------------------------------------------------------ warm-up and capture
@@ -279,10 +287,10 @@ class StaticKV:
             self.start()
             for bufs in {b.num_nodes: b for b in trees}.values():
                 tokens = torch.zeros(bufs.num_nodes, dtype=torch.long, device=self.device)
-                if self.capture == "cuda-graph":
+                if self.device.type == "cuda":  # eager or compiled kernels, recorded in one graph
                     s = self._slots_for(bufs.num_nodes)
                     self.forward(tokens, bufs, 1)  # fills the input buffers
-                    s.graph, s.out = self.record(lambda: self._eager_step(s.ids, s.pos, s.mask), runs=runs)
+                    s.graph, s.out = self.record(lambda s=s: self._step(s.ids, s.pos, s.mask), runs=runs)
                     self.captured.add(bufs.num_nodes)  # only once recorded
                 else:
                     self.captured.add(bufs.num_nodes)  # compile: the calls below compile it
@@ -303,6 +311,18 @@ class StaticKV:
     def programs_captured(self) -> int:
         """Whole-step programs (fused.py) captured or compiled on this cache so far."""
         return sum(p.captured for p in self.programs.values())
+
+    def describe(self) -> str:
+        """The engine in words, with what its programs' captures gave so far (``describe_engine``)."""
+        fell_back = [p.note for p in self.programs.values() if p.note]
+        return describe_engine(
+            "static",
+            self.capture,
+            device=self.device,
+            shapes=self.programs_captured,
+            seconds=self.capture_seconds,
+            fell_back=len(fell_back),
+        )
 
     def engine(self, sizes) -> str:
         """What a run whose steps have these tree sizes uses: "static", or "static, <capture>" when all were
@@ -338,21 +358,35 @@ class StaticKV:
 
 
 def default_engine(device: torch.device | str) -> tuple[str, str]:
-    """(cache, capture) for ``auto``: on CUDA a static cache with a CUDA graph per step shape (the
-    recipe verified step by step on an H100, ../shared/reference/GPU.md); on a CPU today's dynamic
-    cache, eager (measured faster there: docs/performance.md#static-cache-and-capture-on-cpu)."""
-    return ("static", "cuda-graph") if torch.device(device).type == "cuda" else ("dynamic", "none")
+    """(cache, capture) for ``auto``: on CUDA a static cache whose every step shape is compiled by
+    Inductor and recorded as one CUDA graph (``compile``; a shape whose compile fails replays its
+    eager kernels instead); on a CPU today's dynamic cache, eager (measured faster there:
+    docs/performance.md#static-cache-and-capture-on-cpu)."""
+    return ("static", "compile") if torch.device(device).type == "cuda" else ("dynamic", "none")
 
 
-def describe_engine(cache: str, capture: str, *, shapes: int = 0, seconds: float = 0.0) -> str:
+def describe_engine(
+    cache: str,
+    capture: str,
+    *,
+    device: torch.device | str = "cpu",
+    shapes: int = 0,
+    seconds: float = 0.0,
+    fell_back: int = 0,
+) -> str:
     """The engine in words, for the info line and the load log."""
     if cache == "dynamic":
         return "dynamic KV cache (eager)"
     if capture == "none":
         return "static KV cache (eager)"
-    how = {"compile": "torch.compile", "cuda-graph": "one CUDA graph"}[capture]
+    how = {
+        "compile": "compiled by Inductor"
+        + (" and replayed as one CUDA graph" if torch.device(device).type == "cuda" else ""),
+        "cuda-graph": "replayed as one CUDA graph of eager kernels",
+    }[capture]
     done = f"; {shapes} captured in {seconds:.1f} s" if shapes else ""
-    return f"static KV cache, each whole decode step {how}{done}"
+    worse = f" ({fell_back} fell back to eager kernels: see the run notes)" if fell_back else ""
+    return f"static KV cache, each whole decode step {how}{done}{worse}"
 
 
 def static_refusal(model: nn.Module) -> str | None:
@@ -432,6 +466,10 @@ def prepare_engine(
         description = note or describe_engine(cache, "none")
         say(note or f"Engine: {description}.")
         return Engine(cache, None, description)
+    if capture == "compile":
+        # Inductor's kernels and graphs on disk beside the model's cache, so a later start reuses them (too late
+        # once anything in this process has compiled: Inductor fixes its folder at its first use).
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE_DIR / "inductor"))
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
         kv.bind()
@@ -440,6 +478,6 @@ def prepare_engine(
         note = f"The {capture} engine failed ({cause(e, 120)}), so runs use the {cache} cache eagerly."
         say(note)
         return Engine(cache, None, note)
-    description = describe_engine("static", capture)
+    description = describe_engine("static", capture, device=dev)
     say(f"Engine: {description}.")
     return Engine("static", kv, description)

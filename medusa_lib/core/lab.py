@@ -199,6 +199,7 @@ class CostCurve:
     source: str
     device: str = ""
     mkl_rows: tuple[int, ...] = ()
+    kind: str = ""  # the device kind a calibration's curve was measured on ("cuda", "cpu"), when known
 
     @classmethod
     def of(

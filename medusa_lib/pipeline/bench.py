@@ -13,6 +13,10 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
                     transformers compiles its decode step (torch.compile, CUDA graphs); on CPU it runs
                     eager. Its warm-up runs (two prompt lengths) are timed apart ("warm-up s").
   baseline          our plain autoregressive loop (the same code path the Medusa loop uses)
+  hf-compiled       the compile anchor: transformers' StaticCache (the same length) and a greedy one-token
+                    step under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (gpt-fast's
+                    recipe, what a transformers user runs with one compile line), eager prefill; stops as
+                    ours do. Compiled in its warm-up (timed apart).
   hf-prompt-lookup  ``model.generate(prompt_lookup_num_tokens=10)``: draft-free n-gram speculation
   medusa-greedy     Medusa heads + tree attention (+ the lookup branch, --lookup), exact greedy
   medusa-heads-only Medusa greedy with the heads' tree alone (no lookup branch)
@@ -72,7 +76,7 @@ from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
 from ..core.fused import ready
 from ..core.heads import load_heads
-from ..core.kv import describe_engine, prepare_engine
+from ..core.kv import prepare_engine
 from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
@@ -90,7 +94,7 @@ from .bench_args import (  # noqa: F401  (re-exported: the methods are bench's)
     parser,
 )
 from .bench_report import acceptance_by_method, exact_sampling, record_eagle, reference_of, report
-from .bench_runs import RUN_DETAIL, e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
+from .bench_runs import RUN_DETAIL, CompiledLoop, e2e_rate, format_forward_costs, forward_costs, run_hf, run_ours
 from .cli import (
     check_heads_path,
     check_model_arguments,
@@ -162,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     device = input_device(model)
     if args.methods is None and device.type == "cuda":
         methods = CUDA_DEFAULT_METHODS.split(",")
+    if "hf-compiled" in methods and prepacked:  # Inductor cannot lower oneDNN's opaque packed weights
+        fail("hf-compiled compiles the stock model, and these weights are pre-packed for this CPU: add --no-prepack.")
     mkl_rows = few_row_kernels(model)
     mkl = f" (MKL for {', '.join(map(str, mkl_rows))} rows)" if mkl_rows else ""
     setup = (
@@ -267,7 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = ours("plain", sample_cfg)
 
+    # The compile anchor: built once (one cache, one compiled step for every prompt), compiled in the warm-up.
+    loop = CompiledLoop(model, cache_len=static_cache_len) if "hf-compiled" in methods else None
+
     def run(method: str, ids: list[int]) -> dict:
+        if method == "hf-compiled":
+            return loop.run(ids, max_new_tokens=args.max_new_tokens, eos=eos)
         if method.startswith("hf-"):
             return run_hf(
                 model,
@@ -280,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         return run_ours(decoders[method], ids)
 
     sampling = f" | sampling T {args.temperature} top-p {args.top_p} seed {args.seed}" if sampled else ""
-    static = f" | static cache {static_cache_len}" if "hf-generate-static" in methods else ""
+    static = f" | static cache {static_cache_len}" if {"hf-generate-static", "hf-compiled"} & set(methods) else ""
     eagle_desc = (
         f" | eagle tree top-k {eagle_tree.top_k} depth {eagle_tree.depth} nodes {eagle_tree.num_nodes}"
         + (f" (eagle-lookup + lookup-{decoders['eagle-lookup'].config.lookup})" if "eagle-lookup" in methods else "")
@@ -294,11 +305,11 @@ def main(argv: list[str] | None = None) -> None:
         for m in methods:
             if m in decoders and decoders[m].static:
                 try:
-                    ready(decoders[m], kv)
+                    ready(decoders[m], kv, say=lambda line: print(line, flush=True))
                 except Exception as e:  # noqa: BLE001
                     # That method's runs take the dynamic cache (Decoder.steps), said here once.
                     print(f"Capturing {m}'s steps failed ({cause(e)}); its runs use the dynamic cache.", flush=True)
-        description = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
+        description = kv.describe()
         print(f"Engine: {description}.", flush=True)
     draft = "int8" if any(getattr(d, "int8", False) for d in (heads, eagle)) else "float"
     print(
@@ -370,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         out["exact_sampling"] = exact_sampling(records, methods)
         out["acceptance"] = acceptance_by_method(records, methods)  # vLLM's metrics per drafter (bench_report.py)
         out["warmup_seconds"] = warmup_seconds
-        out["static_cache_len"] = static_cache_len if "hf-generate-static" in methods else None
+        out["static_cache_len"] = static_cache_len if {"hf-generate-static", "hf-compiled"} & set(methods) else None
         out["calibration_note"] = note
         out["engine"] = {
             "cache": engine.cache,

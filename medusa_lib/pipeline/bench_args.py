@@ -11,6 +11,7 @@ from .cli import add_engine_arguments, add_float_draft, add_model_arguments, who
 ALL_METHODS = (
     "hf-generate",
     "hf-generate-static",
+    "hf-compiled",
     "baseline",
     "hf-prompt-lookup",
     "medusa-greedy",
@@ -28,10 +29,12 @@ ALL_METHODS = (
     "lookup-typical",
 )
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
-# With the compiled static generate: what a GPU user would race.
-CUDA_DEFAULT_METHODS = "hf-generate,hf-generate-static,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
+# With the compiled static generate and the compile anchor: what a GPU user would race.
+CUDA_DEFAULT_METHODS = (
+    "hf-generate,hf-generate-static,hf-compiled,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
+)
 # A second prompt length: any recompile a new length causes happens here, not in the table.
-WARMUP_PROMPT_LENGTHS = {"hf-generate-static": (32, 16)}
+WARMUP_PROMPT_LENGTHS = {"hf-generate-static": (32, 16), "hf-compiled": (32, 16)}
 # Draw from the seed when --temperature > 0 (--sampled: the first three).
 SAMPLED_METHODS = (
     "plain-sample",

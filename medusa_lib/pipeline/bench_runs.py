@@ -73,6 +73,55 @@ def run_hf(
     }
 
 
+class CompiledLoop:
+    """What a transformers user gets from one compile line (gpt-fast's recipe): transformers'
+    ``StaticCache`` of ``cache_len`` positions and a greedy one-token decode step under
+    ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (Inductor's kernels in its own CUDA
+    graphs on CUDA; on a CPU the mode has no graphs and runs Inductor's kernels alone). The prefill
+    runs eager, as transformers advises. Built once per bench: one cache and one compiled step for
+    every prompt, so no prompt recompiles it (the bench's warm-up compiles it, timed apart)."""
+
+    def __init__(self, model, *, cache_len: int):
+        from transformers import StaticCache
+
+        self.model, self.device = model, input_device(model)
+        self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
+        self.step = torch.compile(self._one_token, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def _one_token(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=token, position_ids=position, past_key_values=self.cache, use_cache=True).logits
+        return logits[0, -1].argmax()
+
+    @torch.inference_mode()
+    def run(self, ids: list[int], *, max_new_tokens: int, eos) -> dict:
+        """Greedy decoding of ``ids``, stopping at EOS or the budget as our loops do; timed like them."""
+        dev, stop = self.device, set(eos or ())
+        self.cache.reset()
+        t0 = _sync(dev)
+        inp = torch.tensor([ids], device=dev)
+        logits = self.model(
+            input_ids=inp,
+            position_ids=torch.arange(len(ids), device=dev)[None],
+            past_key_values=self.cache,
+            logits_to_keep=1,  # as generate's prefill: the last position's logits only
+        ).logits
+        new = [int(logits[0, -1].argmax())]
+        t1 = _sync(dev)
+        while len(new) < max_new_tokens and new[-1] not in stop:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's output has been read
+            token = torch.tensor([[new[-1]]], device=dev)
+            position = torch.tensor([[len(ids) + len(new) - 1]], device=dev)
+            new.append(int(self.step(token, position)))
+        t2 = _sync(dev)
+        return {
+            "output_token_ids": new,
+            "new_tokens": len(new),
+            "steps": len(new) - 1,
+            "prefill_seconds": t1 - t0,
+            "decode_seconds": t2 - t1,
+        }
+
+
 # What run_ours records beside the timings, kept in the bench's records (bench.py).
 RUN_DETAIL = ("phase_seconds", "lookup_tokens", "accept_lengths", "draft_depths", "draft_tokens", "draft_positions")
 

@@ -49,7 +49,15 @@ from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.packing import few_row_kernels
 from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
-from .cli import add_engine_arguments, add_float_draft, add_model_arguments
+from .cli import (
+    add_engine_arguments,
+    add_float_draft,
+    add_model_arguments,
+    check_heads_path,
+    check_model_arguments,
+    fail,
+    read_prompts,
+)
 from .distill import generate_answers
 from .jsonl import load_jsonl
 
@@ -308,10 +316,16 @@ def main(argv: list[str] | None = None) -> None:
         "every tree size is captured before timing",
     )
     args = ap.parse_args(argv)
-
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
-    heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
-    prompts = load_jsonl(args.prompts)
+    prompts = read_prompts(args.prompts)  # the flags first, one sentence each, before the model loads
+    if args.answers:
+        read_prompts(args.answers, flag="--answers", key="id")
+    check_heads_path(args.heads)
+    check_model_arguments(args)
+    try:
+        model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
+        heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
+    except InputError as e:  # ModelError, HeadsError
+        fail(e)
     acc_prompts, speed_prompts = split_prompts(prompts, args.acc_prompts, args.speed_prompts)
     if args.answers:
         by_id = {r["id"]: r for r in load_jsonl(args.answers)}

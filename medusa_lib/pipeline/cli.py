@@ -60,21 +60,24 @@ def whole_number(low: int, high: int | None = None):
     return whole
 
 
-def read_prompts(path: str | Path, *, flag: str = "--prompts") -> list[dict]:
+def read_prompts(path: str | Path, *, flag: str = "--prompts", key: str = "prompt") -> list[dict]:
     """The prompts file's rows (JSONL: one {"id", "category", "prompt"} object a line), or one sentence
-    naming the flag: a missing, empty or unreadable file, or a line without a prompt."""
+    naming the flag: a missing, empty or unreadable file, or a line without a prompt (``key``: the text each
+    row must have, "id" for an answers file)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        fail(f'{flag} {str(path)!r} is not a file; give a JSONL file with one {{"prompt": ...}} object a line.')
+        fail(f'{flag} {str(path)!r} is not a file; give a JSONL file with one {{"{key}": ...}} object a line.')
     try:
         rows = load_jsonl(path)
-    except (OSError, ValueError, EOFError) as e:  # unreadable, not JSON, not gzip ...
-        fail(f"{flag} {str(path)!r} cannot be read as JSONL ({cause(e, 120)}); give one JSON object a line.")
+    # unreadable, not JSON, not gzip, nested past Python's stack
+    except (OSError, ValueError, EOFError, RecursionError) as e:
+        why = "a line is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
+        fail(f"{flag} {str(path)!r} cannot be read as JSONL ({why}); give one JSON object a line.")
     for n, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            fail(f'{flag} {str(path)!r}: its entry {n} is not an object with a "prompt" text ({shown(row)}).')
+        if not isinstance(row, dict) or not isinstance(row.get(key), str):
+            fail(f'{flag} {str(path)!r}: its entry {n} is not an object with a "{key}" text ({shown(row)}).')
     if not rows:
-        fail(f'{flag} {str(path)!r} holds no prompts; give a JSONL file with one {{"prompt": ...}} object a line.')
+        fail(f'{flag} {str(path)!r} holds no prompts; give a JSONL file with one {{"{key}": ...}} object a line.')
     return rows
 
 

@@ -44,10 +44,9 @@ def say(msg: str) -> None:
 
 # ------------------------------------------------------------------------- probes (run as parts)
 PACKAGES = ("transformers", "tokenizers", "huggingface_hub", "safetensors", "gguf", "tqdm", "regex", "accelerate")
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16}
 
 
-def probe(name: str, device: str, tiny_model: str | None = None) -> None:
+def probe(name: str, device: str) -> None:
     """Print one line of figures for the env and model parts (these import torch; the runner does not)."""
     t0 = time.perf_counter()
     here = str(Path(__file__).resolve().parent)
@@ -91,16 +90,6 @@ def probe(name: str, device: str, tiny_model: str | None = None) -> None:
             "default", device="cpu", dtype="float32", allow_remote=False, prepack=False, packed_gqa=False, progress=say
         )
         fig["cache_bytes"] = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        if tiny_model:  # the dry run's compile part: 2 layers of the default's shape (Inductor takes minutes on a CPU)
-            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-            cfg = AutoConfig.from_pretrained(folder)
-            for k, v in TINY.items():
-                setattr(cfg, k, v)
-            cfg.num_key_value_heads = 2
-            torch.manual_seed(0)
-            AutoModelForCausalLM.from_config(cfg).save_pretrained(tiny_model)
-            AutoTokenizer.from_pretrained(folder).save_pretrained(tiny_model)
     else:
         raise SystemExit(f"Unknown probe {name!r}.")
     fig["seconds"] = round(time.perf_counter() - t0, 2)
@@ -300,12 +289,7 @@ class Check:
         tmp = self.out / "raw.tar.gz.tmp"
         with tarfile.open(tmp, "w:gz") as tar:
             for p in sorted(self.ctx.work.rglob("*")):
-                if (
-                    p.is_file()
-                    and p.suffix in (".log", ".json", ".jsonl", ".md")
-                    and p.stat().st_size < 2**21
-                    and "tiny-model" not in p.parts
-                ):
+                if p.is_file() and p.suffix in (".log", ".json", ".jsonl", ".md") and p.stat().st_size < 2**21:
                     tar.add(p, arcname=str(p.relative_to(self.ctx.work.parent)))
         os.replace(tmp, self.out / "raw.tar.gz")
 
@@ -457,10 +441,9 @@ def main(argv: list[str] | None = None) -> None:
         "--no-env", action="store_true", help="a copy's call: do not install the wheels and try the environment yet"
     )
     ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--tiny-model", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
-        return probe(args.probe, args.device, args.tiny_model)
+        return probe(args.probe, args.device)
     stage = Path(args.stage)
     try:
         if args.take:

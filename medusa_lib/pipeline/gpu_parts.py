@@ -20,9 +20,10 @@ except ImportError:  # run as a file
     import gpu_figures as fig
 
 BENCH_PROMPTS = "assets/data/bench_prompts.jsonl"
-# The bench's timed methods (3 repeats), and the eager ones with each other drafter (1 repeat: on a GPU
-# an eager step is ~20 ms of launches, so three repeats of them would take the check's whole budget).
-TIMED = ("hf-generate-static", "baseline", "medusa-greedy", "medusa-typical", "plain-sample", "medusa-sample")
+# The bench's timed methods (3 repeats) on the default engine, against the compile anchor (each step shape of
+# ours is compiled first, so few rules: a compile per program); and the eager ones with each other drafter (1
+# repeat: on a GPU an eager step is ~20 ms of launches, so three repeats would take the check's whole budget).
+TIMED = ("hf-compiled", "baseline", "medusa-greedy")
 EAGER = ("hf-generate", "baseline", "medusa-greedy")
 
 
@@ -84,8 +85,7 @@ class Part:
 
 def probe_jobs(name: str) -> Callable[[Context], list[Job]]:
     def jobs(ctx: Context) -> list[Job]:
-        extra = ["--tiny-model", str(ctx.work / "tiny-model")] if ctx.tiny and name == "model" else []
-        return [Job([ctx.python, ctx.check, "--probe", name, "--device", ctx.device, *extra], ctx.work / f"{name}.log")]
+        return [Job([ctx.python, ctx.check, "--probe", name, "--device", ctx.device], ctx.work / f"{name}.log")]
 
     return jobs
 
@@ -97,8 +97,10 @@ def profile_jobs(ctx: Context) -> list[Job]:
 
 def bench_jobs(ctx: Context, name: str, methods: list[str], *, repeats: int) -> list[Job]:
     out = ctx.work / f"{name}.json"
-    sizes = ["--repeats", ctx.size(repeats, 1), "--max-new-tokens", ctx.size(128, 4), *ctx.size([], ["--limit", 1])]
+    sizes = ["--repeats", ctx.size(repeats, 1), "--max-new-tokens", ctx.size(128, 4), *ctx.size([], ["--limit", "1"])]
     argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, *sizes)
+    if "hf-compiled" in methods:  # a CPU dry run's weights stock too: Inductor cannot lower packed ones
+        argv.append("--no-prepack")
     return [Job([*argv, "--methods", ",".join(methods), "--json", str(out)], ctx.work / f"{name}.log", json=out)]
 
 
@@ -110,6 +112,7 @@ def float32_jobs(ctx: Context) -> list[Job]:
         prompts, out = ctx.work / f"float32-prompts-{k + 1}.jsonl", ctx.work / f"float32-{k + 1}.json"
         prompts.write_text("\n".join(lines[k :: ctx.size(4, 2)]) + "\n")
         argv = ctx.cli("bench", "--device", ctx.device, "--dtype", "float32", "--prompts", prompts, "--repeats", 1)
+        argv += ctx.size(["--capture", "cuda-graph"], [])  # 4 shards compiling side by side would not fit
         argv += [
             "--max-new-tokens",
             str(ctx.size(64, 4)),
@@ -120,6 +123,16 @@ def float32_jobs(ctx: Context) -> list[Job]:
         ]
         jobs.append(Job(argv, ctx.work / f"float32-{k + 1}.log", json=out))
     return jobs
+
+
+def float32_compiled_jobs(ctx: Context) -> list[Job]:
+    """The default engine (Inductor's kernels in one graph a step) in float32 against model.generate, a
+    prompt per category: outputs only."""
+    out = ctx.work / "float32-compiled.json"
+    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", "float32", "--per-category", 1, "--repeats", 1)
+    argv += ["--max-new-tokens", str(ctx.size(64, 4)), "--methods", "hf-generate,baseline,medusa-greedy"]
+    argv += [*ctx.size([], ["--limit", "1"]), "--json", str(out)]
+    return [Job(argv, ctx.work / "float32-compiled.log", json=out)]
 
 
 def page_jobs(ctx: Context) -> list[Job]:
@@ -153,15 +166,14 @@ def costs_jobs(ctx: Context) -> list[Job]:
     return [Job(argv, ctx.work / "costs.log")]
 
 
-def compile_jobs(ctx: Context) -> list[Job]:
-    """The compile engine on the GPU; the dry run compiles a 2-layer model of the default's shape (the
-    real one keeps Inductor busy for minutes on a CPU)."""
-    out = ctx.work / "compile.json"
-    model = ctx.size([], ["--model", str(ctx.work / "tiny-model")])
-    argv = ctx.cli("bench", *model, "--device", ctx.device, "--cache", "static", "--capture", "compile", "--no-prepack")
-    argv += ["--methods", ctx.size("baseline,medusa-greedy", "baseline"), "--limit", "1", "--repeats", "1"]
-    argv += ["--max-new-tokens", str(ctx.size(32, 2)), "--json", str(out)]
-    return [Job(argv, ctx.work / "compile.log", env={"TORCH_LOGS": "perf_hints"}, json=out)]
+def graph_jobs(ctx: Context) -> list[Job]:
+    """The fallback engine, the eager kernels in one CUDA graph a step (--capture cuda-graph), on the bench's
+    prompts: what Inductor's kernels gain over it (the dry run, with no CUDA, runs its static steps eager)."""
+    out = ctx.work / "graph.json"
+    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, "--cache", "static")
+    argv += ["--capture", ctx.size("cuda-graph", "none"), "--methods", "baseline,medusa-greedy"]
+    argv += ["--repeats", "1", "--max-new-tokens", str(ctx.size(128, 4)), *ctx.size([], ["--limit", "1"])]
+    return [Job([*argv, "--json", str(out)], ctx.work / "graph.log", json=out)]
 
 
 # The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. All read one feature cache.
@@ -225,16 +237,18 @@ PARTS = (
          probe_jobs("env"), fig.env_read, fig.env_words, needs_model=False),
     Part("model", "the default model: the reassembled GGUF converted once into the float32 cache", 120, 400,
          probe_jobs("model"), fig.model_read, fig.model_words),
-    Part("profile", "profile_step: graph launches, D2H copies, syncs and eager kernels per steady step", 120, 300,
+    Part("profile", "profile_step: graph launches, D2H copies, syncs and eager kernels per steady step", 180, 300,
          profile_jobs, fig.profile_read, fig.profile_words),
-    Part("bench", "the bench, bfloat16, 128 new tokens, one prompt per category, 3 repeats", 210, 400,
+    Part("bench", "the bench, bfloat16, 128 new tokens, a prompt per category, 3 repeats, and hf-compiled", 360, 500,
          lambda ctx: bench_jobs(ctx, "bench", list(TIMED), repeats=3), fig.bench_read, fig.bench_words),
     Part("page", "the page's own path (page_check, greedy) against the bench's Medusa/plain ratio", 120, 300,
          page_jobs, fig.page_read, fig.page_words),
     Part("float32", "float32 greedy against model.generate, every bench prompt, each drafter (4 shards side by side)",
          180, 400, float32_jobs, fig.float32_read, fig.float32_words, side=True),
-    Part("compile", "--capture compile: does Inductor keep its CUDA graphs", 240, 400,
-         compile_jobs, fig.compile_read, fig.compile_words, side=True),
+    Part("float32-compiled", "the default engine in float32 against model.generate, a prompt per category",
+         240, 300, float32_compiled_jobs, fig.bench_read, fig.bench_words),
+    Part("graph", "--capture cuda-graph: the eager kernels in one graph a step (the fallback), 1 repeat", 150, 300,
+         graph_jobs, fig.graph_read, fig.graph_words),
     Part("eagle", "EAGLE heads trained here on every answer (EAGLE-1; EAGLE-3 fused + training-time test)", 300, 600,
          eagle_jobs, fig.eagle_read, fig.eagle_words, side=True),
     Part("bench-eager", "the bench's eager methods: hf-generate, each other drafter; same prompts, 1 repeat", 150, 300,

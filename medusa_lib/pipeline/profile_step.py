@@ -30,10 +30,11 @@ from ..core import fused
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
-from ..core.kv import prepare_engine
+from ..core.kv import CACHES, CAPTURES, prepare_engine
+from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, input_device, load_model
 from ..core.tree import get_tree
-from .cli import add_model_arguments
+from .cli import add_model_arguments, check_heads_path, check_model_arguments, fail, whole_number
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select"}
 CUDA_EVENTS = {
@@ -130,26 +131,37 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(ap)
     ap.add_argument("--heads", default=None, help="heads folder (default: the shipped heads of the default model)")
-    ap.add_argument("--cache", default="static", help="static (the whole-step engine) or dynamic, for comparison")
-    ap.add_argument("--capture", default="auto")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--cache", default="static", choices=CACHES, help="static (the whole-step engine) or dynamic, for comparison"
+    )
+    ap.add_argument("--capture", default="auto", choices=["auto", *CAPTURES])
+    ap.add_argument("--max-new-tokens", type=whole_number(1), default=64)
     ap.add_argument("--prompt", default="Explain how a bicycle gear works, step by step.")
     args = ap.parse_args(argv)
     from .bench import DEFAULT_HEADS  # the bench's default heads folder
 
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
-    heads = load_heads(args.heads or DEFAULT_HEADS, model=model)
+    if args.heads:
+        check_heads_path(args.heads)
+    check_model_arguments(args)
+    try:  # one sentence each, as every command line says it
+        model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
+        heads = load_heads(args.heads or DEFAULT_HEADS, model=model)
+    except InputError as e:  # ModelError, HeadsError
+        fail(e)
     dev = input_device(model)
     defaults = heads_defaults(heads, dev, str(next(model.parameters()).dtype))
     tree = get_tree(defaults.tree, num_heads=heads.num_heads, extra=heads.tree_presets)
     ids = chat_prompt_ids(tok, args.prompt)
-    engine = prepare_engine(
-        model,
-        cache=args.cache,
-        capture=args.capture,
-        max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length,
-        say=print,
-    )
+    try:
+        engine = prepare_engine(
+            model,
+            cache=args.cache,
+            capture=args.capture,
+            max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length,
+            say=print,
+        )
+    except InputError as e:  # EngineError: a capture this device cannot run
+        fail(e)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, cache=engine.cache)
     decoders = {
         "plain": Decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),

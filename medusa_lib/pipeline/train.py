@@ -151,6 +151,24 @@ class Trainer:
         return {"loss": loss_sum / max(n, 1), "top1": top1, "top5": top5}
 
 
+def read_train_state(path: Path, *, fresh: str) -> dict:
+    """A saved training state, read as tensors, numbers and text only (``weights_only``): a planted file cannot
+    run code when a training resumes. One sentence (SystemExit) for one that holds anything else or is damaged;
+    ``fresh`` says how to start again."""
+    import pickle
+
+    try:
+        state = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        raise SystemExit(
+            f"error: {path} is not a plain training state (tensors and numbers) and is not loaded, for safety "
+            f"({type(e).__name__}); {fresh}."
+        ) from None
+    if not isinstance(state, dict):
+        raise SystemExit(f"error: {path} holds {type(state).__name__}, not a training state; {fresh}.")
+    return state
+
+
 def train_heads(
     model,
     train_cache: HiddenCache,
@@ -192,7 +210,7 @@ def train_heads(
         run_key["init_heads"] = init
     step, best, bad, history = 0, float("inf"), 0, []
     if state_path.exists():  # resume
-        st = torch.load(state_path, weights_only=False)
+        st = read_train_state(state_path, fresh="delete it to start afresh")
         if st.get("run") != run_key:
             log(f"{state_path} is from another run (config or data differ): starting afresh")
         else:

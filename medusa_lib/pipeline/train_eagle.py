@@ -41,6 +41,7 @@ from .feature_cache import FeatureCache, build_cache, fused_layers
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
 from .server_check import machine
+from .train import read_train_state
 
 TRAIN_ANSWERS = [
     "assets/data/distill/train_answers.jsonl.gz",
@@ -94,7 +95,7 @@ def train(
     best, history, done, spent = -1.0, [], 0, 0.0
     state_path = out / "train_state.pt"
     if resume and state_path.exists():
-        st = torch.load(state_path, weights_only=False)
+        st = read_train_state(state_path, fresh="give another --out, pass --restart, or delete it")
         if st["planned"] != len(plan):
             raise SystemExit(
                 f"{state_path} is from another plan ({st['planned']} batches, not {len(plan)}); "

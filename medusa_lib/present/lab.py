@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..core.defaults import KIND_NAMES, device_kind, record_kind
+from ..core.defaults import KIND_NAMES, calibration_records, device_kind, record_kind
 from ..core.lab import (
     MAX_SIZE,
     SIZES,
@@ -53,6 +53,8 @@ class TreeLab:
               one measured here (``measure_costs``); None until then
     gain      the greedy trees' gain curve (None without accuracies)
     lookup    the lookup branch's length when it is on
+    elsewhere the cost curves of the heads' calibrations on other kinds of device (a GPU's on a CPU, and
+              the reverse), drawn beside this device's so the page shows why Medusa pays more there
     """
 
     accuracy: list[list[float]] | None
@@ -62,24 +64,45 @@ class TreeLab:
     lookup: int
     num_heads: int
     device: str
+    elsewhere: tuple[CostCurve, ...] = ()
+
+    @property
+    def elsewhere_note(self) -> str:
+        """One sentence per other device's curve: what a step of about 33 tokens costs there and here."""
+        said = []
+        for c in self.elsewhere:
+            there = f"{c.at(33):.1f}x"
+            here = f", here {self.cost.at(33):.1f}x by its fit" if self.cost is not None else ""
+            why = (
+                "a GPU verifies a tree for little more than one token, so larger trees pay there"
+                if c.kind == "cuda"
+                else "a CPU pays for every token it verifies, so smaller trees pay there"
+            )
+            said.append(
+                f" The dashed curve: the step costs {c.device} measured in its calibration (a 33-token step "
+                f"{there} a plain one{here}): {why}."
+            )
+        return "".join(said)
 
     @property
     def cost_note(self) -> str:
         if self.cost is None:
             return (
                 f"No cost figures for {self.device} yet: "
-                "press Measure costs to time one verify step of each size on this machine."
+                "press Measure costs to time one verify step of each size on this machine." + self.elsewhere_note
             )
         if self.cost.source == "calibration":
             return (
                 f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, "
-                "from its measured trees); press Measure costs to time each size on this machine." + self.kernel_note
+                "from its measured trees); press Measure costs to time each size on this machine."
+                + self.kernel_note
+                + self.elsewhere_note
             )
         return (
             f"Step costs measured on this machine ({self.cost.device or self.device}): "
             "the median verify forward of each size (eager, over a dynamic cache, whatever engine serves), "
             "which leaves out the heads' draft and the acceptance a real step adds, "
-            "so they read lower than a calibration's." + self.kernel_note
+            "so they read lower than a calibration's." + self.kernel_note + self.elsewhere_note
         )
 
     @property
@@ -119,6 +142,12 @@ def tree_lab(pg) -> TreeLab:
             mkl_rows=record.get("mkl_rows") or (),
         )
     gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
+    elsewhere = {}  # device kind -> its first calibration's curve
+    for other, _, _ in calibration_records(pg.heads):
+        if record_kind(other) != kind and record_kind(other) not in elsewhere and recorded_costs(other):
+            name = other.get("device") or KIND_NAMES.get(record_kind(other), record_kind(other))
+            curve = CostCurve.of(recorded_costs(other), source="calibration", device=name)
+            elsewhere[record_kind(other)] = replace(curve, kind=record_kind(other))
     return TreeLab(
         accuracy,
         record,
@@ -127,6 +156,7 @@ def tree_lab(pg) -> TreeLab:
         int(pg.defaults.lookup),
         int(pg.heads.num_heads),
         device_name(input_device(pg.model)),
+        tuple(elsewhere.values()),
     )
 
 
@@ -196,6 +226,7 @@ class Curves:
     speedup_lookup: tuple[float, ...] | None  # with the lookup branch (its simulated gain, its tokens in the cost)
     optimum_lookup: int | None
     lookup: int
+    elsewhere: tuple[CostCurve, ...] = ()  # other kinds of device's cost curves (TreeLab.elsewhere)
 
 
 def curves(lab: TreeLab) -> Curves:
@@ -214,6 +245,7 @@ def curves(lab: TreeLab) -> Curves:
         both.speedup if both else None,
         both.optimum if both else None,
         lab.lookup,
+        lab.elsewhere,
     )
 
 

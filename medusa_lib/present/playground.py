@@ -115,12 +115,7 @@ class Playground(RequestInputs, ExactnessChecks):
         self.variant_kv = dict(
             variant_kv or {}
         )  # numerics -> the captured static cache of that copy (a float32 copy gets its own)
-        self.engine = engine or describe_engine(
-            cache,
-            static_kv.capture if static_kv else "none",
-            shapes=static_kv.programs_captured if static_kv else 0,
-            seconds=static_kv.capture_seconds if static_kv else 0.0,
-        )
+        self.engine = engine or (static_kv.describe() if static_kv else describe_engine(cache, "none"))
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
@@ -236,6 +231,12 @@ class Playground(RequestInputs, ExactnessChecks):
             else "Prompts: up to the model's context"
         )
         static_len = static_length(m, max_prompt_tokens, kwargs.get("max_new_tokens_limit", MAX_NEW_TOKENS_LIMIT))
+        zero_gpu = os.environ.get("SPACES_ZERO_GPU") and input_device(m).type == "cuda"
+        if zero_gpu and capture in ("auto", "", None) and cache in ("auto", "static", "", None):
+            # The GPU comes per request there: a compile per request would take minutes, a graph of the eager
+            # kernels milliseconds.
+            capture = "cuda-graph"
+            say("ZeroGPU: each decode step is recorded in one CUDA graph of eager kernels, nothing compiled.")
         engine = prepare_engine(m, cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
         if (
@@ -253,12 +254,17 @@ class Playground(RequestInputs, ExactnessChecks):
             and engine.static_kv.capture != "none"
             and not os.environ.get("SPACES_ZERO_GPU")
         ):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
-            say("Capturing the decode steps of the page's first view...")
+            say(
+                "Compiling the decode steps of the page's first view (Inductor's on-disk cache makes later starts "
+                "shorter)..."
+                if engine.static_kv.capture == "compile"
+                else "Capturing the decode steps of the page's first view..."
+            )
             for numerics in pg.variants:
                 ids, decoders = pg.prepare("Hello", replace(Settings(), numerics=numerics, max_new_tokens=8))
-                pg.warmup(ids, decoders.values())
+                pg.warmup(ids, decoders.values(), say=say)
             kv = engine.static_kv
-            pg.engine = describe_engine("static", kv.capture, shapes=kv.programs_captured, seconds=kv.capture_seconds)
+            pg.engine = kv.describe()
             say(f"Engine: {pg.engine}.")
         return pg
 
@@ -313,7 +319,7 @@ class Playground(RequestInputs, ExactnessChecks):
         return ids, decoders
 
     # ------------------------------------------------------------------ running
-    def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder]) -> None:
+    def warmup(self, ids: Sequence[int], decoders: Iterable[Decoder], *, say=None) -> None:
         """Run each method for two tokens once per numerics and drafter, through the engine the run
         will use (the shared static cache too), so the first timed run pays no one-off costs; on a
         capturing engine, first capture the whole-step programs of these decoders not captured yet
@@ -332,7 +338,7 @@ class Playground(RequestInputs, ExactnessChecks):
                         for d in decoders:
                             if d.static and d.static_kv is kv:
                                 with suppress(Exception):
-                                    ready(d, kv)
+                                    ready(d, kv, say=say)
                 finally:
                     kv.release()
         key = (dtype_name(decoders[0].model), next((d.drafter.name for d in decoders if d.drafter), None))

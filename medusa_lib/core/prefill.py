@@ -1,0 +1,113 @@
+"""The prompt's forward on a captured static engine: chunks of a ladder of fixed lengths, each one graph.
+
+An eager prefill launches every kernel of every layer from the host (on a GPU tens of milliseconds for a
+short prompt, most of it launches). Here the prompt goes through the cache in chunks whose lengths come
+from ``LADDER``: whole chunks of the longest size, then the shortest size that holds the rest, padded.
+Each size is one fixed-shape program recorded as one CUDA graph of the eager kernels (milliseconds to
+record, nothing compiled), so a prompt costs a few replays. A chunk after ``start`` cached tokens sees the
+cache and itself causally (mask built on the device from a device scalar); its padding rows write K/V slots
+past the prompt, which the decode steps after it overwrite or mask. The last prompt row's hidden state and
+logits land in fixed buffers. A size that would write past the cache runs eagerly at its exact length.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+LADDER = (16, 64, 256)  # chunk lengths: few graphs, at most 15 padded rows under 64 tokens
+
+
+class Prefill:
+    """The chunked prefill of one ``StaticKV`` (built and recorded by ``record``; one run at a time)."""
+
+    def __init__(self, kv):
+        dev, weight = kv.device, kv.lm_head.weight
+        self.kv = kv
+        self.start = torch.zeros((), dtype=torch.long, device=dev)  # tokens cached before the chunk
+        self.last = torch.zeros(1, dtype=torch.long, device=dev)  # the chunk's last prompt row
+        self.hidden = torch.zeros(weight.shape[1], dtype=kv.dtype, device=dev)
+        self.logits = torch.zeros(weight.shape[0], dtype=kv.dtype, device=dev)
+        self.ids = {c: torch.zeros(1, c, dtype=torch.long, device=dev) for c in LADDER if c <= kv.max_len}
+        self.rows = {c: torch.arange(c, device=dev) for c in self.ids}
+        self.graphs: dict[int, object] = {}
+        self.cuda = torch.cuda  # what replays them (tests: a stand-in)
+        self.recording: int | None = None  # the size being recorded (a test's stand-in replays it)
+
+    def chunk(self, ids: torch.Tensor) -> None:
+        """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its ``last`` row's hidden
+        state and logits into the buffers."""
+        kv, c = self.kv, ids.shape[1]
+        pos = self.start + (self.rows[c] if c in self.rows else torch.arange(c, device=kv.device))
+        kv.set_lengths(self.start)
+        zero, low = (
+            torch.zeros((), dtype=kv.dtype, device=kv.device),
+            torch.full((), kv.min, dtype=kv.dtype, device=kv.device),
+        )
+        mask = torch.where(kv.cols[None, :] <= pos[:, None], zero, low)  # row r sees slots 0 .. start + r
+        h = kv.body(
+            input_ids=ids,
+            attention_mask=mask[None, None],
+            position_ids=pos[None],
+            past_key_values=kv.cache,
+            use_cache=True,
+        ).last_hidden_state[0]
+        last = h.index_select(0, self.last.clamp(max=c - 1))[0]
+        self.hidden.copy_(last)
+        self.logits.copy_(kv.lm_head(last))
+
+    def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt ``ids`` [1, n] into the (empty) cache; returns (last hidden state [d], its logits [V])."""
+        n, done, longest = ids.shape[1], 0, max(self.ids)
+        while done < n:
+            left = n - done
+            size = next((c for c in sorted(self.ids) if c >= min(left, longest) and done + c <= self.kv.max_len), None)
+            take = min(left, size or left)
+            self.start.fill_(done)
+            self.last.fill_(take - 1)
+            if size is None:  # no padded size fits the cache: this chunk runs at its own length
+                self.chunk(ids[:, done:])
+            else:
+                buf = self.ids[size]
+                buf.zero_()
+                buf[:, :take].copy_(ids[:, done : done + take])
+                graph = self.graphs.get(size)
+                if graph is None:
+                    self.chunk(buf)
+                else:
+                    with self.cuda.device(self.kv.device):  # on cuda:N's current stream, as the steps replay
+                        graph.replay()
+            done += take
+        return self.hidden, self.logits
+
+    def record(self, *, graphs=None) -> float:
+        """Record every size as one CUDA graph (``StaticKV.record``) over a stand-in chunk at the cache's
+        start, each replayed once and checked against the eager chunk. Returns the seconds it took; raises
+        when a capture fails (then none is kept). Like the steps' captures, it runs before a run's prefill."""
+        t0, kv = time.perf_counter(), self.kv
+        made = {}
+
+        def stand_in():  # and no result left from the call before: a replay must write its own
+            self.start.zero_()
+            self.last.zero_()
+            self.hidden.zero_()
+            self.logits.zero_()
+
+        for size, buf in self.ids.items():
+            self.recording = size
+            buf.fill_(1)  # not a padding id, whose zero embedding could hide a replay that wrote nothing
+            graph, _ = kv.record(lambda buf=buf: self.chunk(buf), runs=2, reset=stand_in, graphs=graphs)
+            self.cuda = graphs or torch.cuda
+            stand_in()
+            with self.cuda.device(kv.device):
+                graph.replay()
+            replayed = (self.hidden.clone(), self.logits.clone())
+            stand_in()
+            self.chunk(buf)
+            if not (torch.equal(replayed[0], self.hidden) and torch.equal(replayed[1], self.logits)):
+                raise RuntimeError(f"the replayed {size}-token prefill differs from the eager one")
+            made[size] = graph
+        self.recording, self.graphs = None, made
+        kv.lens.zero_()
+        return time.perf_counter() - t0
