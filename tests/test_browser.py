@@ -190,6 +190,7 @@ def test_tree_lab_edit_measure_and_use(page):
     )  # the shipped heads' calibration is a CPU one
     # ... and they carry an H200's too: its step costs, dashed beside this CPU's
     assert page.locator("#lab-cost .legendtext", has_text="NVIDIA H200 (its calibration)").count() == 1
+    assert "this EAGLE head exports to vLLM's EAGLE drafter" in page.inner_text("#eagle-lab-export")
     before = page.input_value("#lab-paths textarea")
     nodes = page.locator("#lab-tree .textpoint").count()
     page.click("#lab-add")

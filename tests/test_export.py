@@ -459,3 +459,24 @@ def test_an_eagle_head_named_for_another_model_is_refused_for_the_default_model(
         "export with --model set to a local folder of HuggingFaceTB/SmolLM2-135M."
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_page_says_whether_the_eagle_head_exports_and_with_which_command(monkeypatch):
+    """The EAGLE section's line: the shipped EAGLE-1 head exports (its folder, relative to where the app runs);
+    a head that fuses base layers (EAGLE-3 recipe) cannot, in the export's own sentence."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from medusa_lib.core.eagle import read_eagle_config
+    from medusa_lib.present.export import eagle_export_hint
+
+    monkeypatch.chdir(ROOT)
+    folder = ROOT / "assets" / "heads" / "smollm2-135m-instruct-eagle"
+    cfg = read_eagle_config(folder)
+    assert eagle_export_hint(SimpleNamespace(config=cfg, folder=folder)) == (
+        "**Serving in vLLM:** this EAGLE head exports to vLLM's EAGLE drafter (a top-1 chain, drafting over the "
+        "whole vocabulary there): `python -m medusa_lib.pipeline.export --heads "
+        "assets/heads/smollm2-135m-instruct-eagle --to vllm --out OUT` (docs/serving.md#serving-your-heads)."
+    )
+    fused = eagle_export_hint(SimpleNamespace(config=replace(cfg, fuse_layers=(2, 15, 28)), folder=folder))
+    assert fused.startswith("**Serving in vLLM:** This EAGLE head fuses base layers [2, 15, 28] (the EAGLE-3 recipe)")

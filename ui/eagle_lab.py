@@ -26,6 +26,7 @@ from medusa_lib.present import (
     deadline,
     eagle_budgets,
 )
+from medusa_lib.present.export import eagle_export_hint
 from medusa_lib.present.lab import acceptance_text
 
 from .figures import _layout, empty_figure
@@ -191,6 +192,8 @@ def build_eagle_lab(
                 show_label=False,
                 elem_id="eagle-lab-plot",
             )
+    head = next(iter(pg.drafters.eagles.values()))  # every numerics' copy comes from one folder
+    gr.Markdown(eagle_export_hint(head), elem_id="eagle-lab-export")  # whether it can be served in vLLM, and how
     btn.click(
         on_gpu(h.measure),
         inputs=[prompt, max_new, chat, numerics],

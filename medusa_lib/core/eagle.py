@@ -412,6 +412,7 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     except RuntimeError as e:
         raise EagleError(f"The EAGLE checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
     head.calibration = meta.get("calibration")
+    head.folder = Path(folder)
     about = meta.get("about")  # which EAGLE it is and what its training measured, one line for the page
     head.about = f"This is {cfg.recipe}" + (f": {about}" if isinstance(about, str) and about.strip() else ".")
     head.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)

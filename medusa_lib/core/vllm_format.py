@@ -168,3 +168,19 @@ def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         "base_model_name_or_path": config.get("base_model_name_or_path"),
     }
     return state, ours
+
+
+def eagle_vllm_refusal(config) -> str | None:
+    """Why vLLM's EAGLE drafter cannot run an EAGLE head of this ``EagleConfig`` (one sentence), or None."""
+    if config.fuse_layers:
+        return (
+            f"This EAGLE head fuses base layers {list(config.fuse_layers)} (the EAGLE-3 recipe), which vLLM's EAGLE "
+            "drafter cannot run: its EAGLE-1 reads the final hidden state only and its EAGLE-3 is another layer; "
+            "export an EAGLE-1 head (fuse_layers null, such as assets/heads/smollm2-135m-instruct-eagle)."
+        )
+    if config.model_type not in (None, "llama"):
+        return (
+            f"This EAGLE head drafts for a {config.model_type} model; the export writes vLLM's EAGLE drafter for "
+            "Llama models only (EagleLlamaForCausalLM), so export a head trained for a Llama model."
+        )
+    return None

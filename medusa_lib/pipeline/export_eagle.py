@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..core.eagle import EagleError, EagleHead
+from ..core.vllm_format import eagle_vllm_refusal  # noqa: F401  (export.py imports it from here)
 
 METHOD = "eagle"
 NUM_SPECULATIVE_TOKENS = 3  # the chain the README serves; any number runs
@@ -56,22 +57,6 @@ LAYER_MATRICES = {
     "mlp.up_proj": "up",
     "mlp.down_proj": "down",
 }
-
-
-def eagle_vllm_refusal(config) -> str | None:
-    """Why vLLM's EAGLE drafter cannot run an EAGLE head of this ``EagleConfig`` (one sentence), or None."""
-    if config.fuse_layers:
-        return (
-            f"This EAGLE head fuses base layers {list(config.fuse_layers)} (the EAGLE-3 recipe), which vLLM's EAGLE "
-            "drafter cannot run: its EAGLE-1 reads the final hidden state only and its EAGLE-3 is another layer; "
-            "export an EAGLE-1 head (fuse_layers null, such as assets/heads/smollm2-135m-instruct-eagle)."
-        )
-    if config.model_type not in (None, "llama"):
-        return (
-            f"This EAGLE head drafts for a {config.model_type} model; the export writes vLLM's EAGLE drafter for "
-            "Llama models only (EagleLlamaForCausalLM), so export a head trained for a Llama model."
-        )
-    return None
 
 
 def vocabulary_note(head: EagleHead) -> str | None:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..core.heads import MedusaHeads
-from ..core.vllm_format import TRAIN_PLAIN, export_command, vllm_refusal
+from ..core.vllm_format import TRAIN_PLAIN, eagle_vllm_refusal, export_command, vllm_refusal
 
 DOCS = "docs/serving.md#serving-your-heads"
 
@@ -50,4 +50,17 @@ def export_hint(heads: MedusaHeads) -> str:
     return (
         "**Serving in vLLM:** these plain heads export to vLLM's Medusa drafter (a top-1 chain, no tree): "
         f"`{export_command(folder)}` ({DOCS})."
+    )
+
+
+def eagle_export_hint(head) -> str:
+    """One or two sentences (Markdown): can this EAGLE head (an ``EagleHead``) be served in vLLM, and how."""
+    why = eagle_vllm_refusal(head.config)
+    if why:
+        return f"**Serving in vLLM:** {why}"
+    folder = getattr(head, "folder", None)  # set by load_eagle
+    shown = os.path.relpath(Path(folder).resolve(), Path.cwd()) if folder is not None else "DIR"
+    return (
+        "**Serving in vLLM:** this EAGLE head exports to vLLM's EAGLE drafter (a top-1 chain, drafting over the "
+        f"whole vocabulary there): `{export_command(shown)}` ({DOCS})."
     )
