@@ -78,34 +78,27 @@ def cost_figure(
                 marker=dict(size=6),
             )
         )
-    if c.cost is None:
-        return _curve_layout(
-            fig,
-            title=title,
-            x_title="tokens verified per step (with lookup)",
-            y_title="\u00d7 a plain step",
-            this=None,
-            measured=None,
-            this_name="",
+    if c.cost is not None:  # this device's points and their fit; without them, no tree point on this curve
+        fig.add_trace(
+            go.Scatter(
+                x=list(c.cost.sizes),
+                y=list(c.cost.measured),
+                mode="markers",
+                name=f"{c.cost.source} ({html.escape(c.cost.device)})",
+                marker=dict(color="#8A8A8A", size=7),
+            )
         )
-    fig.add_trace(
-        go.Scatter(
-            x=list(c.cost.sizes),
-            y=list(c.cost.measured),
-            mode="markers",
-            name=f"{c.cost.source} ({html.escape(c.cost.device)})",
-            marker=dict(color="#8A8A8A", size=7),
+        fig.add_trace(
+            go.Scatter(
+                x=list(c.cost.sizes),
+                y=list(c.cost.fitted),
+                mode="lines",
+                name="non-decreasing fit" + (" (MKL sizes apart)" if c.cost.mkl_rows else ""),
+                line=dict(color=HEADS_ONLY, width=3),
+            )
         )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=list(c.cost.sizes),
-            y=list(c.cost.fitted),
-            mode="lines",
-            name="non-decreasing fit" + (" (MKL sizes apart)" if c.cost.mkl_rows else ""),
-            line=dict(color=HEADS_ONLY, width=3),
-        )
-    )
+    else:
+        point = measured = None
     return _curve_layout(
         fig,
         title=title,

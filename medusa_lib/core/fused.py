@@ -338,7 +338,8 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     """Capture (or compile) the decoder's programs on a capturing ``kv`` before its run starts;
     raises when a capture fails (the run then takes the dynamic cache, ``Decoder.steps``). ``say``
     hears a line before each program (a compile can take a minute) and after it. Returns the
-    sentence of a program that fell back to eager kernels (``Program.note``), or None."""
+    sentence of a program that fell back to eager kernels (``Program.note``), else why the prefill
+    runs eagerly (``kv.prefill_note``), or None."""
     if kv.capture == "none":
         return None
     progs = [p for p in programs(decoder, kv) if p is not None]

@@ -314,14 +314,13 @@ class StaticKV:
 
     def describe(self) -> str:
         """The engine in words, with what its programs' captures gave so far (``describe_engine``)."""
-        fell_back = [p.note for p in self.programs.values() if p.note]
         return describe_engine(
             "static",
             self.capture,
             device=self.device,
             shapes=self.programs_captured,
             seconds=self.capture_seconds,
-            fell_back=len(fell_back),
+            fell_back=sum(p.note is not None for p in self.programs.values()),
         )
 
     def engine(self, sizes) -> str:

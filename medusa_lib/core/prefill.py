@@ -31,24 +31,27 @@ class Prefill:
         self.logits = torch.zeros(weight.shape[0], dtype=kv.dtype, device=dev)
         self.ids = {c: torch.zeros(1, c, dtype=torch.long, device=dev) for c in LADDER if c <= kv.max_len}
         self.rows = {c: torch.arange(c, device=dev) for c in self.ids}
+        self.causal = {c: self._causal(c) for c in self.ids}  # each row sees the rows before it and itself
         self.graphs: dict[int, object] = {}
         self.cuda = torch.cuda  # what replays them (tests: a stand-in)
         self.recording: int | None = None  # the size being recorded (a test's stand-in replays it)
+
+    def _causal(self, c: int) -> torch.Tensor:
+        """[c, c] additive causal bias: a chunk is a chain tree, so ``StaticKV.tree_mask`` places it."""
+        kv = self.kv
+        seen = torch.ones(c, c, dtype=torch.bool, device=kv.device).tril()
+        return torch.zeros(c, c, dtype=kv.dtype, device=kv.device).masked_fill(~seen, kv.min)
 
     def chunk(self, ids: torch.Tensor) -> None:
         """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its ``last`` row's hidden
         state and logits into the buffers."""
         kv, c = self.kv, ids.shape[1]
-        pos = self.start + (self.rows[c] if c in self.rows else torch.arange(c, device=kv.device))
+        known = c in self.rows  # a ladder size; else the exact-length chunk, built now
+        pos = self.start + (self.rows[c] if known else torch.arange(c, device=kv.device))
         kv.set_lengths(self.start)
-        zero, low = (
-            torch.zeros((), dtype=kv.dtype, device=kv.device),
-            torch.full((), kv.min, dtype=kv.dtype, device=kv.device),
-        )
-        mask = torch.where(kv.cols[None, :] <= pos[:, None], zero, low)  # row r sees slots 0 .. start + r
         h = kv.body(
             input_ids=ids,
-            attention_mask=mask[None, None],
+            attention_mask=kv.tree_mask(self.causal[c] if known else self._causal(c), self.start),
             position_ids=pos[None],
             past_key_values=kv.cache,
             use_cache=True,

@@ -137,18 +137,14 @@ def bench_summary(data: dict) -> dict:
         row |= {"prompts": len(rs), "ref": ref}
         row["vs_ref"] = rate(rs) / rate(by[ref]) if ref and by.get(ref) and m != ref else None
         row["vs_hf_generate"] = rate(rs) / rate(by["hf-generate"]) if hf and m != "hf-generate" else None
-        out[m] = row
-    if "hf-compiled" in out:  # the compile anchor: what a transformers user runs with one compile line
-        anchor = out["hf-compiled"]
-        for m, row in out.items():
-            if m != "hf-compiled":
-                row["vs_hf_compiled"] = row["tok_s"] / anchor["tok_s"]
-                row["decode_vs_hf_compiled"] = row["decode_tok_s"] / max(anchor["decode_tok_s"], 1e-9)
-    for m, rs in by.items():
-        row = out[m]
         if hf and m != "hf-generate" and m not in sampled:
             row["same_as_hf_generate"] = sum(r["output_token_ids"] == hf.get(r["id"]) for r in rs)
         out[m] = row
+    anchor = out.get("hf-compiled")  # the compile anchor: what a transformers user runs with one compile line
+    for m, row in out.items():
+        if anchor and m != "hf-compiled":
+            row["vs_hf_compiled"] = row["tok_s"] / anchor["tok_s"]
+            row["decode_vs_hf_compiled"] = row["decode_tok_s"] / max(anchor["decode_tok_s"], 1e-9)
     keep = ("exact_sampling", "warmup_seconds", "dtype", "tree", "max_new_tokens", "repeats")
     return {"methods": out, "engine": (data.get("engine") or {}).get("description")} | {k: data.get(k) for k in keep}
 

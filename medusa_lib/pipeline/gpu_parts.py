@@ -95,10 +95,11 @@ def profile_jobs(ctx: Context) -> list[Job]:
     return [Job(argv, ctx.work / "profile.log")]
 
 
-def bench_jobs(ctx: Context, name: str, methods: list[str], *, repeats: int) -> list[Job]:
+def bench_jobs(ctx: Context, name: str, methods: list[str], *, repeats: int, engine: tuple = ()) -> list[Job]:
+    """The bench on a prompt per category (``engine``: its --cache/--capture flags, else the default engine)."""
     out = ctx.work / f"{name}.json"
     sizes = ["--repeats", ctx.size(repeats, 1), "--max-new-tokens", ctx.size(128, 4), *ctx.size([], ["--limit", "1"])]
-    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, *sizes)
+    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, *sizes, *engine)
     if "hf-compiled" in methods:  # a CPU dry run's weights stock too: Inductor cannot lower packed ones
         argv.append("--no-prepack")
     return [Job([*argv, "--methods", ",".join(methods), "--json", str(out)], ctx.work / f"{name}.log", json=out)]
@@ -169,11 +170,8 @@ def costs_jobs(ctx: Context) -> list[Job]:
 def graph_jobs(ctx: Context) -> list[Job]:
     """The fallback engine, the eager kernels in one CUDA graph a step (--capture cuda-graph), on the bench's
     prompts: what Inductor's kernels gain over it (the dry run, with no CUDA, runs its static steps eager)."""
-    out = ctx.work / "graph.json"
-    argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, "--cache", "static")
-    argv += ["--capture", ctx.size("cuda-graph", "none"), "--methods", "baseline,medusa-greedy"]
-    argv += ["--repeats", "1", "--max-new-tokens", str(ctx.size(128, 4)), *ctx.size([], ["--limit", "1"])]
-    return [Job([*argv, "--json", str(out)], ctx.work / "graph.log", json=out)]
+    engine = ("--cache", "static", "--capture", ctx.size("cuda-graph", "none"))
+    return bench_jobs(ctx, "graph", ["baseline", "medusa-greedy"], repeats=1, engine=engine)
 
 
 # The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. All read one feature cache.
