@@ -40,9 +40,10 @@ test-slow: setup-dev
 test-all: setup-dev
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
-# The GPU check (docs/gpu.md): pack here what the GPU machine lacks, the model in parts, and print the calls to make there.
+# The GPU check on a machine reached by copying files (tools/README.md): pack here what it lacks, the model in parts,
+# and print the calls to make there.
 gpu-pack: setup
-	$(PY) -m medusa_lib.pipeline.gpu_pack $(ARGS)
+	$(PY) -m tools.gpu_pack $(ARGS)
 
 # The same check on this CPU with a tiny budget: packing, staging, reassembly and every part's command.
 gpu-dry-run: setup-dev

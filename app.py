@@ -37,7 +37,8 @@ def env_number(
         return raw
     try:
         value = int(raw) if whole else float(raw)
-        if not (math.isfinite(value) and low <= value and (high is None or value <= high)):  # inf: no bound at all
+        # inf: no bound at all
+        if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
             raise ValueError
     except ValueError:
         rule = (
@@ -62,20 +63,22 @@ def env_switch(name: str) -> bool:
 
 # Spaces sets GRADIO_SERVER_NAME=0.0.0.0
 HOST = os.environ.get("MEDUSA_HOST", os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
-PORT_ENV = "MEDUSA_PORT" if "MEDUSA_PORT" in os.environ else "GRADIO_SERVER_PORT"  # named in the sentence of a bad port
+# named in the sentence of a bad port
+PORT_ENV = "MEDUSA_PORT" if "MEDUSA_PORT" in os.environ else "GRADIO_SERVER_PORT"
 PORT = env_number(PORT_ENV, "7860", low=1, high=65535, also=())
-MODEL = os.environ.get("MEDUSA_MODEL", "default")  # "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
-DEFAULT_HEADS = ROOT / "assets" / "heads" / "smollm2-135m-instruct"
-HEADS = os.environ.get("MEDUSA_HEADS", str(DEFAULT_HEADS))
-# auto = the EAGLE head beside the Medusa heads (<heads>-eagle), if there is one; none = Medusa only
-EAGLE = os.environ.get("MEDUSA_EAGLE", "auto")
-DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")  # auto = cuda if present, else cpu
+# "default" = SmolLM2-135M-Instruct, offline; or a folder / Hub id
+MODEL = os.environ.get("MEDUSA_MODEL", "default")
+# auto = the embedded heads (assets/heads/smollm2-135m-instruct) for the default model, untrained heads for another
+HEADS = os.environ.get("MEDUSA_HEADS", "auto")
+# auto = cuda if present, else cpu
+DEVICE = os.environ.get("MEDUSA_DEVICE", "auto")
 # auto = the fastest that works: bf16 on GPUs and on CPUs with native bf16, else float32
 DTYPE = os.environ.get("MEDUSA_DTYPE", "auto")
 # auto = static on a GPU, dynamic on a CPU (medusa_lib.core.kv.default_engine)
 CACHE = os.environ.get("MEDUSA_CACHE", "auto")
 CACHE_CHOICES = ("auto", "dynamic", "static")
-CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")  # auto = CUDA graphs with the static cache on a GPU, none on a CPU
+# auto = CUDA graphs with the static cache on a GPU, none on a CPU
+CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")
 CAPTURE_CHOICES = ("auto", "none", "compile", "cuda-graph")
 SHARE = env_switch("MEDUSA_SHARE")
 # Run a Hub model's own Python code: the operator's call, never the page's.
@@ -117,14 +120,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--heads",
         default=HEADS,
-        help="Medusa heads folder or Hub id (default: the embedded heads; untrained heads if missing)",
+        help="Medusa heads folder or Hub id (default auto: the embedded heads for the default model, untrained "
+        "heads for another or if the embedded ones are missing)",
     )
-    ap.add_argument(
-        "--eagle",
-        default=EAGLE,
-        help="EAGLE head folder for the page's Drafter choice, 'auto' (the one beside the Medusa heads, "
-        "<heads>-eagle, if any; default) or 'none' (Medusa heads only)",
-    )
+    from medusa_lib.core.drafters import REGISTRY
+
+    # a drafter the operator may point somewhere (its folder, "auto" or "none"): --<name>, MEDUSA_<NAME>
+    for name, drafter in REGISTRY.items():
+        if drafter.option:
+            ap.add_argument(f"--{name}", default=os.environ.get(f"MEDUSA_{name.upper()}", "auto"), help=drafter.option)
     ap.add_argument("--device", default=DEVICE, help="auto, cpu, cuda, cuda:1 ... (default auto)")
     ap.add_argument("--dtype", default=DTYPE, help="auto, float32, bfloat16 or float16 (default auto)")
     ap.add_argument(
@@ -186,7 +190,8 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
             "or 0.0.0.0 to serve the network."
         )
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a port in TIME_WAIT is free
+        # as the server will: a port in TIME_WAIT is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((args.host, args.port))
         except OSError as e:
@@ -210,7 +215,8 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
             )
     for name, choices in (("cache", CACHE_CHOICES), ("capture", CAPTURE_CHOICES)):
         value = getattr(args, name)
-        if value not in choices:  # argparse checks the flag's value, not its environment override's
+        # argparse checks the flag's value, not its environment override's
+        if value not in choices:
             sys.exit(
                 f"error: {flag('--' + name, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
                 f"{', '.join(choices)}; fix it or unset it."
@@ -218,13 +224,15 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
     from medusa_lib.core.kv import resolve_engine
     from medusa_lib.core.model import resolve_device, resolve_dtype
 
-    def named(e: ValueError, name: str) -> str:  # a value from the environment: say which variable
+    # a value from the environment: say which variable
+    def named(e: ValueError, name: str) -> str:
         who = flag("--" + name, "MEDUSA_" + name.upper(), argv)
         return f"error: {e}" if who.startswith("--") else f"error: {who}={getattr(args, name)!r}: {e}"
 
     try:
         device = resolve_device(args.device)
-    except ValueError as e:  # ModelError
+    except ValueError as e:
+        # ModelError
         sys.exit(named(e, "device"))
     try:
         resolve_dtype(args.dtype, device)
@@ -232,14 +240,35 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
         sys.exit(named(e, "dtype"))
     try:
         resolve_engine(device, cache=args.cache, capture=args.capture)
-    except ValueError as e:  # EngineError (--cache/--capture)
+    except ValueError as e:
+        # EngineError (--cache/--capture)
         sys.exit(f"error: {e}")
-    from medusa_lib.present.drafter import find_eagle
+    from medusa_lib.present.drafter import check_options
+    from medusa_lib.present.playground import heads_folder
 
     try:
-        find_eagle(args.eagle, heads=args.heads)  # a named EAGLE folder that holds no head: before the model loads
+        # a named drafter folder that holds no drafter: before the model loads
+        check_options(drafter_options(args), folder=heads_folder(args.heads, model=args.model))
     except ValueError as e:
-        sys.exit(f"error: {str(e).replace('--eagle', flag('--eagle', 'MEDUSA_EAGLE', argv), 1)}")
+        sys.exit(f"error: {as_set(e, argv)}")
+
+
+def drafter_options(args: argparse.Namespace) -> dict:
+    """What the operator named for each drafter that takes an option (its ``--<name>`` flag)."""
+    from medusa_lib.core.drafters import REGISTRY
+
+    return {name: getattr(args, name) for name, drafter in REGISTRY.items() if drafter.option}
+
+
+def as_set(error: Exception, argv: list[str] | None) -> str:
+    """An error's sentence naming a drafter's flag as the operator set it (the flag or its variable)."""
+    from medusa_lib.core.drafters import REGISTRY
+
+    text = str(error)
+    for name, drafter in REGISTRY.items():
+        if drafter.option:
+            text = text.replace(f"--{name}", flag(f"--{name}", f"MEDUSA_{name.upper()}", argv), 1)
+    return text
 
 
 def proxies() -> tuple[str, ...]:
@@ -255,21 +284,18 @@ def proxies() -> tuple[str, ...]:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    trusted = proxies()
-    check_serving(args, argv)
-    from medusa_lib.present import Playground, load_examples
-    from ui import DeviceTurn, build_demo, serve  # imported here: --help needs nothing heavy
+def load_playground(args: argparse.Namespace, argv: list[str] | None = None):
+    """The Playground the server offers: ``Playground.load`` with the operator's flags and overrides (its
+    defaults are theirs), or exit with one sentence."""
+    from medusa_lib.present import Playground
 
     try:
-        pg = Playground.load(
+        return Playground.load(
             model=args.model,
             heads=args.heads,
-            default_heads=DEFAULT_HEADS,
             device=args.device,
             dtype=args.dtype,
-            eagle=args.eagle,
+            options=drafter_options(args),
             trust_remote_code=args.trust_remote_code,
             progress=print,
             numerics_copy=args.float32_copy,
@@ -279,12 +305,26 @@ def main(argv: list[str] | None = None) -> None:
             max_prompt_chars=MAX_PROMPT_CHARS,
             max_prompt_tokens=MAX_PROMPT_TOKENS,
         )
-    except ValueError as e:  # ModelError / HeadsError / EagleError: one sentence, no traceback
-        sys.exit(f"error: {str(e).replace('--eagle', flag('--eagle', 'MEDUSA_EAGLE', argv), 1)}")
+    except ValueError as e:
+        # ModelError / HeadsError / EagleError: one sentence, no traceback
+        sys.exit(f"error: {as_set(e, argv)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    trusted = proxies()
+    check_serving(args, argv)
+    from medusa_lib.present import load_examples
+
+    # imported here: --help needs nothing heavy
+    from ui import DeviceTurn, build_demo, serve
+
+    pg = load_playground(args, argv)
     examples = load_examples(EXAMPLES)
     if not examples:
         print(f"note: no example prompts ({EXAMPLES} is missing or empty)")
-    device = DeviceTurn()  # every run, whatever its route, on this thread: the one that loaded the model
+    # every run, whatever its route, on this thread: the one that loaded the model
+    device = DeviceTurn()
     demo = build_demo(
         pg,
         examples=examples,
@@ -306,17 +346,21 @@ def main(argv: list[str] | None = None) -> None:
                 proxies=trusted,
                 prevent_thread_lock=True,
             )
-        except OSError as e:  # the port was taken while the model loaded ...
+        except OSError as e:
+            # the port was taken while the model loaded ...
             sys.exit(
                 f"error: cannot serve on {args.host}:{args.port} "
                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pick another --port or --host."
             )
-        device.serve_forever()  # the server runs on its own threads; the runs run here
-    except KeyboardInterrupt:  # Ctrl-C, also while the server starts
+        # the server runs on its own threads; the runs run here
+        device.serve_forever()
+    except KeyboardInterrupt:
+        # Ctrl-C, also while the server starts
         print("Keyboard interruption in main thread... closing server.")
         try:
             demo.close()
-        except KeyboardInterrupt:  # a second Ctrl-C while it closes: stop at once, without a traceback
+        except KeyboardInterrupt:
+            # a second Ctrl-C while it closes: stop at once, without a traceback
             pass
 
 

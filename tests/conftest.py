@@ -408,3 +408,50 @@ def model_folder(tmp_path_factory):
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return folder
+
+
+# ------------------------------------------------------------------ fixtures of the split test modules
+@pytest.fixture(scope="module")
+def models():
+    """The tiny models the decoding tests run on (decoding_helpers.ARCHS), by family."""
+    from decoding_helpers import ARCHS, model_for
+
+    return {arch: model_for(arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def heads():
+    """Three path-conditioned heads sharing the LM head, for the static engine's tests (beside ``llama``)."""
+    return random_heads(3, shared=True, path=True)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny Llama, its tokenizer, heads and the bench prompts (bench_helpers.PROMPTS) saved for the bench tests."""
+    import json
+
+    from bench_helpers import PROMPTS
+
+    folder = tmp_path_factory.mktemp("bench")
+    model = make_model("llama")
+    model.save_pretrained(folder / "model")
+    tiny_tokenizer().save_pretrained(folder / "model")
+    heads = random_heads(3, shared=True)
+    heads.save(folder / "heads", base_model="tiny-llama", default_tree="chain-3")
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return folder
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if app.py gets as far as loading a model: these flags must be refused before."""
+    from cli_helpers import SERVING_ENV
+
+    import medusa_lib.present.playground as playground
+
+    def load_model(*a, **kw):
+        raise AssertionError("the model was loaded before the bad flag was refused")
+
+    monkeypatch.setattr(playground, "load_model", load_model)
+    for k in SERVING_ENV + ("MEDUSA_DEVICE", "MEDUSA_CAPTURE", "MEDUSA_CACHE"):
+        monkeypatch.delenv(k, raising=False)

@@ -223,7 +223,9 @@ def test_eagles_node_budgets_carry_their_acceptance():
     base = tiny_playground(oracle=False)
     torch.manual_seed(0)
     head = new_eagle_head(base.model, tree=DynamicTreeConfig(top_k=2, depth=3, num_nodes=6)).eval()
-    pg = Playground(base.model, base.tokenizer, base.heads, heads_note="test heads", eagles={"float32": head})
+    pg = Playground(
+        base.model, base.tokenizer, base.heads, heads_note="test heads", drafters={"eagle": {"float32": head}}
+    )
     points = eagle_budgets(pg, PROMPT, max_new_tokens=8, budgets=(2, 6))
     for p in points:
         a = p.acceptance

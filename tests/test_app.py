@@ -270,3 +270,58 @@ def test_the_page_starts_on_the_tree_calibrated_in_its_default_numerics():
         }
         assert page["tree-preset"]["value"] == tree and "calibration-note" not in page
         assert f"{figures['trees'][tree]['speedup']:.2f}x plain decoding's speed" in page["explain"]["value"]
+
+
+def load_app(monkeypatch):
+    """app.py as a fresh module, its environment overrides unset (its constants read them at import)."""
+    import importlib.util
+    import os
+
+    for k in [k for k in os.environ if k.startswith("MEDUSA_") or k.startswith("GRADIO_SERVER_")]:
+        monkeypatch.delenv(k)
+    spec = importlib.util.spec_from_file_location("app_load", ROOT / "app.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def what_the_page_offers(pg) -> dict:
+    """What a user of the page or of /compare meets of a Playground: its copies, heads, trees, drafters, limits and
+    starting settings (the measured speeds of its copies aside: two loads measure two figures)."""
+    return {
+        "numerics": (list(pg.variants), pg.default_numerics, pg.dtype, pg.device),
+        "heads": (pg.heads.num_heads, pg.heads_note),
+        "trees": (pg.tree_presets, pg.tree_names(), pg.defaults),
+        "drafters": (pg.drafters.available, pg.drafters.default, pg.drafters.note),
+        "limits": (pg.max_new_tokens_limit, pg.max_prompt_chars, pg.max_prompt_tokens, pg.prompt_limit_why),
+        "engine": (pg.cache, pg.engine),
+        "start": pg.starting_request(),
+    }
+
+
+@pytest.mark.parametrize("beside", ["no heads", "heads and an EAGLE head"])
+def test_app_py_serves_the_playground_that_playground_load_builds(monkeypatch, model_folder, tmp_path, beside):
+    """app.py with its flags at their defaults loads what ``Playground.load`` loads from the same model: a model
+    named without heads gets untrained heads both ways (app.py once offered the default model's heads to any
+    model), and a heads folder brings the EAGLE head beside it both ways."""
+    from conftest import make_model, random_heads
+
+    from medusa_lib.core.dynamic_tree import DynamicTreeConfig
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.present import Playground
+
+    app = load_app(monkeypatch)
+    flags, named = ["--model", str(model_folder), "--device", "cpu"], {}
+    if beside != "no heads":
+        random_heads().save(tmp_path / "heads")
+        new_eagle_head(make_model("llama"), tree=DynamicTreeConfig(top_k=2, depth=3, num_nodes=6)).save(
+            tmp_path / "heads-eagle"
+        )
+        flags, named = flags + ["--heads", str(tmp_path / "heads")], {"heads": tmp_path / "heads"}
+    served = app.load_playground(app.parse_args(flags))
+    loaded = Playground.load(model=str(model_folder), device="cpu", **named)
+    assert what_the_page_offers(served) == what_the_page_offers(loaded)
+    if beside == "no heads":
+        assert loaded.heads_note.startswith("untrained heads") and "eagle" not in loaded.drafters.available
+    else:
+        assert loaded.heads_note.startswith("trained heads") and "eagle" in loaded.drafters.available

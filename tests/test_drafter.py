@@ -10,10 +10,11 @@ import torch
 from conftest import PROMPT, make_model, random_heads, serving, tiny_playground
 
 from medusa_lib import DecodeConfig, Decoder
+from medusa_lib.core.drafters import EagleDrafter, MedusaDrafter
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import EagleError, new_eagle_head
 from medusa_lib.present import Playground, PlaygroundError, Settings, default_drafter, eagle_budgets
-from medusa_lib.present.drafter import eagle_speedup, find_eagle, make_drafters, medusa_speedup
+from medusa_lib.present.drafter import find_eagle, make_drafters
 from medusa_lib.present.inspector import mask_data, path_rows, tree_nodes
 
 TREE = DynamicTreeConfig(top_k=2, depth=4, num_nodes=8)
@@ -44,7 +45,14 @@ def eagle_playground(**kw) -> Playground:
     ids = base.prompt_ids(PROMPT)
     answer = Decoder(base.model, config=DecodeConfig(max_new_tokens=40, stop_on_eos=False)).run(ids).tokens
     head = trained_eagle(base.model, ids, answer)
-    return Playground(base.model, base.tokenizer, base.heads, heads_note="test heads", eagles={"float32": head}, **kw)
+    return Playground(
+        base.model, base.tokenizer, base.heads, heads_note="test heads", drafters={"eagle": {"float32": head}}, **kw
+    )
+
+
+def with_eagle(pg, head, numerics: str = "float32") -> dict:
+    """What a playground loaded, with ``head`` as its EAGLE head."""
+    return {**pg.drafters.loaded, "eagle": {numerics: head}}
 
 
 @pytest.fixture(scope="module")
@@ -63,31 +71,39 @@ def eagle_run(pg):
 
 # ------------------------------------------------------------------ the default rule
 def test_the_default_is_eagle_only_where_its_recorded_speedup_beats_medusas():
-    assert default_drafter(None, None) == "medusa"
-    assert default_drafter(1.7, None) == "medusa"  # no figure for EAGLE: Medusa
-    assert default_drafter(1.7, 1.1) == "medusa"  # the shipped heads on this CPU
-    assert default_drafter(1.7, 1.7) == "medusa"  # a tie keeps Medusa
-    assert default_drafter(1.7, 2.3) == "eagle"
-    assert default_drafter(None, 1.2) == "eagle"  # uncalibrated Medusa heads have no figure to beat
+    def pick(medusa, eagle):
+        return default_drafter({"medusa": medusa, "eagle": eagle})
+
+    assert pick(None, None) == "medusa"
+    assert pick(1.7, None) == "medusa"  # no figure for EAGLE: Medusa
+    assert pick(1.7, 1.1) == "medusa"  # the shipped heads on this CPU
+    assert pick(1.7, 1.7) == "medusa"  # a tie keeps Medusa
+    assert pick(1.7, 2.3) == "eagle"
+    assert pick(None, 1.2) == "eagle"  # uncalibrated Medusa heads have no figure to beat
+    # whatever drafters have a record are compared: the fastest wins
+    assert default_drafter({"medusa": 1.7, "eagle": 1.8, "rest": 1.9}) == "rest"
 
 
 def test_recorded_figures_count_only_on_their_own_kind_of_device(pg):
     head = new_eagle_head(pg.model, tree=TREE)
     head.calibration = {"device_kind": "cuda", "speedup": 3.0}
-    assert eagle_speedup(head, torch.device("cpu")) is None and eagle_speedup(head, torch.device("cuda")) == 3.0
+    speedup = lambda device: EagleDrafter.recorded(head, defaults=pg.defaults, device=torch.device(device))[0]  # noqa: E731
+    assert speedup("cpu") is None and speedup("cuda") == 3.0
     head.calibration = {"speedup": 2.5}  # a record without a kind was made on a CPU
-    assert eagle_speedup(head, torch.device("cpu")) == 2.5
-    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    assert speedup("cpu") == 2.5
+    drafters = make_drafters(with_eagle(pg, head), defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert drafters.default == "eagle" and "2.50x" in drafters.note
-    assert medusa_speedup(pg.defaults, torch.device("cpu")) is None  # the tiny heads are not calibrated
+    # the tiny heads are not calibrated
+    assert MedusaDrafter.recorded(pg.heads, defaults=pg.defaults, device=torch.device("cpu"))[0] is None
 
 
 def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkeypatch):
     """bench --record-eagle with medusa-greedy keeps both drafters' speed-ups of one run; those are
     compared (not the heads' own calibration, perhaps of another machine or numerics)."""
-    import medusa_lib.present.drafter as drafter
-
-    monkeypatch.setattr(drafter, "medusa_speedup", lambda defaults, device: 9.0)  # a figure of another machine
+    # a figure of another machine
+    monkeypatch.setattr(
+        MedusaDrafter, "recorded", classmethod(lambda cls, s, **kw: (9.0, {}, "the heads' calibration"))
+    )
     head = new_eagle_head(pg.model, tree=TREE)
     head.calibration = {
         "device_kind": "cpu",
@@ -96,7 +112,7 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
         "dtype": "torch.float32",
         "date": "2026-11-26",
     }
-    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    drafters = make_drafters(with_eagle(pg, head), defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert drafters.default == "eagle"
     assert (
         drafters.note
@@ -104,14 +120,14 @@ def test_figures_of_one_bench_run_decide_the_default_and_are_named_so(pg, monkey
         "2026-11-26) on CPU: Medusa heads 1.10x, EAGLE head 1.30x plain)."
     )
     head.calibration |= {"lookup_speedup": 1.05}  # EAGLE as the page runs it (+ the lookup branch), against the same
-    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    drafters = make_drafters(with_eagle(pg, head), defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert drafters.default == "medusa"
     assert drafters.note == (
         "The Medusa heads start selected: they are the faster drafter here (measured in one bench run (float32, "
         "2026-11-26, each with the lookup branch) on CPU: Medusa heads 1.10x, EAGLE head 1.05x plain)."
     )
     head.calibration = {"device_kind": "cpu", "speedup": 1.3}
-    drafters = make_drafters({"float32": head}, defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
+    drafters = make_drafters(with_eagle(pg, head), defaults=pg.defaults, device=torch.device("cpu"), device_label="CPU")
     assert (
         drafters.default == "medusa"
         and "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines) "
@@ -137,14 +153,17 @@ def test_the_shipped_records_decide_the_default_drafter_here(pg):
     assert cal["device_kind"] == "cpu" and cal["draft"] == "int8" and cal["dtype"] == "torch.float32"
     defaults = heads_defaults(load_heads("assets/heads/smollm2-135m-instruct"), "cpu", "float32")
     shipped = make_drafters(
-        {"float32": SimpleNamespace(calibration=cal)}, defaults=defaults, device=torch.device("cpu"), device_label="CPU"
+        with_eagle(pg, SimpleNamespace(calibration=cal)),
+        defaults=defaults,
+        device=torch.device("cpu"),
+        device_label="CPU",
     )
-    assert shipped.default == default_drafter(cal["medusa_speedup"], cal["lookup_speedup"])
+    assert shipped.default == default_drafter({"medusa": cal["medusa_speedup"], "eagle": cal["lookup_speedup"]})
     assert f"Medusa heads {cal['medusa_speedup']:.2f}x, EAGLE head {cal['lookup_speedup']:.2f}x plain" in shipped.note
     assert "float32, int8 drafts" in shipped.note and "each with the lookup branch" in shipped.note
     # the same record on a GPU says nothing: the Medusa heads start selected there
     gpu = make_drafters(
-        {"bfloat16": SimpleNamespace(calibration=cal)},
+        with_eagle(pg, SimpleNamespace(calibration=cal), numerics="bfloat16"),
         defaults=defaults,
         device=torch.device("cuda"),
         device_label="GPU",
@@ -195,9 +214,9 @@ def test_the_tree_preset_does_not_apply_to_eagle_and_the_json_says_which_tree_ra
 @pytest.mark.parametrize(
     "value, sentence",
     [
-        ("EAGLE", 'The drafter must be "medusa", "eagle" or "lookup" (got \'EAGLE\').'),
-        (3, 'The drafter must be "medusa", "eagle" or "lookup", not a number (got 3).'),
-        (["eagle"], 'The drafter must be "medusa", "eagle" or "lookup", not a list (got ["eagle"]).'),
+        ("EAGLE", 'The drafter must be "medusa", "eagle", "lookup" or "rest" (got \'EAGLE\').'),
+        (3, 'The drafter must be "medusa", "eagle", "lookup" or "rest", not a number (got 3).'),
+        (["eagle"], 'The drafter must be "medusa", "eagle", "lookup" or "rest", not a list (got ["eagle"]).'),
     ],
 )
 def test_a_bad_drafter_gets_one_sentence(pg, value, sentence):
@@ -284,14 +303,17 @@ def test_how_to_read_this_page_says_what_eagle_reads_that_medusa_never_sees(pg):
     assert "reads only h_t" in text and pg.drafters.note in text
 
 
-def test_how_to_read_this_page_names_the_three_drafters_of_the_drafter_choice(pg):
+def test_how_to_read_this_page_names_every_drafter_of_the_registry_in_its_own_words(pg):
+    from medusa_lib.core.drafters import REGISTRY
     from medusa_lib.present import DRAFTER_NAMES
     from ui.text import explain
 
     text = " ".join(explain(drafter_note=pg.drafters.note).split())
-    assert "**Three drafters: Medusa heads, an EAGLE head or prompt lookup.**" in text and "Two drafters" not in text
-    assert list(DRAFTER_NAMES.values()) == ["Medusa heads", "EAGLE head", "Prompt lookup"]  # the choice's words
-    assert "*Prompt lookup* needs no weights" in text and "the same for all three" in text
+    assert "**Four drafters: Medusa heads, EAGLE head, Prompt lookup or REST (retrieval).**" in text
+    # the choice's words
+    assert list(DRAFTER_NAMES.values()) == ["Medusa heads", "EAGLE head", "Prompt lookup", "REST (retrieval)"]
+    assert all(" ".join(cls.teach.split()) in text for cls in REGISTRY.values())
+    assert "*Prompt lookup* needs no weights" in text and "the same for all four" in text
 
 
 def test_the_lab_measures_eagles_node_budgets(pg):
@@ -324,7 +346,7 @@ def test_compare_takes_the_drafter_and_refuses_a_bad_one_with_its_sentence(serve
     assert client.predict(PROMPT, 4, api_name="/compare", drafter="")["drafter"] == "medusa"  # "" = the default
     with pytest.raises(AppError) as err:
         client.predict(PROMPT, 4, api_name="/compare", drafter="fast")
-    assert str(err.value) == 'The drafter must be "medusa", "eagle" or "lookup" (got \'fast\').'
+    assert str(err.value) == 'The drafter must be "medusa", "eagle", "lookup" or "rest" (got \'fast\').'
 
 
 # ------------------------------------------------------------------ where the EAGLE head comes from

@@ -265,7 +265,7 @@ def test_the_draft_loop_reads_nothing_back_to_the_host(setups):
     top-k), so a captured step can take them later: no host read inside ``EagleRun.draft``."""
     from test_fused import HOST_READS
 
-    from medusa_lib.core.eagle import EagleRun
+    from medusa_lib.core.eagle_run import EagleRun
     from medusa_lib.pipeline.profile_step import OpCounter
 
     model, head, _ = setups["llama"]

@@ -30,9 +30,10 @@ from conftest import VOCAB, make_model
 from torch import nn
 from transformers import DynamicCache
 
-import medusa_lib.core.eagle as eagle_module
+import medusa_lib.core.eagle_run as eagle_module
 from medusa_lib.core.dynamic_tree import DEPTH_PENALTY, DynamicTreeConfig
-from medusa_lib.core.eagle import EagleRun, new_eagle_head
+from medusa_lib.core.eagle import new_eagle_head
+from medusa_lib.core.eagle_run import EagleRun
 
 PROMPT_LEN = 12
 LM_HEAD_SCALE = 15.0  # peaky random draft distributions, so the selected trees reach depth >= 3

@@ -10,7 +10,8 @@ from conftest import make_model
 
 from medusa_lib import DecodeConfig, Decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
-from medusa_lib.core.eagle import EagleError, EagleRun, load_eagle, new_eagle_head
+from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
+from medusa_lib.core.eagle_run import EagleRun
 from medusa_lib.pipeline.eagle_loss import accepted_length, eagle_loss, simulated_lengths, unrolled
 from medusa_lib.pipeline.feature_cache import FeatureCache, build_cache, fused_layers, read_cache
 from medusa_lib.pipeline.train_eagle import train
@@ -172,7 +173,7 @@ def test_simulated_acceptance_equals_the_decoders_on_the_models_own_answers(mode
 def test_a_fused_drafter_reads_the_layer_inputs_of_the_rows_it_verified(model, records, monkeypatch):
     """What the decoder hands the EAGLE-3 run after the prefill and every step is the fused layers' inputs
     at exactly the committed positions (the cache's, computed in one forward of the whole answer)."""
-    from medusa_lib.core import drafters
+    from medusa_lib.core.drafters import eagle_head as drafters
 
     monkeypatch.setattr("medusa_lib.pipeline.feature_cache.cpu_has_native_bf16", lambda: False)  # float32 forwards
     cache = FeatureCache.build(model, records, layers=fused_layers(6), dtype=torch.float32)
@@ -202,7 +203,7 @@ def test_a_fused_head_decodes_exactly_saves_loads_and_lets_go_of_the_model(model
     (tmp_path / "e3" / "config.json").write_text(json.dumps(meta))
     loaded = load_eagle(tmp_path / "e3", model=model)
     assert loaded.config.fuse_layers == (2, 3, 3)
-    note = Drafters({"float32": loaded}, "medusa").note_of("eagle")  # what the page says under the choice
+    note = Drafters({"eagle": {"float32": loaded}}, "medusa").note_of("eagle")  # what the page says under the choice
     assert note.endswith("This is EAGLE-3 (fused features): trained on three answers.")
     cfg = DecodeConfig(max_new_tokens=24, stop_on_eos=False)
     for r in records:

@@ -10,7 +10,8 @@ from conftest import VOCAB, make_model
 
 from medusa_lib import DecodeConfig, Decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
-from medusa_lib.core.eagle import EagleError, EagleRun, load_eagle, new_eagle_head
+from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
+from medusa_lib.core.eagle_run import EagleRun
 from medusa_lib.pipeline.eagle_loss import simulated_acceptance
 from medusa_lib.pipeline.eagle_tune import proposal_subsets, sweep, write_size
 from medusa_lib.pipeline.feature_cache import FeatureCache

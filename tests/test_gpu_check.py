@@ -35,7 +35,7 @@ def test_the_gpu_check_stages_verifies_and_runs_every_part_on_a_cpu(tmp_path):
     wheels, pack = tmp_path / "wheels", tmp_path / "pack"
     wheels.mkdir()
     fake_wheel(wheels, "gpu_check_probe", "1.0", module="gpu_check_probe")
-    packed = run("-m", "medusa_lib.pipeline.gpu_pack", "--out", pack, "--wheels-from", wheels).stdout
+    packed = run("-m", "tools.gpu_pack", "--out", pack, "--wheels-from", wheels).stdout
     manifest = json.loads((pack / "manifest.json").read_text())
     n = manifest["calls"]
     assert f"{n} call(s), the fewest" in packed and n >= 2  # the 98 MB model never fits one call beside the tree

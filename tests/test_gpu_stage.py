@@ -1,5 +1,6 @@
-"""pipeline/gpu_stage, gpu_pack, gpu_parts and the check's runner: the packing arithmetic, the checksums, the
-refusal of a missing or damaged part, and parts that fail or hang without stopping the others (no network, no model)."""
+"""tools/gpu_plan and gpu_pack, pipeline/gpu_stage, gpu_parts and the check's runner: the packing arithmetic, the
+checksums, the refusal of a missing or damaged part, and parts that fail or hang without stopping the others (no
+network, no model)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from medusa_lib.pipeline import gpu_check, gpu_figures, gpu_pack, gpu_parts, gpu_stage
-from medusa_lib.pipeline.gpu_stage import PER_FILE, StageError
+from medusa_lib.pipeline import gpu_check, gpu_figures, gpu_parts, gpu_stage
+from medusa_lib.pipeline.gpu_stage import StageError
+from tools import gpu_pack, gpu_plan
+from tools.gpu_plan import PER_FILE
 
 MB = 1_000_000
 
@@ -35,14 +38,14 @@ def check_copies(copies, *, room, wheels, model_size):
 
 def test_the_fewest_calls_that_fit_carry_every_wheel_and_the_whole_model():
     room, wheels, model = 30 * MB, {"transformers.whl": 12_300_000, "gguf.whl": 95_000}, 98_362_432
-    copies = gpu_stage.plan_copies(room=room, wheels=wheels, model_size=model)
+    copies = gpu_plan.plan_copies(room=room, wheels=wheels, model_size=model)
     need = sum(wheels.values()) + model + PER_FILE * (len(wheels) + len(copies))
     assert len(copies) == math.ceil(need / room) == 4
     check_copies(copies, room=room, wheels=wheels, model_size=model)
     assert (
         max(c.size for c in copies) - min(c.size for c in copies if c.size) < 13 * MB
     )  # spread by free space, not piled up front
-    assert len(gpu_stage.plan_copies(room=room, wheels={}, model_size=room // 2)) == 1
+    assert len(gpu_plan.plan_copies(room=room, wheels={}, model_size=room // 2)) == 1
 
 
 def test_random_sizes_always_take_ceil_of_total_over_room_calls():
@@ -51,7 +54,7 @@ def test_random_sizes_always_take_ceil_of_total_over_room_calls():
         room = rng.randint(2 * MB, 40 * MB)
         wheels = {f"w{i}.whl": rng.randint(1, room // 3) for i in range(rng.randint(0, 5))}
         model = rng.randint(0, 5 * room)
-        copies = gpu_stage.plan_copies(room=room, wheels=wheels, model_size=model)
+        copies = gpu_plan.plan_copies(room=room, wheels=wheels, model_size=model)
         check_copies(copies, room=room, wheels=wheels, model_size=model)
         least = math.ceil((sum(wheels.values()) + PER_FILE * len(wheels) + model) / room)
         assert len(copies) <= max(least, 1) + 1  # the model parts' own allowance may add one call at an exact boundary
@@ -59,10 +62,10 @@ def test_random_sizes_always_take_ceil_of_total_over_room_calls():
 
 def test_a_wheel_larger_than_a_call_or_a_tree_that_fills_it_is_refused_in_one_sentence():
     with pytest.raises(StageError, match=r"^The wheel big\.whl \(.*\) is larger than one call can carry") as e:
-        gpu_stage.plan_copies(room=10 * MB, wheels={"big.whl": 11 * MB}, model_size=1)
+        gpu_plan.plan_copies(room=10 * MB, wheels={"big.whl": 11 * MB}, model_size=1)
     assert str(e.value).count(". ") == 0 and str(e.value).endswith(".")
     with pytest.raises(StageError, match="leaves no room"):
-        gpu_stage.plan_copies(room=gpu_stage.room_per_call(70 * MB, 10), wheels={}, model_size=1)
+        gpu_plan.plan_copies(room=gpu_plan.room_per_call(70 * MB, 10), wheels={}, model_size=1)
 
 
 def test_the_machine_gets_only_what_it_lacks_or_has_at_another_version():
@@ -127,12 +130,12 @@ def small_repo(tmp_path: Path) -> Path:
 def packed(tmp_path: Path, *, compress: str = "none", room: int = 150_000):
     """A packing of a 300 kB stand-in model and two wheels into calls of ``room`` bytes beside a small repository."""
     root = small_repo(tmp_path)
-    tree_bytes, tree_files = gpu_stage.tree_size(root)
+    tree_bytes, tree_files = gpu_plan.tree_size(root)
     assert (tree_bytes, tree_files) == (5000 + 3000 + len("/.gpu/\n"), 3)  # .gitignore, tracked.txt, untracked.txt
     wheels = [fake_wheel(tmp_path, "alpha", "1.0", module="alpha_probe"), fake_wheel(tmp_path, "beta", "2.0")]
     model = tmp_path / "tiny.gguf"
     model.write_bytes(random.Random(1).randbytes(300_000))
-    limit = room + tree_bytes + PER_FILE * tree_files + gpu_stage.SAFETY + gpu_stage.RESERVE
+    limit = room + tree_bytes + PER_FILE * tree_files + gpu_plan.SAFETY + gpu_plan.RESERVE
     manifest = gpu_pack.pack(
         root / ".gpu", wheels=wheels, gguf=model, compress=compress, root=root, limit=limit, say=lambda m: None
     )

@@ -284,9 +284,9 @@ def test_race_replay_takes_turns_with_runs_in_the_device_queue():
     from ui import build_demo
 
     fns = {f.api_name: f for f in build_demo(tiny_playground(oracle=False)).fns.values()}
-    device = {
-        name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in ("run", "run_1", "compare", "replay")
-    }
+    # Run, the prompt's Enter (named after its handler), /compare and the replay
+    names = ("run", "run_event", "compare", "replay")
+    device = {name: (fns[name].concurrency_id, fns[name].concurrency_limit) for name in names}
     assert len(set(device.values())) == 1 and device["run"][1] == 1, device
 
 
@@ -381,12 +381,17 @@ def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
 
 def test_gradio_hands_the_run_its_request_so_a_stop_or_a_closed_stream_finds_the_run():
     """gradio injects ``gr.Request`` only into a positional parameter annotated with it: a handler taking
-    ``*values`` would get None, and Stop and the closed-stream check would lose the session's run."""
+    ``*values`` would get None, and Stop and the closed-stream check would lose the session's run. The page's
+    event takes it first and hands it on with the inputs' values, in ``PAGE_INPUTS``' order."""
     from gradio.helpers import special_args
 
     from ui.handlers import PAGE_INPUTS, Handlers
 
-    request = object()
+    h, request = Handlers(tiny_playground(oracle=False)), object()
     inputs = [f"value-{name}" for name in PAGE_INPUTS]
-    args, *_ = special_args(Handlers(tiny_playground(oracle=False)).run, list(inputs), request)
-    assert args[: len(PAGE_INPUTS)] == inputs and args[len(PAGE_INPUTS)] is request
+    args, *_ = special_args(h.run_event, list(inputs), request)
+    assert args[0] is request and args[1:] == inputs
+    seen = []
+    h.live.track = lambda request, names, frames: seen.append(request) or iter(())
+    list(h.run_event(*args))
+    assert seen == [request]

@@ -158,7 +158,7 @@ def test_use_this_tree_fills_the_custom_tree_box(pg):
 
     text, status = LabHandlers(pg).use("[[1],[0]]")
     assert text == "[[0], [1]]" and "Custom tree" in status
-    assert pg.resolve_tree(pg.settings(8, 0.0, 0.09, 0.3, "", text, True)).choices == ((0,), (1,))
+    assert pg.resolve_tree(pg.settings_of({"custom_tree": text})).choices == ((0,), (1,))
 
 
 def test_measure_puts_the_measured_point_beside_the_predicted_one(pg):

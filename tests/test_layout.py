@@ -2,7 +2,8 @@
 
 core/ imports nothing outside core/; present/ (the page's data) uses core/ only; pipeline/ (the
 offline CLIs) uses core/ only, except page_check, the CLI that measures the page's own path over many
-prompts; serving (ui/, app.py) never reaches the pipeline.
+prompts; serving (ui/, app.py) never reaches the pipeline. tools/ (staging the GPU check onto a machine
+reached by copying files) may use the library; neither the library nor serving imports tools/.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def imports_of(path: Path) -> set[str]:
 
 
 def imports_in(source: str, *, package: str) -> set[str]:
-    """medusa_lib modules (and gradio, ui) that ``source``, a module of ``package``, imports."""
+    """medusa_lib modules (and gradio, ui, tools) that ``source``, a module of ``package``, imports."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
@@ -49,7 +50,8 @@ def imports_in(source: str, *, package: str) -> set[str]:
             found |= {f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-    return {m for m in found if m == "medusa_lib" or m.startswith("medusa_lib.") or m.split(".")[0] in ("gradio", "ui")}
+    outside = ("gradio", "ui", "tools")
+    return {m for m in found if m == "medusa_lib" or m.startswith("medusa_lib.") or m.split(".")[0] in outside}
 
 
 def graph() -> dict[str, set[str]]:
@@ -75,7 +77,7 @@ def test_a_package_imported_by_name_counts_as_that_package():
     """`from medusa_lib import present` and `from .. import core` are imports of those packages."""
     source = (
         "from medusa_lib import present\nfrom .. import core\nfrom ..core import tree\n"
-        "from medusa_lib import load_model\nimport gradio as gr\n"
+        "from medusa_lib import load_model\nimport gradio as gr\nfrom tools import gpu_pack\nimport tools.gpu_plan\n"
     )
     assert imports_in(source, package="medusa_lib.pipeline") == {
         "medusa_lib.present",
@@ -83,6 +85,8 @@ def test_a_package_imported_by_name_counts_as_that_package():
         "medusa_lib.core.tree",
         "medusa_lib",
         "gradio",
+        "tools",
+        "tools.gpu_plan",
     }
 
 
@@ -107,3 +111,34 @@ def test_no_import_cycles():
 def test_serving_never_imports_the_pipeline():
     for path in [ROOT / "app.py", *(ROOT / "ui").rglob("*.py"), *(PACKAGE / "present").rglob("*.py")]:
         assert not any(".pipeline" in d for d in imports_of(path) if d.startswith("medusa_lib")), path
+
+
+def test_neither_the_library_nor_serving_imports_tools():
+    """tools/ serves one case (a GPU machine reached by copying files) and may import medusa_lib, never the reverse."""
+    assert (ROOT / "tools" / "gpu_pack.py").exists(), "the staging lives in tools/"
+    for path in [ROOT / "app.py", *(ROOT / "ui").rglob("*.py"), *PACKAGE.rglob("*.py")]:
+        found = sorted(d for d in imports_of(path) if d.split(".")[0] == "tools")
+        assert not found, f"{path.relative_to(ROOT)} imports {found}"
+
+
+# The core's floors: the foundations (settings, trees, defaults, messages) import neither the rules
+# nor the engines nor any drafter, so those build on them and never the other way round.
+FOUNDATIONS = ("config", "defaults", "messages", "tree")
+ABOVE = ("acceptance", "rules", "lookup", "decoding", "fused", "kv", "prefill", "drafters")
+
+
+def test_the_cores_foundations_import_no_rule_engine_or_drafter():
+    g = graph()
+    for name in FOUNDATIONS:
+        deps = {d.split(".")[2] for d in g[f"medusa_lib.core.{name}"] if d.count(".") >= 2}
+        assert not deps & set(ABOVE), f"core/{name}.py imports {sorted(deps & set(ABOVE))}"
+
+
+def test_the_decoder_and_the_static_step_import_no_drafters_file():
+    """decoding.py reaches drafters through the package's seam (make_drafter), never a drafter's
+    file; fused.py knows none at all."""
+    g = graph()
+    for name in ("decoding", "fused"):
+        files = {d for d in g[f"medusa_lib.core.{name}"] if d.startswith("medusa_lib.core.drafters.")}
+        assert not files, f"core/{name}.py imports {sorted(files)}"
+    assert "medusa_lib.core.drafters" not in g["medusa_lib.core.fused"]

@@ -218,10 +218,49 @@ def test_heads_config_lookup_is_read_and_used_by_the_playground(tmp_path):
     for heads, on, n in [(a, True, 2), (b, True, 4), (load_heads(tmp_path / "c", model=model), False, 4)]:
         pg = Playground(model, tiny_tokenizer(), heads)
         assert pg.defaults.lookup_on == on and pg.defaults.lookup == n
-        settings = lambda box: pg.settings(8, 0.7, 0.09, 0.3, "chain-2", "", True, box)  # noqa: E731
+        settings = lambda box: pg.settings_of({"tree": "chain-2", "lookup_branch": box})  # noqa: E731
         assert settings(True).lookup == n and settings(False).lookup == 0
         with pytest.raises(
             ValueError,
             match=r"The lookup branch switch \(lookup_branch\) must be true or false, not a number \(got 0\)\.",
         ):
             settings(0)  # the switch is a bool: 0 is not false
+
+
+def ends(events) -> dict:
+    return {e.method: e.record for e in events if e.kind == "end"}
+
+
+def test_lookup_branch_shows_in_pieces_tree_and_table():
+    from conftest import tiny_playground
+
+    from medusa_lib.present import Settings, path_rows, tree_nodes
+    from ui.figures import tree_figure
+    from ui.render import tokens_html
+
+    pg = tiny_playground(oracle=False)  # untrained heads: what gets accepted comes from the lookup branch
+    prompt = "w5 w6 w7 w8 w5 w6 w7"  # the tiny model's answer to it soon repeats itself
+    on = ends(pg.stream(prompt, Settings(max_new_tokens=60, tree="chain-2", lookup=4)))["medusa-greedy"]
+    off = ends(pg.stream(prompt, Settings(max_new_tokens=60, tree="chain-2", lookup=0)))["medusa-greedy"]
+    assert on.tokens == off.tokens and on.result.decode_steps < off.result.decode_steps
+    assert all(v.step.tree.lookup == 0 for v in off.views[1:]) and off.result.lookup_tokens == 0
+    won = [v for v in on.views[1:] if v.step.lookup_accepted]
+    assert won and on.result.lookup_tokens == sum(v.step.lookup_accepted for v in won)
+    v = won[0]
+    assert [p.origin for p in v.pieces] == ["lookup"] * v.step.accept_length + ["base"] * (
+        len(v.step.tokens) - v.step.accept_length
+    )
+    nodes = tree_nodes(v, pg.tokenizer)
+    L, n = v.step.tree.num_nodes, v.step.tree.lookup
+    assert [x["kind"] for x in nodes[:L]] == ["root"] + ["candidate"] * (L - n - 1) + ["lookup"] * n
+    assert all(x["rank"] is None for x in nodes[L - n : L]) and [x["parent"] for x in nodes[L - n : L]] == [0] + list(
+        range(L - n, L - 1)
+    )
+    assert {x["node"] for x in nodes if x["kind"] == "lookup" and x["accepted"]} == set(v.step.accepted_nodes[1:])
+    fig = tree_figure(nodes, title="t")
+    assert {"lookup branch, accepted"} <= {t.name for t in fig.data} and "depth 1" in fig.layout.xaxis.ticktext
+    rows = {r["step"]: r for r in path_rows(on, pg.tokenizer)}
+    assert rows[v.step.index]["drafted by"] == "lookup branch"
+    assert all(r["drafted by"] == "" for r in rows.values() if r["accept length"] == 0)
+    html = tokens_html(v.pieces)
+    assert f'class="tok lookup l{v.step.index % 2}"' in html and "accepted lookup-branch token" in html

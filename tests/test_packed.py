@@ -376,7 +376,7 @@ def test_asking_for_int8_where_it_cannot_run_keeps_float_drafts_and_says_nothing
     made.save(tmp_path / "heads")
     heads = load_heads(tmp_path / "heads", model=model, int8=True)
     assert not heads.int8 and not isinstance(heads.proposal_projection(model.lm_head), Int8Linear)
-    assert "int8" not in Drafters({"bfloat16": head}, "medusa").note_of("eagle")
+    assert "int8" not in Drafters({"eagle": {"bfloat16": head}}, "medusa").note_of("eagle")
 
 
 def test_the_page_names_the_numerics_whose_eagle_drafts_in_int8(tmp_path):
@@ -387,7 +387,9 @@ def test_the_page_names_the_numerics_whose_eagle_drafts_in_int8(tmp_path):
     model = prepacked_llama()
     new_eagle_head(model).save(tmp_path)
     bf16 = load_eagle(tmp_path, model=make_model("llama").to(torch.bfloat16))
-    note = Drafters({"bfloat16": bf16, "float32": load_eagle(tmp_path, model=model)}, "medusa").note_of("eagle")
+    note = Drafters({"eagle": {"bfloat16": bf16, "float32": load_eagle(tmp_path, model=model)}}, "medusa").note_of(
+        "eagle"
+    )
     assert note.endswith("In float32 it drafts in int8 here (its projection, attention and MLP); decoding stays exact.")
 
 

@@ -101,10 +101,10 @@ def test_pieces_mark_head_tokens_and_base_tokens(events):
     assert {p.origin for p in recs["plain"].pieces} == {"base"}
     for v in recs["medusa-greedy"].views[1:]:
         origins = [p.origin for p in v.pieces]
-        drafted = "lookup" if v.step.lookup_accepted else "head"
+        drafted = "lookup" if v.step.lookup_accepted else "draft"
         assert origins == [drafted] * v.step.accept_length + ["base"] * (len(v.step.tokens) - v.step.accept_length)
         assert all(p.step == v.step.index for p in v.pieces)
-    assert any(p.origin == "head" for p in recs["medusa-greedy"].pieces)
+    assert any(p.origin == "draft" for p in recs["medusa-greedy"].pieces)
 
 
 def test_detokenizer_pieces_join_to_the_full_text(pg, events):
@@ -196,38 +196,6 @@ def test_inspector_data(pg, events):
     assert v.prefix_len == rec.prompt_len + sum(len(w.step.tokens) for w in rec.views[: v.step.index]) - 1
 
 
-def test_lookup_branch_shows_in_pieces_tree_and_table():
-    from ui.figures import tree_figure
-    from ui.render import tokens_html
-
-    pg = tiny_playground(oracle=False)  # untrained heads: what gets accepted comes from the lookup branch
-    prompt = "w5 w6 w7 w8 w5 w6 w7"  # the tiny model's answer to it soon repeats itself
-    on = records_of(pg.stream(prompt, Settings(max_new_tokens=60, tree="chain-2", lookup=4)))["medusa-greedy"]
-    off = records_of(pg.stream(prompt, Settings(max_new_tokens=60, tree="chain-2", lookup=0)))["medusa-greedy"]
-    assert on.tokens == off.tokens and on.result.decode_steps < off.result.decode_steps
-    assert all(v.step.tree.lookup == 0 for v in off.views[1:]) and off.result.lookup_tokens == 0
-    won = [v for v in on.views[1:] if v.step.lookup_accepted]
-    assert won and on.result.lookup_tokens == sum(v.step.lookup_accepted for v in won)
-    v = won[0]
-    assert [p.origin for p in v.pieces] == ["lookup"] * v.step.accept_length + ["base"] * (
-        len(v.step.tokens) - v.step.accept_length
-    )
-    nodes = tree_nodes(v, pg.tokenizer)
-    L, n = v.step.tree.num_nodes, v.step.tree.lookup
-    assert [x["kind"] for x in nodes[:L]] == ["root"] + ["candidate"] * (L - n - 1) + ["lookup"] * n
-    assert all(x["rank"] is None for x in nodes[L - n : L]) and [x["parent"] for x in nodes[L - n : L]] == [0] + list(
-        range(L - n, L - 1)
-    )
-    assert {x["node"] for x in nodes if x["kind"] == "lookup" and x["accepted"]} == set(v.step.accepted_nodes[1:])
-    fig = tree_figure(nodes, title="t")
-    assert {"lookup branch, accepted"} <= {t.name for t in fig.data} and "depth 1" in fig.layout.xaxis.ticktext
-    rows = {r["step"]: r for r in path_rows(on, pg.tokenizer)}
-    assert rows[v.step.index]["drafted by"] == "lookup"
-    assert all(r["drafted by"] == "" for r in rows.values() if r["accept length"] == 0)
-    html = tokens_html(v.pieces)
-    assert f'class="tok lookup l{v.step.index % 2}"' in html and "accepted lookup-branch token" in html
-
-
 def test_tree_layout_centres_parents():
     y = tree_layout([-1, 0, 0, 1, 1, 2])  # root -> (1 -> 3, 4), (2 -> 5)
     assert y[3:] == [0.0, 1.0, 2.0] and y[1] == 0.5 and y[2] == 2.0 and y[0] == 1.25
@@ -254,8 +222,8 @@ def test_visible_steps_and_threshold_curve(events):
         (PROMPT, Settings(max_new_tokens=0), "Max new tokens"),
         (PROMPT, Settings(max_new_tokens=10**6), "Max new tokens"),
         (PROMPT, Settings(temperature=-1), "Temperature"),
-        (PROMPT, Settings(posterior_threshold=1.5), "Epsilon"),
-        (PROMPT, Settings(posterior_alpha=float("nan")), "Delta"),
+        (PROMPT, Settings(epsilon=1.5), "Epsilon"),
+        (PROMPT, Settings(delta=float("nan")), "Delta"),
         (PROMPT, Settings(max_new_tokens=2.5), "whole number"),
         (PROMPT, Settings(lookup=9), "lookup branch's length"),
         (PROMPT, Settings(lookup=True), "lookup branch's length"),
@@ -398,7 +366,8 @@ def test_heads_calibrated_on_another_device_kind_run_that_tree_and_say_so():
         "These heads have no tree calibrated on CPU; using the tree calibrated on NVIDIA H100 80GB HBM3 "
         "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
     )
-    settings = pg2.settings(4, 0.0, 0.09, 0.3, "", "", False, False)  # what the page and /compare send by default
+    # tree and lookup switch left out: the heads' defaults, calibrated without the branch
+    settings = pg2.settings_of({"max_new_tokens": 4, "temperature": 0.0, "chat_template": False})
     assert (settings.tree, settings.lookup) == ("calibrated-3", 0)
     assert pg2.compare(PROMPT, settings)["tree"] == "calibrated-3"
     assert tiny_playground(oracle=False).defaults.note is None  # never calibrated: no note
@@ -407,7 +376,11 @@ def test_heads_calibrated_on_another_device_kind_run_that_tree_and_say_so():
 def test_html_rendering_escapes_generated_text():
     from ui.render import badge_html, column_html, tokens_html
 
-    pieces = [Piece(4, "<script>alert(1)</script>", "base", 0), Piece(6, " a&b", "head", 1), Piece(7, '"x"', "base", 1)]
+    pieces = [
+        Piece(4, "<script>alert(1)</script>", "base", 0),
+        Piece(6, " a&b", "draft", 1),
+        Piece(7, '"x"', "base", 1),
+    ]
     out = tokens_html(pieces)
     assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out and "a&amp;b" in out
     assert out.count('class="tok head h1"') == 1 and out.count('class="tok base"') == 2

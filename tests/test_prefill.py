@@ -4,23 +4,12 @@ the capture records every size, checks its replay and is used by the runs after 
 
 import pytest
 import torch
-from conftest import make_model, random_heads
-from test_fused import TREE, FakeCuda
+from fused_helpers import TREE, FakeCuda
 
 from medusa_lib import DecodeConfig, Decoder, run_method
 from medusa_lib.core import fused
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import LADDER, Prefill
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return make_model("llama")
-
-
-@pytest.fixture(scope="module")
-def heads():
-    return random_heads(3, shared=True, path=True)
 
 
 def prompt(n: int) -> list[int]:
@@ -80,7 +69,8 @@ def test_the_chunks_a_prompt_takes_and_one_whose_padding_would_not_fit(llama, mo
     assert sorted(pf.ids) == [c for c in LADDER if c <= 64] and chunks() == [64]
     pf.ids.pop(64)
     assert chunks() == [16, 16, 16]
-    monkeypatch.setattr(kv, "max_len", 40)  # room for the prompt alone: no padding fits after 32 tokens
+    # room for the prompt alone: no padding fits after 32 tokens
+    monkeypatch.setattr(kv, "max_len", 40)
     assert chunks() == [16, 16, 8]
 
 

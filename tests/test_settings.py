@@ -213,13 +213,13 @@ CASES = [
         "drafter not known",
         PROMPT,
         {"drafter": "EAGLE"},
-        'The drafter must be "medusa", "eagle" or "lookup" (got \'EAGLE\').',
+        'The drafter must be "medusa", "eagle", "lookup" or "rest" (got \'EAGLE\').',
     ),
     (
         "drafter not text",
         PROMPT,
         {"drafter": 3},
-        'The drafter must be "medusa", "eagle" or "lookup", not a number (got 3).',
+        'The drafter must be "medusa", "eagle", "lookup" or "rest", not a number (got 3).',
     ),
     (
         'drafter "eagle" on a server without an EAGLE head',
@@ -376,10 +376,73 @@ def test_a_null_or_empty_tree_or_numerics_means_the_default():
     (a number is refused)."""
     pg = tiny_playground(oracle=False)
     for empty in (None, ""):
-        s = pg.settings(8, 0.7, 0.09, 0.3, empty, "", True, True, numerics=empty)
-        assert (s.tree, s.numerics) == (pg.defaults.tree, None)
-        pg.prepare(PROMPT, s)  # runs on the heads' default tree and the default numerics
-    assert pg.pair(pg.settings(8, 0.7, 0.09, 0.3, None, "", True, True)) == pg.variants[pg.default_numerics]
+        s = pg.settings_of({"max_new_tokens": 8, "tree": empty, "numerics": empty, "drafter": empty})
+        assert (s.tree, s.numerics, s.drafter) == (pg.defaults.tree, None, None)
+        pg.prepare(PROMPT, s)  # runs on the heads' default tree, the default numerics and drafter
+    assert pg.pair(pg.settings_of({"tree": None})) == pg.variants[pg.default_numerics]
+
+
+def test_one_request_names_the_settings_and_holds_their_defaults():
+    """``Request`` is the one list of what a caller may name, in /compare's order, and the one place of its
+    defaults: ``Settings`` takes them under the same names; a name left out means what the page starts on."""
+    from dataclasses import fields, replace
+
+    from medusa_lib.present import Settings
+    from medusa_lib.present.settings import REQUEST_NAMES, Request
+
+    assert list(REQUEST_NAMES) == API_ORDER
+    shared = {f.name for f in fields(Settings)} & set(REQUEST_NAMES)
+    assert shared == set(REQUEST_NAMES) - {"lookup_branch"}  # the switch becomes Settings.lookup, a length
+    assert all(getattr(Settings(), name) == getattr(Request(), name) for name in shared - {"tree"})
+    pg = tiny_playground(oracle=False)
+    start = pg.starting_request()
+    assert (start.tree, start.lookup_branch, start.numerics, start.drafter) == (
+        pg.defaults.tree,
+        pg.defaults.lookup_on,
+        pg.default_numerics,
+        pg.drafters.default,
+    )
+    assert (
+        replace(pg.settings_of(start), numerics=None, drafter=None) == pg.settings_of({}) == pg.settings_of(Request())
+    )
+    assert pg.starting_request(10**6).max_new_tokens == pg.max_new_tokens_limit
+    with pytest.raises(ValueError, match=r"^Unknown setting 'epsilonn'; the settings are: max_new_tokens, temperature"):
+        pg.settings_of({"epsilonn": 0.1})
+
+
+def test_the_page_and_compare_start_from_the_playground_s_starting_request():
+    """The page's components start at ``starting_request``'s values and /compare documents them as its defaults."""
+    import inspect
+
+    from ui import build_demo
+
+    pg = tiny_playground(oracle=False)
+    start = pg.starting_request(16)
+    demo = build_demo(pg, max_new_tokens=16)
+    props = [c["props"] for c in demo.config["components"] if "props" in c]
+    by_id = {p["elem_id"]: p.get("value") for p in props if p.get("elem_id")}
+    by_label = {p.get("label"): p.get("value") for p in props}
+    assert {k: by_id[k] for k in ("max-new-tokens", "temperature", "seed", "tree-preset", "custom-tree")} == {
+        "max-new-tokens": start.max_new_tokens,
+        "temperature": start.temperature,
+        "seed": start.seed,
+        "tree-preset": start.tree,
+        "custom-tree": start.custom_tree,
+    }
+    assert (by_id["lookup-branch"], by_id["numerics"], by_id["drafter"], by_id["mode"]) == (
+        start.lookup_branch,
+        start.numerics,
+        start.drafter,
+        "greedy",
+    )
+    assert (by_label["\u03b5 epsilon"], by_label["\u03b4 delta"], by_label["Use the chat template"]) == (
+        start.epsilon,
+        start.delta,
+        start.chat_template,
+    )
+    compare = next(f.fn for f in demo.fns.values() if f.api_name == "compare")
+    defaults = {k: p.default for k, p in inspect.signature(compare).parameters.items() if k != "prompt"}
+    assert defaults == {name: getattr(start, name) for name in API_ORDER}
 
 
 def test_a_bad_value_is_quoted_as_the_json_it_came_in():

@@ -73,18 +73,17 @@ def test_every_decode_step_has_one_fixed_shape(llama, method):
     assert len(steps) == res.decode_steps and res.engine == "static"
 
 
-def test_the_lookup_branch_is_always_there_and_guessed_where_the_context_has_no_match(llama):
+def test_the_lookup_branch_is_always_there_and_dead_where_the_context_has_no_match(llama):
     heads = random_heads(4, shared=True)
     cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False, cache="static", lookup=4)
     res = run_method(llama, PROMPT, method="medusa-greedy", heads=heads, tree=build_tree(chain_choices(2)), config=cfg)
     assert res.tokens == plain(llama, 12)
     for s in res.steps[1:]:
+        # the fixed shape: the heads' chain of 2 and the lookup chain of 4
         assert s.tree.lookup == 4 and s.tree.num_nodes == 3 + 4
-        toks = s.tree_token_ids
-        # The prompt's tokens are all different: no n-gram matched at first, so the branch holds the
-        # heads' top-1 guesses for depths 1 and 2, then the last guess again.
-        if s.index == 1:
-            assert toks[3:] == [toks[1], toks[2], toks[2], toks[2]]
+        # The prompt's tokens are all different: nothing matched, so no chain node is ever accepted
+        # (they are dead that step) and no token counts as a lookup token.
+        assert all(j < 3 for j in s.accepted_nodes) and s.lookup_accepted == 0
 
 
 def test_dynamic_and_static_lookup_runs_agree_token_for_token(llama):
@@ -349,7 +348,8 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
         tree=tree,
         config=DecodeConfig(cache="static", lookup=3),
     )
-    bufs = dec.lookup_trees[3]
+    # the drafter's tree with the chain of 3 beside it
+    bufs = dec.drafter.buffers
     L = tree.num_nodes  # the branch's nodes are L, L + 1, L + 2
     tokens = torch.arange(5, 5 + bufs.num_nodes)
     for matched, expected in [(0, 0), (1, 1), (2, 2), (3, 3)]:

@@ -34,7 +34,8 @@ from .handlers import cannot_run
 from .live import DeviceTurn, caller_gone, on_gpu
 from .render import literal_markdown
 
-SPEEDUP, PER_STEP, DEFAULT = "#D55E00", "#0072B2", "#009E73"  # Okabe-Ito
+# Okabe-Ito
+SPEEDUP, PER_STEP, DEFAULT = "#D55E00", "#0072B2", "#009E73"
 
 
 def budget_figure(
@@ -192,8 +193,10 @@ def build_eagle_lab(
                 show_label=False,
                 elem_id="eagle-lab-plot",
             )
-    head = next(iter(pg.drafters.eagles.values()))  # every numerics' copy comes from one folder
-    gr.Markdown(eagle_export_hint(head), elem_id="eagle-lab-export")  # whether it can be served in vLLM, and how
+    # every numerics' copy comes from one folder
+    head = next(iter(pg.drafters.eagles.values()))
+    # whether it can be served in vLLM, and how
+    gr.Markdown(eagle_export_hint(head), elem_id="eagle-lab-export")
     btn.click(
         on_gpu(h.measure),
         inputs=[prompt, max_new, chat, numerics],

@@ -18,8 +18,10 @@ from .render import METHOD_COLORS
 
 FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=15)
 ACCEPTED, REJECTED, ROOT, BONUS = "#009E73", "#B8B8B8", "#222222", "#555555"
-LOOKUP = "#CC79A7"  # Okabe-Ito reddish purple: the lookup branch's rejected nodes
-NODE = "#0072B2"  # Okabe-Ito blue: a node of a tree not run yet (the tree lab's editor)
+# Okabe-Ito reddish purple: the lookup branch's rejected nodes
+LOOKUP = "#CC79A7"
+# Okabe-Ito blue: a node of a tree not run yet (the tree lab's editor)
+NODE = "#0072B2"
 
 
 def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
@@ -99,7 +101,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
         return empty_figure("No tree in this step.", title=title)
     by_id = {n["node"]: n for n in nodes}
     fig = go.Figure()
-    for accepted in (False, True):  # accepted edges drawn last, on top
+    # accepted edges drawn last, on top
+    for accepted in (False, True):
         xs, ys = [], []
         for n in nodes:
             p = by_id.get(n["parent"])
@@ -161,8 +164,8 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
     depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
-    # The lookup branch and EAGLE's drafts are no head's.
-    level = "depth" if any(n["kind"] == "lookup" or n.get("drafter") == "eagle" for n in nodes) else "head"
+    # The lookup branch and the drafts of a drafter without heads are no head's.
+    level = "depth" if any(n["kind"] == "lookup" or n.get("level", "head") != "head" for n in nodes) else "head"
     fig.update_xaxes(
         tickvals=list(range(depth + 1)),
         ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
@@ -184,8 +187,8 @@ def _hover(n: dict) -> str:
     if n["kind"] == "node":
         return f"node {n['node']}: head {n['depth']}, rank {n['rank']}"
     drafted = (
-        f"EAGLE draft, depth {n['depth']}, rank {n['rank']} among its siblings"
-        if n.get("drafter") == "eagle"
+        f"{n.get('drafted_by', '')} draft, depth {n['depth']}, rank {n['rank']} among its siblings"
+        if n.get("level", "head") != "head"
         else f"head {n['depth']}, rank {n['rank']}"
     )
     where = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 import pandas as pd
@@ -41,12 +41,14 @@ from medusa_lib.present import (
     visible_steps,
     why_it_ended,
 )
+from medusa_lib.present.settings import REQUEST_NAMES
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
 from .live import COLUMN, DeviceTurn, LiveColumns, caller_gone, log
 from .render import badge_html, column_html, drafter_note_html, literal_markdown, sampling_html, stopped_column
 
-# The page's inputs of a run, by name, in the order ui.py wires their components (Handlers.run).
+# The page's inputs of a run, by name, in the order ui.py wires their components and the undocumented /run takes
+# them: the prompt, the settings (``Request``'s names; the Mode choice stands for ``sample``), the inspector's choice.
 PAGE_INPUTS = (
     "prompt",
     "max_new_tokens",
@@ -80,12 +82,14 @@ RUN_OUTPUTS = [
 ]
 REPLAY_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline"]
 INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
+# the inspector's choice -> the views it shows
 INSPECTED = {
     "Medusa greedy / exact sampling": ("medusa-greedy", "medusa-sample"),
     LABELS["medusa-typical"]: ("medusa-typical",),
-}  # the inspector's choice -> the views it shows
+}
 INSPECT_CHOICES = list(INSPECTED)
-STREAM_EVERY = 0.2  # seconds between page updates while decoding (each update costs CPU the decoder wants)
+# seconds between page updates while decoding (each update costs CPU the decoder wants)
+STREAM_EVERY = 0.2
 REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
 UNEXPECTED = (
@@ -113,6 +117,13 @@ def cannot_run(e: Exception) -> str:
         return str(e)
     log.error("a run failed", exc_info=e)
     return UNEXPECTED.format(name=type(e).__name__)
+
+
+def by_name(names: Sequence[str], values: Sequence, named: dict[str, Any]) -> dict[str, Any]:
+    """Values sent in ``names``' order, then others by name, as one dict by name."""
+    if len(values) > len(names):
+        raise TypeError(f"{len(values)} values sent; at most {len(names)} are taken, in the order {', '.join(names)}.")
+    return {**dict(zip(names, values)), **named}
 
 
 def pack(names: list[str], **values: Any) -> tuple:
@@ -157,8 +168,10 @@ class Handlers:
     ):
         self.pg = playground
         self.live = LiveColumns()
-        self.device = device or DeviceTurn()  # every run of every route, one at a time on its one thread
-        self.max_run_seconds = max_run_seconds  # an API call's wall-time bound (None: none)
+        # every run of every route, one at a time on its one thread
+        self.device = device or DeviceTurn()
+        # an API call's wall-time bound (None: none)
+        self.max_run_seconds = max_run_seconds
 
     def api_stop(self, **words: str) -> Callable[[], str | None]:
         """What ends a call's run between steps, whatever its route (the page's Run, the race replay, ``/run``,
@@ -172,12 +185,12 @@ class Handlers:
         return threshold_figure(epsilon=float(epsilon), delta=float(delta), vocab_size=self.pg.vocab_size)
 
     def drafter_choice(self, drafter: str) -> tuple:
-        """The Drafter choice: the tree preset and the custom tree apply to the Medusa heads only; what the
-        other drafters draft is said instead."""
-        medusa, note = drafter == "medusa", self.pg.drafters.note_of(drafter)
+        """The Drafter choice: the tree preset and the custom tree apply only to a drafter whose tree they shape
+        (the Medusa heads); what the other drafters draft is said instead."""
+        takes_tree, note = self.pg.drafters.takes_tree(drafter), self.pg.drafters.note_of(drafter)
         return (
-            gr.update(interactive=medusa),
-            gr.update(interactive=medusa),
+            gr.update(interactive=takes_tree),
+            gr.update(interactive=takes_tree),
             gr.update(value=drafter_note_html(note, "eagle-tree-note"), visible=bool(note)),
         )
 
@@ -194,9 +207,8 @@ class Handlers:
         i = min(max(int(step) if is_number(step) else 1, 1), len(rec.views) - 1)
         view = rec.views[i]
         s = view.step
-        by = (
-            f", drafted by {DRAFTED_BY[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""
-        )  # EAGLE's tree is a new shape every step
+        # EAGLE's tree is a new shape every step
+        by = f", drafted by {DRAFTED_BY[s.drafter]}" if s.drafter in DRAFTER_NAMES else ""
         tree = tree_figure(
             tree_nodes(view, self.pg.tokenizer),
             title=(
@@ -224,40 +236,29 @@ class Handlers:
         return pack(["insp_step", *INSPECT_OUTPUTS], **self.inspector_update(records or {}, label))
 
     # ---------------------------------------------------------------- the run
-    def run(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        epsilon,
-        delta,
-        tree,
-        custom_tree,
-        chat_template,
-        lookup_branch,
-        seed,
-        numerics,
-        insp_label,
-        mode="greedy",
-        drafter=None,
-        request: gr.Request = None,
-    ) -> Iterator[tuple]:
+    def run(self, *values: Any, request: gr.Request = None, **named: Any) -> Iterator[tuple]:
         """The three columns one after another, each streaming into its column: in the greedy mode plain
         greedy, Medusa greedy and typical acceptance (sampling at the temperature); in the sampling mode
         plain sampling, Medusa exact sampling and typical acceptance, all at that temperature and seed.
-        The parameters are the page's inputs (``PAGE_INPUTS``), named here because gradio passes them in
-        order and finds ``request`` by its annotation; they go on as one value, by name.
+        ``values``: the page's inputs in ``PAGE_INPUTS``'s order; ``named``: any of them by name (those
+        left out take their defaults: the greedy mode, ``Request``'s settings). They go on as one value, by name.
 
         Everything is checked before anything changes on the page: a refused input gets its sentence
         and the previous run's results stay (columns, summary, replay) until a new run really starts."""
-        page = {name: value for name, value in locals().items() if name in PAGE_INPUTS}
-        stop = self.api_stop()  # here, on gradio's thread for this call: it finds the call's task
+        page = by_name(PAGE_INPUTS, values, named)
+        # here, on gradio's thread for this call: it finds the call's task
+        stop = self.api_stop()
         yield from self.live.track(request, RUN_OUTPUTS, self.device.stream(self._run(page, stop)))
+
+    def run_event(self, request: gr.Request, *values: Any) -> Iterator[tuple]:
+        """``run`` as the page's Run button and the prompt's Enter call it: gradio hands ``gr.Request`` only to a
+        positional parameter annotated with it (never to ``*values``), so it comes first, the inputs after it."""
+        yield from self.run(*values, request=request)
 
     def _run(self, page: dict, stop: Callable[[], str | None] | None = None) -> Iterator[tuple]:
         """A run of the page's inputs, by name, on the device's thread; ``stop`` ends it between two steps
         (its caller cancelled or left, or the server's bound on one call's wall time)."""
-        page = {"mode": "greedy", "drafter": None, **page}
+        page = {"mode": "greedy", **page}
         prompt, insp_label = page.pop("prompt", None), page.pop("insp_label", None)
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
@@ -265,7 +266,8 @@ class Handlers:
             page["sample"] = sample_of_mode(page.pop("mode"))
             settings = self.pg.settings_of(page)
             ids, decoders = self.pg.prepare(prompt, settings)
-        except Exception as e:  # one sentence, the server keeps serving
+        except Exception as e:
+            # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
             return
         records: dict[str, RunRecord] = {}
@@ -288,12 +290,13 @@ class Handlers:
                     continue
                 last = now
                 state = "done" if ev.kind == "end" else "running"
+                # plain runs first: it has finished by then
                 upd: dict[str, Any] = {
                     COLUMN[ev.method]: column_html(
                         ev.method, ev.record, state=state, reference=reference_of(records, ev.method)
                     ),
                     "timeline": timeline_figure(records),
-                }  # plain runs first: it has finished by then
+                }
                 if ev.kind == "start":
                     by = f", drafted by {DRAFTED_BY[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
                     upd["status"] = (
@@ -304,8 +307,10 @@ class Handlers:
                     upd.update(self.inspector_update(records, insp_label))
                 yield out(**upd)
             plain, medusa = records[views[0]], records[views[1]]
-            check = self.pg.greedy_check(plain, medusa, settings)  # may run one more forward
-            rows = self.pg.sample_fidelity(records, settings)  # one forward per run when sampling
+            # may run one more forward
+            check = self.pg.greedy_check(plain, medusa, settings)
+            # one forward per run when sampling
+            rows = self.pg.sample_fidelity(records, settings)
             note = untimed_note(records)
             t, seed = settings.temperature, settings.seed
             done = (
@@ -318,9 +323,8 @@ class Handlers:
                 if t > 0
                 else ""
             )
-            if (
-                medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1
-            ):  # the server offers a choice: say which ran
+            # the server offers a choice: say which ran
+            if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:
                 done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
             final = out(
                 status="Done. "
@@ -336,9 +340,8 @@ class Handlers:
                 session=records,
                 **self.inspector_update(records, insp_label),
             )
-        except (
-            Exception
-        ) as e:  # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
+        except Exception as e:
+            # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
             cut = {
                 COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m))
                 for m, r in records.items()
@@ -352,10 +355,10 @@ class Handlers:
     def refuse(e: Exception) -> str:
         """Status line (and toast) for a run that cannot go on."""
         msg = cannot_run(e)
-        gr.Warning(
-            html.escape(msg, quote=False)
-        )  # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
-        return f"**Cannot run:** {literal_markdown(msg)}"  # the status is Markdown: a quoted value shows as typed
+        # gr.Warning renders HTML: a quoted value (a custom tree, a preset name) must show as text
+        gr.Warning(html.escape(msg, quote=False))
+        # the status is Markdown: a quoted value shows as typed
+        return f"**Cannot run:** {literal_markdown(msg)}"
 
     def stop(self, col_plain: str, col_greedy: str, col_typical: str, request: gr.Request = None) -> tuple:
         """Stop: the event's ``cancels`` end the session's run or replay; this waits until it has ended
@@ -371,7 +374,8 @@ class Handlers:
     # ---------------------------------------------------------------- race replay
     def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
         """Replay the recorded runs together, each step appearing at its measured time."""
-        stop = self.api_stop(what="replay", advice="pick a faster replay speed")  # here, on gradio's thread
+        # here, on gradio's thread
+        stop = self.api_stop(what="replay", advice="pick a faster replay speed")
         yield from self.live.track(request, REPLAY_OUTPUTS, self.device.stream(self._replay(records, speed, stop)))
 
     def _replay(
@@ -414,32 +418,18 @@ class Handlers:
                     raise RunStopped(why)
                 time.sleep(1 / REPLAY_FPS)
                 t = (time.perf_counter() - start) * factor
-        except Exception as e:  # a bug: one sentence, the replay stops
+        except Exception as e:
+            # a bug: one sentence, the replay stops
             yield out(status=self.refuse(e))
 
     # ---------------------------------------------------------------- API
-    def compare(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        epsilon,
-        delta,
-        tree,
-        custom_tree,
-        chat_template,
-        lookup_branch,
-        sample=False,
-        seed=0,
-        numerics=None,
-        drafter=None,
-    ) -> dict:
-        """The ``/compare`` API: the run's JSON, or one sentence as the caller's error; the server keeps serving."""
-        stop = self.api_stop()  # first: the bound counts from the call's start
+    def compare(self, prompt, *values: Any, **named: Any) -> dict:
+        """The ``/compare`` API: the settings in its order (``REQUEST_NAMES``) or by name; the run's JSON, or one
+        sentence as the caller's error; the server keeps serving."""
+        request = by_name(REQUEST_NAMES, values, named)
+        # first: the bound counts from the call's start
+        stop = self.api_stop()
         try:
-            request = dict(max_new_tokens=max_new_tokens, temperature=temperature, epsilon=epsilon, delta=delta)
-            request |= dict(tree=tree, custom_tree=custom_tree, chat_template=chat_template)
-            request |= dict(lookup_branch=lookup_branch, sample=sample, seed=seed, numerics=numerics, drafter=drafter)
             settings = self.pg.settings_of(request)
             return self.device.call(self.pg.compare, prompt, settings, stop=stop)
         except Exception as e:

@@ -11,6 +11,7 @@ from typing import Any
 import gradio as gr
 import plotly.graph_objects as go
 
+from medusa_lib.core.drafters import EagleDrafter
 from medusa_lib.present import (
     DRAFTED_BY,
     LABELS,
@@ -65,8 +66,10 @@ class LabHandlers:
     ):
         self.pg = playground
         self.base = tree_lab(playground)
-        self.device = device or DeviceTurn()  # the comparison's: one run at a time
-        self.max_run_seconds = max_run_seconds  # any client can reach these handlers through the queue: the API's bound
+        # the comparison's: one run at a time
+        self.device = device or DeviceTurn()
+        # any client can reach these handlers through the queue: the API's bound
+        self.max_run_seconds = max_run_seconds
 
     def stop(self):
         return any_of(caller_gone(), deadline(self.max_run_seconds))
@@ -123,7 +126,8 @@ class LabHandlers:
                 raise ValueError(lab.gain_note)
             tree = editor_tree(self.pg, text)
             text = choices_text(add_best_node(tree.choices, lab.accuracy, num_heads=self.pg.heads.num_heads))
-        except ValueError as e:  # a TreeError, or no accuracies
+        except ValueError as e:
+            # a TreeError, or no accuracies
             return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {literal_markdown(str(e))}")
         except Exception as e:
             return pack(EDIT_OUTPUTS, lab_status=f"**Cannot add a node:** {literal_markdown(cannot_run(e))}")
@@ -210,7 +214,8 @@ class LabHandlers:
     def measure_costs(self, state, text, lookup_on, progress=gr.Progress()) -> tuple:
         st, stop = self.state(state), self.stop()
 
-        def step(done: int, total: int) -> None:  # after each timed forward: the place to stop
+        # after each timed forward: the place to stop
+        def step(done: int, total: int) -> None:
             if why := stop():
                 raise RunStopped(why)
             progress(done / total, desc=f"Timed {done} of {total} verify steps (every size, round after round)")
@@ -232,8 +237,10 @@ class LabHandlers:
     def last_run(self, state, records) -> go.Figure:
         """Per-head acceptance of the comparison's last Medusa greedy (or exact sampling) run."""
         rec = (records or {}).get(method_of("", records))
-        if rec is not None and rec.drafter not in (None, "medusa"):  # the heads' ranks mean nothing in another tree
-            see = " See EAGLE's node budgets below." if rec.drafter == "eagle" else ""
+        # the heads' ranks mean nothing in another drafter's tree
+        if rec is not None and rec.drafter is not None and not self.pg.drafters.takes_tree(rec.drafter):
+            # the Tree lab's EAGLE section (eagle_lab.py) sweeps that drafter's own node budgets
+            see = " See EAGLE's node budgets below." if rec.drafter == EagleDrafter.name else ""
             return empty_figure(
                 f"The last run was drafted by {DRAFTED_BY[rec.drafter]}; per-head acceptance is about the Medusa heads."
                 + see,
@@ -311,7 +318,8 @@ def build_lab(
             c["lab_mask"] = gr.Plot(first["lab_mask"], show_label=False, elem_id="lab-mask")
     c["lab_acceptance"] = gr.Plot(acceptance_figure(h.base), show_label=False, elem_id="lab-acceptance")
     # under the heads' own figure, the page's one word on serving them (a developer's note, not a first look's)
-    gr.Markdown(export_hint(pg.heads), elem_id="lab-export")  # whether these heads can be served in vLLM, and how
+    # whether these heads can be served in vLLM, and how
+    gr.Markdown(export_hint(pg.heads), elem_id="lab-export")
     c["lab_state"] = gr.State(None)
     build_eagle_lab(
         pg,

@@ -12,7 +12,8 @@ from medusa_lib.present.lab import Curves, Measured, TreeLab, TreePoint, run_acc
 
 from .figures import ACCEPTED, _layout, empty_figure
 
-CURRENT, MEASURED, OPTIMUM = "#D55E00", "#000000", "#009E73"  # Okabe-Ito vermillion, black, bluish green
+# Okabe-Ito vermillion, black, bluish green
+CURRENT, MEASURED, OPTIMUM = "#D55E00", "#000000", "#009E73"
 HEADS_ONLY, WITH_LOOKUP = "#0072B2", "#CC79A7"
 
 
@@ -67,7 +68,8 @@ def cost_figure(
     if c.cost is None and not c.elsewhere:
         return empty_figure(note or "No cost figures yet.", title=title, height=360)
     fig = go.Figure()
-    for other in c.elsewhere:  # another kind of device's calibration, beside this one's
+    # another kind of device's calibration, beside this one's
+    for other in c.elsewhere:
         fig.add_trace(
             go.Scatter(
                 x=list(other.sizes),
@@ -78,7 +80,8 @@ def cost_figure(
                 marker=dict(size=6),
             )
         )
-    if c.cost is not None:  # this device's points and their fit; without them, no tree point on this curve
+    # this device's points and their fit; without them, no tree point on this curve
+    if c.cost is not None:
         fig.add_trace(
             go.Scatter(
                 x=list(c.cost.sizes),

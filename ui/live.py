@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import anyio
 import gradio as gr
 
-try:  # Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
+# Hugging Face Spaces (ZeroGPU): request the GPU only while a run needs it
+try:
     import spaces
 
     on_gpu: Callable = spaces.GPU
@@ -55,11 +56,14 @@ def caller_gone() -> Callable[[], str | None]:
 
     event_id, blocks = LocalContext.event_id.get(None), LocalContext.blocks.get(None)
     queue = getattr(blocks, "_queue", None)
-    if event_id is None or queue is None:  # called directly (tests, a notebook): nobody to lose
+    # called directly (tests, a notebook): nobody to lose
+    if event_id is None or queue is None:
         return lambda: None
-    try:  # the event's task, named "<session>_<fn><gradio-sep><event id>" by gradio's queue
+    # the event's task, named "<session>_<fn><gradio-sep><event id>" by gradio's queue
+    try:
         tasks = anyio.from_thread.run_sync(asyncio.all_tasks)
-    except RuntimeError:  # not a worker thread of the server's event loop
+    except RuntimeError:
+        # not a worker thread of the server's event loop
         tasks = set()
     task = next((t for t in tasks if t.get_name().endswith(f"<gradio-sep>{event_id}")), None)
 
@@ -104,7 +108,8 @@ class DeviceTurn:
 
     def _serve(self) -> None:
         while True:
-            try:  # a timeout, so that Ctrl-C reaches the main thread while it waits
+            # a timeout, so that Ctrl-C reaches the main thread while it waits
+            try:
                 job = self._jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
@@ -134,7 +139,8 @@ class DeviceTurn:
         if self._inline():
             yield from frames
             return
-        job = _Job(frames, contextvars.copy_context())  # gr.Warning and gr.Progress find their call in it
+        # gr.Warning and gr.Progress find their call in it
+        job = _Job(frames, contextvars.copy_context())
         self._jobs.put(job)
         try:
             while True:
@@ -152,7 +158,8 @@ class _Job:
     def __init__(self, frames: Iterator, context: contextvars.Context):
         self.frames, self.context = frames, context
         self.out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.abandoned = False  # its caller stopped reading: close it at the next step
+        # its caller stopped reading: close it at the next step
+        self.abandoned = False
 
     def run(self) -> None:
         try:
@@ -162,14 +169,17 @@ class _Job:
                 except StopIteration:
                     break
                 self.out.put(("frame", frame))
-        except Exception as e:  # the caller raises it; the device's thread goes on
+        except Exception as e:
+            # the caller raises it; the device's thread goes on
             self.out.put(("error", e))
-        except BaseException:  # Ctrl-C on the main thread: the server stops
+        except BaseException:
+            # Ctrl-C on the main thread: the server stops
             self.out.put(("error", RuntimeError("the server stopped during the run")))
             raise
         finally:
             try:
-                self.context.run(self.frames.close)  # its decoders and caches go back now, before the next run
+                # its decoders and caches go back now, before the next run
+                self.context.run(self.frames.close)
             except Exception as e:
                 log.error("closing a run failed", exc_info=e)
             self.out.put(("end", None))
@@ -187,7 +197,8 @@ class LiveColumns:
     stopped. Kept for the most recent MAX_SESSIONS sessions only."""
 
     MAX_SESSIONS = 1000
-    STOP_WAIT = 5.0  # seconds Stop waits for the cancelled run to finish its step and close
+    # seconds Stop waits for the cancelled run to finish its step and close
+    STOP_WAIT = 5.0
 
     def __init__(self):
         self._sessions: OrderedDict[str, tuple[dict[str, str], threading.Event]] = OrderedDict()
@@ -206,7 +217,8 @@ class LiveColumns:
             for frame in frames:
                 columns.update({n: v for n, v in zip(names, frame) if n in COLUMN.values() and isinstance(v, str)})
                 yield frame
-        finally:  # also on Stop, when gradio closes this generator: close the run (its decoders and caches) first
+        finally:
+            # also on Stop, when gradio closes this generator: close the run (its decoders and caches) first
             frames.close()
             ended.set()
 

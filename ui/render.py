@@ -12,21 +12,24 @@ from typing import Sequence
 
 from medusa_lib.present import DRAFTED_BY, DRAFTER_NAMES, LABELS, NOT_TIMED, GreedyCheck, Piece, RunRecord
 
+# Okabe-Ito, by column
 METHOD_COLORS = {
     "plain": "#555555",
     "medusa-greedy": "#0072B2",
     "medusa-typical": "#D55E00",
     "plain-sample": "#555555",
     "medusa-sample": "#0072B2",
-}  # Okabe-Ito, by column
-CURSOR = '<span class="cursor">&#9646;</span>'  # the blinking block after a running (or replaying) column's text
+}
+# the blinking block after a running (or replaying) column's text
+CURSOR = '<span class="cursor">&#9646;</span>'
+# top right of a column
 STATE_BADGES = {
     "waiting": "waiting",
     "running": "running&hellip;",
     "done": "done",
     "replay": "replay",
     "stopped": "stopped",
-}  # top right of a column
+}
 
 
 # what makes Markdown format inline text (emphasis, code, links and images, strike-through, tables, headings);
@@ -41,15 +44,15 @@ def literal_markdown(text: str) -> str:
 
 
 def tokens_html(pieces: Sequence[Piece]) -> str:
-    """One span per token. Head proposals accepted in a step share a highlight; the shade alternates
+    """One span per token. Drafted tokens accepted in a step share a highlight; the shade alternates
     from step to step (h0 / h1) so that neighbouring multi-token steps stay distinguishable."""
     out = []
     for p in pieces:
         if not p.text:
             continue
-        cls = {"head": f"tok head h{p.step % 2}", "lookup": f"tok lookup l{p.step % 2}"}.get(p.origin, "tok base")
+        cls = {"draft": f"tok head h{p.step % 2}", "lookup": f"tok lookup l{p.step % 2}"}.get(p.origin, "tok base")
         what = {
-            "head": "accepted head proposal",
+            "draft": "accepted drafted token",
             "lookup": "accepted lookup-branch token (n-gram from the context)",
         }.get(p.origin, "base model's own token")
         out.append(f'<span class="{cls}" title="step {p.step}: {what} (id {p.token_id})">{html.escape(p.text)}</span>')
@@ -90,7 +93,8 @@ def column_html(
     cursor = CURSOR if state in ("running", "replay") else ""
     body = tokens_html(pieces) + cursor or '<span class="placeholder">(output appears here)</span>'
     note = f'<div class="method-note">{html.escape(record.note)}</div>' if record is not None and record.note else ""
-    drafter = record.drafter if record is not None else None  # who drafted this column's trees (Medusa columns only)
+    # who drafted this column's trees (Medusa columns only)
+    drafter = record.drafter if record is not None else None
     tag = (
         f'<span class="method-drafter" data-drafter="{drafter}">drafted by {DRAFTED_BY[drafter]}</span>'
         if drafter in DRAFTER_NAMES
@@ -159,8 +163,8 @@ LEGEND_HTML = (
     '<div class="legend">'
     '<span class="tok base">plain text</span> = the base model&#39;s own token (one per step: '
     "the root / bonus token) &nbsp; "
-    '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = head proposals the base model '
-    "accepted in that step "
+    '<span class="tok head h0">high</span><span class="tok head h1">lighted</span> = drafted tokens (the drafter&#39;s '
+    "guesses) the base model accepted in that step "
     "(the shade alternates from step to step, so each multi-token step shows as one block) &nbsp; "
     '<span class="tok lookup l0">under</span><span class="tok lookup l1">lined</span> = lookup-branch tokens the base '
     "model accepted "

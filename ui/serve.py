@@ -19,9 +19,12 @@ from medusa_lib.core.messages import must_be
 
 from .ui import launch_options
 
-DEVICE = "device"  # the concurrency id of every event that runs the model (ui.py, lab.py)
-QUEUE_SIZE = 16  # calls that may wait for the device at once (MEDUSA_MAX_QUEUE)
-CLIENT_SHARE = 4  # of them from one user: a browser session, or a gradio_client (MEDUSA_MAX_QUEUE_PER_CLIENT)
+# the concurrency id of every event that runs the model (ui.py, lab.py)
+DEVICE = "device"
+# calls that may wait for the device at once (MEDUSA_MAX_QUEUE)
+QUEUE_SIZE = 16
+# of them from one user: a browser session, or a gradio_client (MEDUSA_MAX_QUEUE_PER_CLIENT)
+CLIENT_SHARE = 4
 # of them from one network address (MEDUSA_MAX_QUEUE_PER_ADDRESS): a class of 30 behind one school network
 # each has a place, and some a second one
 ADDRESS_SHARE = 40
@@ -30,7 +33,8 @@ ADDRESS_SHARE = 40
 # A queued call then starts at most this much later.
 QUEUE_POLL_SECONDS = 0.02
 PROGRESS_POLL_SECONDS = 0.1
-UPLOAD_LIMIT = "1mb"  # the page takes no file: gradio's upload route stores at most this much a file
+# the page takes no file: gradio's upload route stores at most this much a file
+UPLOAD_LIMIT = "1mb"
 # gradio's upload route stores every file it is sent, with no limit on their number: the page takes none, so it is shut
 UPLOAD_ROUTES = ("/gradio_api/upload", "/upload")
 DRAIN_BYTES = 4 * 2**20
@@ -109,7 +113,8 @@ def guard_queue(
     ``per_address`` of its runs wait, or one user (a browser session) while ``per_client`` of theirs wait: HTTP
     503 with one sentence (the page and gradio_client show it as "busy, try again"). Runs that are running do not
     count: only those waiting for their turn. Any call with a NaN or an infinity for a number: HTTP 400."""
-    queue = demo._queue  # gradio's queue, made by demo.queue(); it has no per-client limit of its own
+    # gradio's queue, made by demo.queue(); it has no per-client limit of its own
+    queue = demo._queue
     push = queue.push
 
     async def guarded_push(body, request, username):
@@ -194,8 +199,9 @@ def refuse_uploads(app) -> None:
 
     async def no_uploads(request):
         read = 0
-        async for chunk in request.stream():  # read what was sent (a little): a client that is cut off mid-send
-            read += len(chunk)  # never sees the answer
+        # read what was sent (a little): a client that is cut off mid-send never sees the answer
+        async for chunk in request.stream():
+            read += len(chunk)
             if read > DRAIN_BYTES:
                 break
         return PlainTextResponse(NO_UPLOADS, status_code=403)

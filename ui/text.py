@@ -1,5 +1,7 @@
 """The words on the page: the header and the explanation for students."""
 
+from medusa_lib.core.drafters import REGISTRY
+
 HEADER = """# Medusa Playground
 One model, one prompt, three decoders, one after another on the same device. **Medusa** adds a few
 small *heads* that guess the next 2, 3, 4 ... tokens; the base model checks all guesses in **one**
@@ -46,20 +48,7 @@ not a sample any more: the panel under the badge (Sampling mode) shows how far i
 model's likely ones. Raising epsilon and delta raises that bar, so fewer guesses pass (slower) and more of the
 text is drawn from the model itself; lowering them does the opposite.
 
-**Three drafters: Medusa heads, an EAGLE head or prompt lookup.** The **Drafter** choice picks who proposes the
-tree that the Medusa columns verify (the plain column never drafts). A Medusa head reads only h_t, the base model's
-hidden state at the last token (the embedded heads add the embeddings of their own branch's tokens, never a feature
-of the model after them), and must guess position t+k without knowing which tokens the model will pick before it.
-The EAGLE head ([Li et al., 2024](https://arxiv.org/abs/2401.15077)) is one small decoder layer that is fed what
-the heads never see: the embedding of the token actually chosen at t+1 together with the base model's feature f_t.
-It runs autoregressively at the feature level, feeding its own predicted feature back in beside the token it
-drafted, so each deeper draft knows which token was picked before it. It also scores its guesses as it goes and
-grows a new tree every step (EAGLE-2's *dynamic tree*: the best few continuations per level, then the best N nodes
-overall), so the inspector's tree changes shape from step to step and the tree preset does not apply to it. *Prompt
-lookup* needs no weights at all: it drafts one chain, the tokens that followed the last earlier place where the
-text's last few tokens appeared (the lookup branch on its own), so the tree controls do not apply either.
-Verification, acceptance and the badge are the same for all three: a drafter changes the speed, never what Medusa
-greedy writes. {drafter_note}
+{drafters}
 
 **Numerics.** The comparison starts in float32, where both identities hold on every prompt. The 16-bit copy
 is faster, but a tree step and a one-token step add up their numbers in different orders, so where the
@@ -85,7 +74,8 @@ def why_faster(calibration: dict | None, *, default_tree: str | None, lookup: in
     tree = (calibration.get("trees") or {}).get(default_tree or "")
     if tree and tree.get("speedup") and tree.get("measured_tokens_per_step"):
         per_step, speedup = tree["measured_tokens_per_step"], tree["speedup"]
-        lookup = calibration.get("lookup", lookup)  # the branch the figures were measured with
+        # the branch the figures were measured with
+        lookup = calibration.get("lookup", lookup)
         branch = f", with a lookup branch of {lookup}" if lookup else ""
         nodes = f", {tree['nodes']} nodes" if tree.get("nodes") else ""
         heads_only = tree.get("heads_only_simulated_tokens_per_step")
@@ -115,5 +105,22 @@ def explain(
     """How to read the page, for students (figures from the heads' calibration, if any; ``drafter_note``:
     why the Drafter choice starts where it does, ``Playground.drafters.note``)."""
     return EXPLAIN.format(
-        why=why_faster(calibration, default_tree=default_tree, lookup=lookup), drafter_note=drafter_note
+        why=why_faster(calibration, default_tree=default_tree, lookup=lookup), drafters=drafters_text(drafter_note)
+    )
+
+
+NUMBERS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six"}
+
+
+def drafters_text(drafter_note: str) -> str:
+    """The paragraph on the Drafter choice: every registered drafter's own words (``Drafter.teach``)."""
+    labels = [cls.label for cls in REGISTRY.values()]
+    n = len(labels)
+    names = ", ".join(labels[:-1]) + f" or {labels[-1]}"
+    teach = " ".join(cls.teach for cls in REGISTRY.values() if cls.teach)
+    word = NUMBERS.get(n, str(n))
+    return (
+        f"**{word} drafters: {names}.** The **Drafter** choice picks who proposes the tree that the Medusa "
+        f"columns verify (the plain column never drafts). {teach} Verification, acceptance and the badge are the "
+        f"same for all {word.lower()}: a drafter changes the speed, never what Medusa greedy writes. {drafter_note}"
     )

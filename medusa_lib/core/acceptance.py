@@ -21,12 +21,15 @@ from typing import Sequence
 
 import torch
 
-SMALLEST_T = torch.finfo(torch.float32).tiny  # float32's smallest normal number: tempered_probs' least T
+from .tree import children_tensor
+
+# float32's smallest normal number: tempered_probs' least T
+SMALLEST_T = torch.finfo(torch.float32).tiny
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim. Low-precision logits are widened first: exact (every bfloat16 is a
-    float32, ties still go to the first index) and on CPU ~3x faster than a bfloat16 argmax."""
+    float32, ties still go to the first index) and on CPU faster than a bfloat16 argmax (measured)."""
     return (logits if logits.dtype == torch.float32 else logits.float()).argmax(-1)
 
 
@@ -86,7 +89,8 @@ def race_noise(
     key = _mix32((seed & _U32) ^ _mix32((positions & _U32) + 0x6A09E667))  # [...]
     v = torch.arange(vocab, dtype=torch.long, device=positions.device)
     h = _mix32(((key[..., None] ^ 0x3C6EF372) + v * 0x9E3779B1) & _U32)
-    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), 24 bits
+    # uniform in (0, 1), 24 bits
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
     return -torch.log(u)
 
 
@@ -155,12 +159,6 @@ def walk(
     return n, torch.cat(nodes[: depth + 1]), bonus
 
 
-def children_tensor(children: Sequence[Sequence[int]], *, device=None) -> torch.Tensor:
-    """[L, W] each node's children (tree order), -1 padded: what ``walk`` descends through."""
-    width = max(1, max(map(len, children)))
-    return torch.tensor([list(k) + [-1] * (width - len(k)) for k in children], dtype=torch.long, device=device)
-
-
 def sample_walk(
     logits: torch.Tensor,
     tokens: Sequence[int],
@@ -173,7 +171,8 @@ def sample_walk(
 ) -> tuple[list[int], int]:
     """``walk`` over lists: (the path of tree nodes from the root, the bonus token)."""
     depth, stack = 0, [(0, 0)]
-    while stack:  # the tree's depth
+    # the tree's depth
+    while stack:
         node, d = stack.pop()
         depth = max(depth, d)
         stack += [(c, d + 1) for c in children[node]]
@@ -198,10 +197,10 @@ def greedy_accept(
     logits [L, V] (or their ``argmax`` [L], when the caller has it); path_tokens/ri/valid [P, D+1].
     Returns (accept_length [P], score [P]).
     """
-    pred = (greedy_tokens(logits) if argmax is None else argmax)[
-        ri[:, :-1]
-    ]  # [P, D] base model's choice after each path prefix
-    passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]  # padded slots never pass
+    # base model's choice after each path prefix
+    pred = (greedy_tokens(logits) if argmax is None else argmax)[ri[:, :-1]]  # [P, D]
+    # padded slots never pass
+    passed = (pred == path_tokens[:, 1:]) & valid[:, 1:]
     accept_length = passed.long().cumprod(dim=1).sum(dim=1)
     return accept_length, accept_length.float()
 
@@ -220,7 +219,8 @@ def typical_accept(
 
     Longest path wins; ties go to the highest summed log-probability of the accepted tokens.
     """
-    if not isinstance(temperature, torch.Tensor) and temperature <= 0:  # T -> 0: greedy matching
+    # T -> 0: greedy matching
+    if not isinstance(temperature, torch.Tensor) and temperature <= 0:
         return greedy_accept(logits, path_tokens, ri, valid)
     probs = tempered_probs(logits, temperature)  # [L, V]
     threshold = typical_threshold(probs, epsilon=epsilon, delta=delta)
@@ -242,7 +242,8 @@ def typical_threshold_of_entropy(entropy: torch.Tensor, *, epsilon: float, delta
 
 def typical_threshold(probs: torch.Tensor, *, epsilon: float, delta: float) -> torch.Tensor:
     """min(epsilon, delta * exp(-H(p))) for distributions probs [..., V]."""
-    entropy = torch.special.entr(probs).sum(-1)  # H = -sum p log p
+    # H = -sum p log p
+    entropy = torch.special.entr(probs).sum(-1)
     return typical_threshold_of_entropy(entropy, epsilon=epsilon, delta=delta)
 
 

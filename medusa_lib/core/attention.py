@@ -2,14 +2,14 @@
 
 Most small chat models use grouped-query attention (GQA): ``n_rep`` query heads share one
 key/value head (SmolLM2-135M: 9 query heads, 3 KV heads). Stock transformers' ``sdpa`` path has
-three ways to run it, and on CPU two of them are slow (measured here, SmolLM2-135M, bfloat16,
-2 cores, 1,536 cached tokens, per forward of 30 layers):
+three ways to run it, and on CPU two of them are slow (measured here with SmolLM2-135M in bfloat16
+and a long cache: docs/performance.md):
 
 * one query, no mask (every plain decode step, ``model.generate`` included): SDPA with
-  ``enable_gqa=True``, ~0.86 ms per layer;
-* one query with a mask: the query heads are folded onto the KV heads (``pack_gqa``), ~0.2 ms;
+  ``enable_gqa=True``, slow;
+* one query with a mask: the query heads are folded onto the KV heads (``pack_gqa``), fast;
 * several queries with a mask (every Medusa tree step): ``repeat_kv`` copies the whole cache
-  to ``n_rep`` times its size in every layer, then attends: ~0.65 ms per layer.
+  to ``n_rep`` times its size in every layer, then attends: slow.
 
 ``packed_gqa_attention`` uses the fast fold for all of these: the ``n_rep`` query heads of a
 group become ``n_rep * L`` query rows over that group's KV head, and the mask is tiled to match
@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-NAME = "sdpa_packed_gqa"  # the attn_implementation name this module registers
+# the attn_implementation name this module registers
+NAME = "sdpa_packed_gqa"
 
 
 def packed_gqa_attention(
@@ -50,7 +51,8 @@ def packed_gqa_attention(
     mask = attention_mask
     foldable = (
         n_rep > 1
-        and (mask is not None or L == 1)  # without a mask, L > 1 needs is_causal: rows cannot be folded
+        # without a mask, L > 1 needs is_causal: rows cannot be folded
+        and (mask is not None or L == 1)
         and dropout == 0.0
         and kwargs.get("position_bias") is None
         and kwargs.get("cache") is None

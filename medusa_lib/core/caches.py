@@ -54,13 +54,15 @@ def compact_cache(cache: Cache, prefix_len: int, nodes: torch.Tensor, tree_len: 
         and torch.equal(nodes[:-1], torch.arange(n - 1, dtype=nodes.dtype))
     )
     if last_only:
-        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1  # src > dst: nodes are in tree order
+        # src > dst: nodes are in tree order
+        src, dst = prefix_len + int(nodes[-1]), prefix_len + n - 1
         for layer in cache.layers:
             layer.keys[..., dst, :] = layer.keys[..., src, :]
             layer.values[..., dst, :] = layer.values[..., src, :]
     keep_on: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers if not (in_place or last_only) else ():
-        dev = layer.keys.device  # layers may sit on different devices (device_map="auto")
+        # layers may sit on different devices (device_map="auto")
+        dev = layer.keys.device
         if dev not in keep_on:
             keep_on[dev] = moved_slots(prefix_len, nodes.to(dev))[0]
         k = layer.keys.index_select(-2, keep_on[dev])

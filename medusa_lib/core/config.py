@@ -8,12 +8,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .kv import CACHES
-from .lookup import MAX_LOOKUP
-from .lookup import is_length as is_lookup_length
 from .messages import InputError
 
 METHODS = ("plain", "medusa-greedy", "medusa-typical", "medusa-sample")
+# the KV caches a decoder runs on (kv.py) and how a static one's steps are made fast
+CACHES = ("dynamic", "static")
+CAPTURES = ("none", "compile", "cuda-graph")
+# the lookup branch (lookup.py): the length used when heads ship no calibrated one (the simulated
+# best of 2-4 on held-out answers), and the longest a decoder takes
+DEFAULT_LOOKUP = 4
+MAX_LOOKUP = 8
+
+
+def is_lookup_length(n) -> bool:
+    """A valid lookup-branch length: a whole number from 0 (off) to MAX_LOOKUP (booleans are not)."""
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LOOKUP
 
 
 class DecodeError(InputError):
@@ -22,17 +31,27 @@ class DecodeError(InputError):
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    max_new_tokens: int = 128  # stop after this many new tokens
-    temperature: float = 0.0  # 0 = greedy; plain sampling and typical acceptance use softmax(logits / T)
-    top_p: float = 1.0  # nucleus sampling for plain sampling and the sampled root
-    seed: int = 0  # sampling seed (a run is reproducible)
-    posterior_threshold: float = 0.09  # epsilon of typical acceptance (hard threshold)
-    posterior_alpha: float = 0.3  # delta of typical acceptance (entropy-dependent threshold)
-    sample_root: bool = False  # typical: sample the root/bonus token instead of argmax (medusa-sample always samples)
+    # stop after this many new tokens
+    max_new_tokens: int = 128
+    # 0 = greedy; plain sampling and typical acceptance use softmax(logits / T)
+    temperature: float = 0.0
+    # nucleus sampling for plain sampling and the sampled root
+    top_p: float = 1.0
+    # sampling seed (a run is reproducible)
+    seed: int = 0
+    # epsilon of typical acceptance (hard threshold)
+    posterior_threshold: float = 0.09
+    # delta of typical acceptance (entropy-dependent threshold)
+    posterior_alpha: float = 0.3
+    # typical: sample the root/bonus token instead of argmax (medusa-sample always samples)
+    sample_root: bool = False
     stop_on_eos: bool = True
-    record_detail: bool = True  # keep tree tokens/paths in the step records (for the inspector)
-    lookup: int = 0  # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
-    cache: str = "dynamic"  # "dynamic": DynamicCache; "static": StaticCache and fixed-shape steps (kv.py)
+    # keep tree tokens/paths in the step records (for the inspector)
+    record_detail: bool = True
+    # Medusa: length of the lookup branch (n-gram proposals from the context, lookup.py); 0 = off
+    lookup: int = 0
+    # "dynamic": DynamicCache; "static": StaticCache and fixed-shape steps (kv.py)
+    cache: str = "dynamic"
 
     def check(self) -> None:
         if not (1 <= self.max_new_tokens <= 32768):

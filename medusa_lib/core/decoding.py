@@ -30,44 +30,50 @@ from .acceptance import (
 )
 from .config import METHODS, DecodeConfig, DecodeError
 from .drafters import Drafter, DrafterError, make_drafter
-from .dynamic_tree import DynamicTreeConfig
-from .eagle import EagleHead
 from .fused import fused_steps, ready
-from .heads import MedusaHeads
 from .kv import DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
-from .lookup import ngram_proposal
 from .messages import cause
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
 from .rules import REASONS, accept, cut, knobs_of, rule_of
-from .steps import RunResult, Step, _sync, first_difference
-from .tree import MedusaTree, TreeBuffers, root_only_tree, with_lookup
+from .steps import RunResult, Step, first_difference, sync, tree_step
+from .tree import MedusaTree, TreeBuffers, root_only_tree
 
 
 class Proposal(NamedTuple):
     """What one Medusa step verifies."""
 
-    buffers: TreeBuffers  # the tree (the drafter's, one with a lookup branch, or the root alone)
-    tokens: torch.Tensor  # [L] token id of each tree node, on the input device
-    lookup: int  # trailing nodes that came from the lookup branch (0: none)
-    matched: int = 0  # of those, the first ``matched`` hold the context's match (the rest: static steps' guesses)
+    # the tree (the drafter's, or the root alone)
+    buffers: TreeBuffers
+    # [L] token id of each tree node, on the input device
+    tokens: torch.Tensor
+    # trailing nodes copied from the context (a lookup chain; 0: none), and how many of them hold
+    # the context's match this step (the rest fill a fixed shape)
+    lookup: int
+    matched: int = 0
 
 
 class Verdict(NamedTuple):
     """What acceptance decided."""
 
-    best: int  # row of retrieve_indices that was accepted
-    accept_length: int  # candidates accepted on it
-    nodes: torch.Tensor  # [accept_length + 1] tree positions of the root and the accepted candidates (CPU)
-    bonus: torch.Tensor  # the base model's token after the last accepted node (argmax, or a draw): the next root
+    # row of retrieve_indices that was accepted
+    best: int
+    # candidates accepted on it
+    accept_length: int
+    # tree positions of the root and the accepted candidates (CPU)
+    nodes: torch.Tensor  # [accept_length + 1]
+    # the base model's token after the last accepted node (argmax, or a draw): the next root
+    bonus: torch.Tensor
 
 
 class Decoder:
     """Runs one method on one model. ``steps(prompt_ids)`` is a generator of Step records.
 
-    Medusa methods draft with ``drafter`` (drafters.py), or with the EAGLE head ``eagle``, or with
-    the Medusa ``heads`` on ``tree``. All run state (KV cache, drafter state) is created inside
-    ``steps``: two runs never share it. With ``config.cache == "static"`` a run takes ``static_kv``
-    (shared by runs one at a time) when it is free and large enough, else one of its own.
+    Medusa methods draft with ``drafter`` (``drafters/``), or, as a convenience, with the EAGLE
+    head ``eagle`` or the Medusa ``heads`` on ``tree`` (``drafters.make_drafter``); with
+    ``config.lookup`` > 0 a lookup chain sits beside a drafter that takes one. All run state (KV
+    cache, drafter state) is created inside ``steps``: two runs never share it. With
+    ``config.cache == "static"`` a run takes ``static_kv`` (shared by runs one at a time) when it is
+    free and large enough, else one of its own.
     ``note`` says why a static run uses the dynamic cache instead.
     """
 
@@ -76,11 +82,11 @@ class Decoder:
         model: nn.Module,
         *,
         method: str = "plain",
-        heads: MedusaHeads | None = None,
-        tree: MedusaTree | DynamicTreeConfig | None = None,
+        heads=None,
+        tree=None,
         config: DecodeConfig = DecodeConfig(),
         static_kv: StaticKV | None = None,
-        eagle: EagleHead | None = None,
+        eagle=None,
         drafter: Drafter | None = None,
     ):
         if method not in METHODS:
@@ -89,32 +95,33 @@ class Decoder:
         self.model, self.method, self.config = model, method, config
         self.info: ModelInfo = model_info(model)
         self.body, self.lm_head = body_and_lm_head(model)
-        self.embed = model.get_input_embeddings()  # root- and path-conditioned heads read token embeddings
+        # root- and path-conditioned heads read token embeddings
+        self.embed = model.get_input_embeddings()
         self.device = input_device(model)
         self.out_device = self.lm_head.weight.device
         self.dtype = next(model.parameters()).dtype
         self.rule, self.knobs = rule_of(method, config), knobs_of(config)
         self.eos = torch.tensor(list(self.info.eos_token_ids or ())[:8] if config.stop_on_eos else [], dtype=torch.long)
         self.eos = torch.cat([self.eos, torch.full((8 - self.eos.numel(),), -1, dtype=torch.long)])
-        self.root_tree = self.build(root_only_tree())  # a plain step (and a Medusa step near the context limit)
-        self.heads = heads  # the Medusa heads this decoder was given, if any (the drafter may be another)
+        # a plain step (and a Medusa step near the context limit)
+        self.root_tree = self.build(root_only_tree())
+        # the Medusa heads this decoder was given, if any (the drafter may be another)
+        self.heads = heads
         self.drafter: Drafter | None = None
-        self.lookup_trees: dict[int, TreeBuffers] = {}  # the drafter's fixed tree plus a lookup branch of each length
         if method != "plain":
             try:
-                self.drafter = make_drafter(heads=heads, tree=tree, eagle=eagle, drafter=drafter).bind(self)
+                made = make_drafter(heads=heads, tree=tree, eagle=eagle, drafter=drafter, lookup=config.lookup)
+                self.drafter = made.bind(self)
             except DrafterError as e:
                 raise DecodeError(str(e)) from None
-        self.lookup = config.lookup if self.drafter is not None and self.drafter.branch else 0
-        fixed = self.drafter.buffers if self.drafter is not None else None
-        if fixed is not None:  # every length: a match may be shorter than config.lookup (static steps use the full one)
-            self.lookup_trees = {c: self.build(with_lookup(fixed.cpu, c)) for c in range(1, self.lookup + 1)}
         self.note: str | None = static_refusal(model) if config.cache == "static" else None
-        self.static_draft = None  # what the static engine's tree step holds of the drafter
+        # what the static engine's tree step holds of the drafter
+        self.static_draft = None
         if config.cache == "static" and self.note is None and self.drafter is not None:
-            self.static_draft = self.drafter.static(self, self.lookup)
+            self.static_draft = self.drafter.static(self)
             self.note = None if self.static_draft is not None else self.drafter.static_note
-        self.static = config.cache == "static" and self.note is None  # fixed-shape steps over a StaticCache
+        # fixed-shape steps over a StaticCache
+        self.static = config.cache == "static" and self.note is None
         self.static_kv = static_kv
 
     def build(self, tree: MedusaTree) -> TreeBuffers:
@@ -130,11 +137,6 @@ class Decoder:
     def drafter_name(self) -> str | None:
         """Who drafts this decoder's trees, as the step records name it (None: plain decoding)."""
         return self.drafter.name if self.drafter is not None else None
-
-    @property
-    def top1_nodes(self) -> tuple[int, ...]:
-        """The drafted nodes that fill a static step's lookup branch past its match."""
-        return self.static_draft.top1 if self.static_draft is not None else ()
 
     @property
     def step_trees(self) -> list[TreeBuffers]:
@@ -158,7 +160,7 @@ class Decoder:
             )
         return ids.to(self.device).unsqueeze(0)
 
-    def _finish(self, new: list[int], produced: int, seq_len: int) -> tuple[list[int], str | None]:
+    def finish(self, new: list[int], produced: int, seq_len: int) -> tuple[list[int], str | None]:
         """Cut a step's new tokens where plain decoding would have stopped (``rules.cut``)."""
         emitted = torch.tensor(new, dtype=torch.long)
         left = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
@@ -188,17 +190,16 @@ class Decoder:
         ):
             shared.start()
             return shared
-        if (
-            self.device.type == "cuda" and shared is not None
-        ):  # busy or too small: uncaptured static steps cost more than dynamic ones on a GPU
+        # busy or too small: uncaptured static steps cost more than dynamic ones on a GPU
+        if self.device.type == "cuda" and shared is not None:
             return DynamicKV(self.model)
         return StaticKV(self.model, max_len=need)
 
-    def _prefill_step(
+    def prefill_step(
         self, new: list[int], reason: str | None, t0: float, kv: DynamicKV | StaticKV, engine: str | None = None
     ) -> Step:
         """Step 0, timed from t0 to now: the prompt's forward and the first new token."""
-        t1 = _sync(self.device)
+        t1 = sync(self.device)
         return Step(
             0,
             tuple(new),
@@ -214,9 +215,11 @@ class Decoder:
         ids = self._prompt_tensor(prompt_ids)
         kv = self._open_kv(ids.shape[1])
         if kv.kind == "static":
-            try:  # a capture made now (another preset, a custom tree): recorded only if it succeeds
+            # a capture made now (another preset, a custom tree): recorded only if it succeeds
+            try:
                 self.note = ready(self, kv) or self.note
-            except Exception as e:  # noqa: BLE001  the run still runs, on the dynamic cache, and says so
+            except Exception as e:  # noqa: BLE001
+                # the run still runs, on the dynamic cache, and says so
                 kv.release()
                 self.note = f"Capturing this run's step failed ({cause(e, 120)}), so it runs with the dynamic cache."
                 kv = DynamicKV(self.model)
@@ -227,7 +230,8 @@ class Decoder:
                 yield from self._plain_steps(ids, kv)
             else:
                 yield from self._medusa_steps(ids, kv)
-        finally:  # also when the consumer stops early: the shared static cache is free again
+        finally:
+            # also when the consumer stops early: the shared static cache is free again
             kv.release()
 
     def run(self, prompt_ids: Sequence[int] | torch.Tensor) -> RunResult:
@@ -238,7 +242,7 @@ class Decoder:
         cfg, dev = self.config, self.device
         draw = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
         seq_len = ids.shape[1]
-        t0 = _sync(dev)
+        t0 = sync(dev)
         logits = self.model(
             input_ids=ids,
             position_ids=torch.arange(seq_len, device=dev)[None],
@@ -247,19 +251,20 @@ class Decoder:
             logits_to_keep=1,
         ).logits[0, -1]
         token = sample_token(logits, position=seq_len, **draw)
-        new, reason = self._finish([int(token)], 0, seq_len)
-        yield self._prefill_step(new, reason, t0, kv)
+        new, reason = self.finish([int(token)], 0, seq_len)
+        yield self.prefill_step(new, reason, t0, kv)
         produced, seq_len, index = len(new), seq_len + len(new), 1
         while reason is None:
-            t0 = _sync(dev)
-            pos = torch.tensor([[seq_len - 1]], device=dev)  # the stock call, as model.generate makes it
+            t0 = sync(dev)
+            # the stock call, as model.generate makes it
+            pos = torch.tensor([[seq_len - 1]], device=dev)
             logits = self.model(
                 input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True
             ).logits[0, -1]
-            t1 = _sync(dev)
+            t1 = sync(dev)
             token = sample_token(logits, position=seq_len, **draw)
-            new, reason = self._finish([int(token)], produced, seq_len)
-            t2 = _sync(dev)
+            new, reason = self.finish([int(token)], produced, seq_len)
+            t2 = sync(dev)
             yield Step(
                 index,
                 tuple(new),
@@ -275,15 +280,31 @@ class Decoder:
     def _samples_root(self) -> bool:
         return self.rule.name == "sample" or self.rule.sample_root
 
-    def _pick_root(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+    def pick_root(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """The token at ``position``: a draw (seed and position key its noise), or the argmax."""
         cfg = self.config
         if self._samples_root:
             return sample_token(logits, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, position=position)
         return greedy_tokens(logits)
 
+    def prefill(self, ids: torch.Tensor, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt ``ids`` [1, n] into ``kv``'s cache, in the recorded chunks where ``kv`` has them
+        (``prefill.Prefill``), else in one forward: (the base model's features [m, d] whose last row is
+        the prompt's last position (m = n; 1 from recorded chunks), the first new token [1])."""
+        if getattr(kv, "prefill", None) is not None:
+            hidden, logits = kv.prefill.run(ids)
+            return hidden.view(1, -1), self.pick_root(logits, ids.shape[1])
+        n = ids.shape[1]
+        features = self.body(
+            input_ids=ids,
+            position_ids=torch.arange(n, device=self.device)[None],
+            past_key_values=kv.cache,
+            use_cache=True,
+        ).last_hidden_state[0]
+        return features, self.pick_root(self.lm_head(features[-1]), n)
+
     def propose(self, run, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Proposal:
-        """The drafter's tree under ``root`` [+ a lookup chain from ``history[:seq_len]``]."""
+        """The drafter's tree under ``root`` (``history[:seq_len]``: the committed tokens)."""
         dev, limit = self.device, self.info.context_limit
         # The deepest node lands at position seq_len - 1 + depth: near the context limit a
         # root-only (plain) step keeps the output exact.
@@ -292,15 +313,8 @@ class Decoder:
         )
         if draft is None:
             return Proposal(self.root_tree, root.view(1).to(dev), 0)
-        chain = history[:0]
-        if self.lookup:  # the chain's last node must fit in the context too
-            chain = ngram_proposal(history[:seq_len], length=self.lookup)[: max(0, limit - seq_len - 1)]
-        c = chain.numel()
-        if not c:
-            buffers = draft.buffers if draft.buffers is not None else self.build(draft.tree)
-            return Proposal(buffers, draft.tokens.to(dev), draft.lookup, draft.lookup)
-        buffers = self.lookup_trees[c] if draft.buffers is not None else self.build(with_lookup(draft.tree, c))
-        return Proposal(buffers, torch.cat([draft.tokens.to(dev), chain.to(dev)]), c, c)
+        buffers = draft.buffers if draft.buffers is not None else self.build(draft.tree)
+        return Proposal(buffers, draft.tokens.to(dev), draft.lookup, draft.matched)
 
     def verify(
         self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int
@@ -313,7 +327,8 @@ class Decoder:
         """The step's rule over the verified tree (``rules.accept``), read back to the host."""
         bufs = proposal.buffers
         tokens = proposal.tokens.to(logits.device)
-        children = bufs.children if self.rule.name == "sample" else None  # only the walk reads the children
+        # only the walk reads the children
+        children = bufs.children if self.rule.name == "sample" else None
         n, nodes, best, bonus = accept(
             self.rule, logits, tokens, bufs.paths, bufs.valid, children, knobs=self.knobs, seq_len=seq_len, early=True
         )
@@ -336,12 +351,15 @@ class Decoder:
         the drafter the verified features of the accepted path. Returns (new tokens, finish reason,
         the next root)."""
         nodes = verdict.nodes
-        kv.keep(seq_len - 1, nodes, proposal.buffers.num_nodes)  # cache = prefix + root + accepted
-        bonus = verdict.bonus  # the base model's own next token after the last accepted node; the next root
+        # cache = prefix + root + accepted
+        kv.keep(seq_len - 1, nodes, proposal.buffers.num_nodes)
+        # the base model's own next token after the last accepted node; the next root
+        bonus = verdict.bonus
         accepted = proposal.tokens[nodes.to(self.device)][1:].tolist()
-        new, reason = self._finish(accepted + [int(bonus)], produced, seq_len)
+        new, reason = self.finish(accepted + [int(bonus)], produced, seq_len)
         history[seq_len : seq_len + len(new)] = torch.tensor(new, dtype=torch.long)
-        if reason is None and run is not None:  # pairs (f_t, x_{t+1}) along the accepted path, the bonus last
+        # pairs (f_t, x_{t+1}) along the accepted path, the bonus last
+        if reason is None and run is not None:
             tokens = torch.tensor(accepted + [int(bonus)], device=self.device)
             run.verified(hidden[nodes.to(hidden.device)], tokens, seq_len - 1, rows=nodes)
         return new, reason, bonus
@@ -358,32 +376,31 @@ class Decoder:
     ) -> Step:
         """The record of one Medusa step; ``times`` are the synced timestamps around its four phases."""
         t0, t1, t2, t3, t4 = times
-        detail = self.config.record_detail
-        start = proposal.buffers.num_nodes - proposal.lookup  # first lookup node
-        # only nodes that hold the context's match count as lookup tokens (a static step's guesses do not)
-        from_context = ((verdict.nodes[1:] >= start) & (verdict.nodes[1:] < start + proposal.matched)).sum()
-        return Step(
+        return tree_step(
             index,
-            tuple(new),
+            new,
             t4 - t0,
             MappingProxyType({"propose": t1 - t0, "verify": t2 - t1, "accept": t3 - t2, "commit": t4 - t3}),
-            accept_length=min(verdict.accept_length, len(new) - 1) if new else 0,  # the cut may drop candidates
-            lookup_accepted=min(int(from_context), len(new) - 1) if proposal.matched and new else 0,
-            tree=proposal.buffers.cpu if detail else None,
-            tree_tokens=proposal.tokens if detail else None,
-            best_path=verdict.best if detail else None,
-            finish_reason=reason,
+            tree=proposal.buffers.cpu,
+            tree_tokens=proposal.tokens,
+            nodes=verdict.nodes.tolist(),
+            accepted=verdict.accept_length,
+            best=verdict.best,
+            lookup=proposal.lookup,
+            matched=proposal.matched,
             drafter=self.drafter_name,
-            draft_depth=proposal.buffers.depth,  # 0 for a root-only step (no draft, or near the context limit)
-            draft_tokens=proposal.buffers.num_nodes - 1,
+            reason=reason,
+            detail=self.config.record_detail,
         )
 
     def _medusa_steps(self, ids: torch.Tensor, kv: DynamicKV | StaticKV) -> Iterator[Step]:
         seq_len = ids.shape[1]
-        history = torch.empty(seq_len + self.config.max_new_tokens + 1, dtype=torch.long)  # prompt + committed tokens
+        # prompt + committed tokens
+        history = torch.empty(seq_len + self.config.max_new_tokens + 1, dtype=torch.long)
         history[:seq_len] = ids[0].cpu()
         run = self.drafter.open()
-        try:  # a drafter that hooked the model (EAGLE-3's layer inputs) lets go of it however the run ends
+        # a drafter that hooked the model (EAGLE-3's layer inputs) lets go of it however the run ends
+        try:
             yield from self._medusa_loop(ids, kv, run, history)
         finally:
             run.close()
@@ -394,32 +411,27 @@ class Decoder:
 
         # Prefill: the prompt's KV and the root (the first new token); the drafter reads the prompt's
         # features and the token after each.
-        t0 = _sync(dev)
-        features = self.body(
-            input_ids=ids,
-            position_ids=torch.arange(seq_len, device=dev)[None],
-            past_key_values=kv.cache,
-            use_cache=True,
-        ).last_hidden_state[0]
-        root = self._pick_root(self.lm_head(features[-1]), seq_len)
+        t0 = sync(dev)
+        features, root = self.prefill(ids, kv)
         run.verified(features, torch.cat([ids[0, 1:], root.view(1).to(dev)]), 0, rows=None)
-        new, reason = self._finish([int(root)], 0, seq_len)
+        new, reason = self.finish([int(root)], 0, seq_len)
         history[seq_len] = new[0]
-        yield self._prefill_step(new, reason, t0, kv)
+        yield self.prefill_step(new, reason, t0, kv)
         produced, seq_len, index = len(new), seq_len + len(new), 1
 
-        while reason is None:  # the cache holds every committed token but the root: seq_len - 1 of them
-            t0 = _sync(dev)
+        # the cache holds every committed token but the root: seq_len - 1 of them
+        while reason is None:
+            t0 = sync(dev)
             proposal = self.propose(run, root, history=history, seq_len=seq_len)
-            t1 = _sync(dev)
+            t1 = sync(dev)
             logits, hidden = self.verify(proposal, kv=kv, prefix_len=seq_len - 1)
-            t2 = _sync(dev)
+            t2 = sync(dev)
             verdict = self.accept(logits, proposal, seq_len)
-            t3 = _sync(dev)
+            t3 = sync(dev)
             new, reason, root = self.commit(
                 proposal, verdict, hidden=hidden, kv=kv, history=history, seq_len=seq_len, produced=produced, run=run
             )
-            t4 = _sync(dev)
+            t4 = sync(dev)
             yield self._decode_step(index, new, reason, proposal, verdict, times=(t0, t1, t2, t3, t4))
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
@@ -433,7 +445,7 @@ def run_method(
     tree=None,
     config: DecodeConfig = DecodeConfig(),
     static_kv: StaticKV | None = None,
-    eagle: EagleHead | None = None,
+    eagle=None,
     drafter: Drafter | None = None,
 ) -> RunResult:
     """Convenience: build a Decoder and collect its whole run."""

@@ -21,23 +21,28 @@ from dataclasses import dataclass
 
 import torch
 
-from .lookup import DEFAULT_LOOKUP
+from .config import DEFAULT_LOOKUP
 from .tree import get_tree, preset_names
 
-FALLBACK_TREE = "topk-4x3x2-16"  # 16 nodes: cheap enough on a CPU, wide enough to show a tree
-LEGACY_KIND = "cpu"  # the device kind of a calibration record that names none (the first ones were all made on a CPU)
+# 16 nodes: cheap enough on a CPU, wide enough to show a tree
+FALLBACK_TREE = "topk-4x3x2-16"
+# the device kind of a calibration record that names none (the first ones were all made on a CPU)
+LEGACY_KIND = "cpu"
 KIND_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 @dataclass(frozen=True)
 class HeadsDefaults:
-    tree: str  # preset name: the heads' calibrated default, else FALLBACK_TREE, else chain-<depth>
-    lookup: int  # the lookup branch's length when it is on
-    lookup_on: bool  # on unless the heads were calibrated without it
-    calibration: dict | None = (
-        None  # the calibration record the tree comes from (its measured figures), None if not calibrated
-    )
-    note: str | None = None  # one sentence when that record was made on another kind of device than this one
+    # preset name: the heads' calibrated default, else FALLBACK_TREE, else chain-<depth>
+    tree: str
+    # the lookup branch's length when it is on
+    lookup: int
+    # on unless the heads were calibrated without it
+    lookup_on: bool
+    # the calibration record the tree comes from (its measured figures), None if not calibrated
+    calibration: dict | None = None
+    # one sentence when that record was made on another kind of device than this one
+    note: str | None = None
 
     @property
     def lookup_length(self) -> int:
@@ -112,7 +117,8 @@ def calibration_records(heads) -> list[tuple[dict, str | None, int | None]]:
     if isinstance(top, dict):
         out.append((top, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)))
     for key, record in (getattr(heads, "calibrations", None) or {}).items():
-        if not record.get("device_kind"):  # an older record named by its kind only
+        # an older record named by its kind only
+        if not record.get("device_kind"):
             record = {**record, "device_kind": record_kind(record, key)}
         out.append((record, record.get("default_tree"), record.get("lookup")))
     return out
@@ -130,7 +136,8 @@ def heads_defaults(heads, device: torch.device | str | None = None, numerics: st
     note = None
     if exact or mine:
         record, calibrated, lookup = (exact or mine)[0]
-    elif found:  # calibrated, but on another kind of device: its tree beats a guess, and the page says whose it is
+    elif found:
+        # calibrated, but on another kind of device: its tree beats a guess, and the page says whose it is
         record, calibrated, lookup = found[0]
         other = record_kind(record)
         where = record.get("device") or KIND_NAMES.get(other, other)
@@ -139,12 +146,14 @@ def heads_defaults(heads, device: torch.device | str | None = None, numerics: st
             f"using the tree calibrated on {where} "
             "(run python -m medusa_lib.pipeline.calibrate --write on this device for one)."
         )
-    else:  # no calibration record: what config.json says at the top level, if anything
+    else:
+        # no calibration record: what config.json says at the top level, if anything
         record, calibrated, lookup = None, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)
     known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
     if calibrated and calibrated in known:
         tree = calibrated
-    else:  # no tree named, or one trees.json lacks: no calibration applies to the tree we pick
+    else:
+        # no tree named, or one trees.json lacks: no calibration applies to the tree we pick
         record = note = None
         tree = FALLBACK_TREE if get_tree(FALLBACK_TREE).depth <= heads.num_heads else f"chain-{min(heads.num_heads, 4)}"
     return HeadsDefaults(

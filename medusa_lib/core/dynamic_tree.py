@@ -29,7 +29,8 @@ import torch
 from .messages import InputError
 from .tree import MedusaTree
 
-DEPTH_PENALTY = 1e-4  # keeps ties (a log-probability of exactly 0) from ranking a child above its parent
+# keeps ties (a log-probability of exactly 0) from ranking a child above its parent
+DEPTH_PENALTY = 1e-4
 
 
 class DynamicTreeError(InputError):
@@ -38,9 +39,12 @@ class DynamicTreeError(InputError):
 
 @dataclass(frozen=True)
 class DynamicTreeConfig:
-    top_k: int = 8  # children drafted per expanded node, and nodes expanded per level
-    depth: int = 5  # levels below the root (draft forwards per step after the first)
-    num_nodes: int = 24  # nodes verified per step besides the root (fixed: one verify shape)
+    # children drafted per expanded node, and nodes expanded per level
+    top_k: int = 8
+    # levels below the root (draft forwards per step after the first)
+    depth: int = 5
+    # nodes verified per step besides the root (fixed: one verify shape)
+    num_nodes: int = 24
 
     def check(self) -> None:
         if not (1 <= self.top_k <= 32):
@@ -62,20 +66,29 @@ class DynamicTreeConfig:
 class Candidates(NamedTuple):
     """Everything the drafter proposed in one step, level after level (fixed shapes)."""
 
-    tokens: torch.Tensor  # [C] token id of each candidate
-    scores: torch.Tensor  # [C] cumulative draft log-probability (float32)
-    parents: torch.Tensor  # [C] candidate index of each one's parent, -1 for the root's children
-    depths: torch.Tensor  # [C] level of each candidate (1 = child of the root)
+    # token id of each candidate
+    tokens: torch.Tensor  # [C]
+    # cumulative draft log-probability (float32)
+    scores: torch.Tensor  # [C]
+    # candidate index of each one's parent, -1 for the root's children
+    parents: torch.Tensor  # [C]
+    # level of each candidate (1 = child of the root)
+    depths: torch.Tensor  # [C]
 
 
 class DynamicTree(NamedTuple):
     """The verified tree of one step, on the drafter's device."""
 
-    tokens: torch.Tensor  # [L] root, then the kept candidates in level order
-    parents: torch.Tensor  # [L] tree position of each node's parent (root: 0)
-    attn_mask: torch.Tensor  # [L, L] long, 1 where node i sees node j (root, ancestors, itself)
-    position_ids: torch.Tensor  # [L] depth of each node
-    retrieve_indices: torch.Tensor  # [L, depth + 1] path from the root to every node, -1 padded
+    # root, then the kept candidates in level order
+    tokens: torch.Tensor  # [L]
+    # tree position of each node's parent (root: 0)
+    parents: torch.Tensor  # [L]
+    # long, 1 where node i sees node j (root, ancestors, itself)
+    attn_mask: torch.Tensor  # [L, L]
+    # depth of each node
+    position_ids: torch.Tensor  # [L]
+    # path from the root to every node, -1 padded
+    retrieve_indices: torch.Tensor  # [L, depth + 1]
 
 
 def expand_level(
@@ -85,7 +98,8 @@ def expand_level(
     [k, V] after each frontier node -> (children columns [k*k], children values [k*k], chosen [k]:
     the k best children (indices into the k*k), row of each chosen child's parent [k])."""
     top = torch.topk(logp, top_k, dim=-1)
-    values = (scores[:, None] + top.values).flatten()  # cumulative log q of every child
+    # cumulative log q of every child
+    values = (scores[:, None] + top.values).flatten()
     chosen = torch.topk(values, top_k).indices
     return top.indices.flatten(), values, chosen, torch.div(chosen, top_k, rounding_mode="floor")
 
@@ -95,7 +109,8 @@ def select_tree(root: torch.Tensor, cand: Candidates, *, num_nodes: int, depth: 
     buffers: tokens, parents, mask, positions and paths, all with fixed shapes."""
     dev = cand.tokens.device
     key = cand.scores - DEPTH_PENALTY * cand.depths.to(cand.scores.dtype)
-    kept = torch.sort(torch.topk(key, num_nodes).indices).values  # level order: parents before children
+    # level order: parents before children
+    kept = torch.sort(torch.topk(key, num_nodes).indices).values
     parent_cand = cand.parents[kept]
     # tree position of each kept node's parent: 1 + its rank among the kept, 0 for the root
     parent_pos = torch.where(
@@ -105,10 +120,12 @@ def select_tree(root: torch.Tensor, cand: Candidates, *, num_nodes: int, depth: 
     parents = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parent_pos])
     seen = torch.eye(L, dtype=torch.bool, device=dev)
     seen[:, 0] = True
-    for _ in range(depth):  # after d rounds every row holds its ancestors up to d levels up
+    # after d rounds every row holds its ancestors up to d levels up
+    for _ in range(depth):
         seen = seen | seen[parents]
     order = torch.arange(L, device=dev)
-    paths = torch.sort(torch.where(seen, order, L), dim=1).values[:, : depth + 1]  # ancestors in level order
+    # ancestors in level order
+    paths = torch.sort(torch.where(seen, order, L), dim=1).values[:, : depth + 1]
     return DynamicTree(
         tokens=torch.cat([root.view(1).to(dev), cand.tokens[kept]]),
         parents=parents,

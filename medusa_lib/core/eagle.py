@@ -13,7 +13,7 @@ model's, frozen and not stored; the lm_head is restricted to a proposal vocabula
 (``proposal_ids``) as our Medusa heads are. g_t regresses f_{t+1}, so the drafter can feed its own
 output back in and draft further: the next draft step reads (e(x_{t+2}), g_t).
 
-Per decoding step (``EagleRun``): the accepted tokens' *verified* features enter the drafter's
+Per decoding step (``eagle_run.EagleRun``): the accepted tokens' *verified* features enter the drafter's
 cache first (they replace whatever it drafted there; reference ``update_inference_inputs``); then
 the dynamic tree (``dynamic_tree.py``) is drafted level by level, and its entries are cropped
 from the drafter's cache again before the next step. Verification, acceptance and exactness are
@@ -36,7 +36,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from .defaults import machine_key, swept_tree
-from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
+from .dynamic_tree import DynamicTreeConfig
+from .eagle_run import EagleRun  # noqa: F401  (re-exported: one run of a head)
 from .heads import hidden_size_of
 from .messages import InputError, cause, is_number, kind, shown
 from .packing import (
@@ -61,10 +62,13 @@ class EagleError(InputError):
 class EagleConfig:
     hidden_size: int
     vocab_size: int
-    num_proposal_tokens: int | None = None  # draft onto this many frequent tokens (None: the full vocabulary)
+    # draft onto this many frequent tokens (None: the full vocabulary)
+    num_proposal_tokens: int | None = None
     base_model: str | None = None
-    model_type: str | None = None  # the base model's family: the layer is of its class
-    top_k: int = 8  # default dynamic tree (dynamic_tree.DynamicTreeConfig)
+    # the base model's family: the layer is of its class
+    model_type: str | None = None
+    # default dynamic tree (dynamic_tree.DynamicTreeConfig)
+    top_k: int = 8
     depth: int = 5
     num_nodes: int = 24
     # EAGLE-3 (arXiv 2503.01840): the drafter reads the inputs of these base layers (low, middle, high),
@@ -108,12 +112,15 @@ class EagleHead(nn.Module):
         text = copy.deepcopy(model.config.get_text_config(decoder=True))
         text.num_hidden_layers = 1
         body = model.base_model
-        self.int8 = False  # the draft's projection and layer in int8 (``use_int8``)
+        # the draft's projection and layer in int8 (``use_int8``)
+        self.int8 = False
         self.fc = nn.Linear(2 * d, d, bias=True)
         if config.fuse_layers:
             self.fuse = nn.Linear(len(config.fuse_layers) * d, d, bias=False)
-        self.layer = type(body.layers[0])(text, layer_idx=0)  # the base model's own decoder-layer class
-        self.rotary = type(body.rotary_emb)(config=text)  # positions as the base model encodes them
+        # the base model's own decoder-layer class
+        self.layer = type(body.layers[0])(text, layer_idx=0)
+        # positions as the base model encodes them
+        self.rotary = type(body.rotary_emb)(config=text)
         if config.num_proposal_tokens:
             self.register_buffer("proposal_ids", torch.arange(config.num_proposal_tokens), persistent=True)
         else:
@@ -229,13 +236,14 @@ class EagleHead(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        cast = lambda v: (
+        cast = lambda v: (  # noqa: E731
             v.detach().to(dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous().cpu()
-        )  # noqa: E731
+        )
         state = {k: cast(v) for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         tmp = folder / (EAGLE_FILE + ".tmp")
         save_file(state, str(tmp), metadata={"format": "pt"})
-        tmp.replace(folder / EAGLE_FILE)  # never a half-written checkpoint
+        # never a half-written checkpoint
+        tmp.replace(folder / EAGLE_FILE)
         meta = {"format": FORMAT, **asdict(self.config), "base_model_name_or_path": self.config.base_model, **extra}
         (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         return folder
@@ -283,7 +291,8 @@ def is_eagle_folder(folder: str | Path) -> bool:
     return (Path(folder) / EAGLE_FILE).exists()
 
 
-INT_FIELDS = ("hidden_size", "vocab_size", "top_k", "depth", "num_nodes")  # whole numbers >= 1
+# whole numbers >= 1
+INT_FIELDS = ("hidden_size", "vocab_size", "top_k", "depth", "num_nodes")
 TEXT_FIELDS = ("base_model", "model_type")
 
 
@@ -299,7 +308,8 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     where = folder / CONFIG_FILE
     try:
         meta = json.loads(where.read_text())
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+    except (OSError, ValueError, RecursionError) as e:
+        # RecursionError: JSON nested past Python's stack
         why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
         raise EagleError(f"{where} cannot be read ({why}); copy the EAGLE head again or train a new one.") from None
     if not isinstance(meta, dict):
@@ -314,7 +324,8 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     for name in INT_FIELDS + ("num_proposal_tokens",):
         value = meta.get(name)
         whole = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        if whole or (value is None and name not in ("hidden_size", "vocab_size")):  # the others have defaults
+        # the others have defaults
+        if whole or (value is None and name not in ("hidden_size", "vocab_size")):
             continue
         raise EagleError(
             f"{where} has {name}={shown(value)}; it must be a whole number of at least 1 "
@@ -377,7 +388,8 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     cfg = read_eagle_config(folder)
     meta = json.loads((folder / CONFIG_FILE).read_text())
     p = next(model.parameters())
-    swept = swept_tree(meta, machine_key(p.device, p.dtype))  # the tree a timed sweep chose on machines like this
+    # the tree a timed sweep chose on machines like this
+    swept = swept_tree(meta, machine_key(p.device, p.dtype))
     if swept:
         cfg = replace(cfg, top_k=swept[0], depth=swept[1], num_nodes=swept[2])
         try:
@@ -399,7 +411,8 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     head.check_fits(model)
     try:
         state = load_file(str(folder / EAGLE_FILE))
-    except (SafetensorError, OSError) as e:  # cut short after its header
+    except (SafetensorError, OSError) as e:
+        # cut short after its header
         raise EagleError(
             f"The EAGLE weights {folder / EAGLE_FILE} are not a readable safetensors file ({cause(e, 120)}); "
             "copy the EAGLE head again or train a new one."
@@ -413,7 +426,8 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
         raise EagleError(f"The EAGLE checkpoint does not fit its own layout: {str(e).splitlines()[0]}") from None
     head.calibration = meta.get("calibration")
     head.folder = Path(folder)
-    about = meta.get("about")  # which EAGLE it is and what its training measured, one line for the page
+    # which EAGLE it is and what its training measured, one line for the page
+    about = meta.get("about")
     head.about = f"This is {cfg.recipe}" + (f": {about}" if isinstance(about, str) and about.strip() else ".")
     head.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
     head.requires_grad_(False)
@@ -422,75 +436,3 @@ def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None
     if int8_fits(model) if int8 is None else int8:
         head.use_int8()
     return head.eval()
-
-
-# ---------------------------------------------------------------------- one run's drafter
-class EagleRun:
-    """The drafter's state during one run: its KV cache (entries 0..stable-1 hold verified
-    features), and the step's draft. Created inside ``Decoder.steps``: two runs never share it."""
-
-    def __init__(self, head: EagleHead, tree: DynamicTreeConfig):
-        tree.check()
-        self.head, self.tree = head, tree
-        self.cache = DynamicCache()
-        self.stable = 0  # entries of verified features; everything after them is a draft
-        self.last: torch.Tensor | None = None  # g at the newest verified entry: it drafts level 1
-        dev = head.fc.weight.device
-        self.dtype, self.device = head.fc.weight.dtype, dev
-        self.min = torch.finfo(self.dtype).min
-        k = tree.top_k
-        self.eye = torch.eye(k, dtype=torch.bool, device=dev)
-        self.level_depths = torch.cat(
-            [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)]
-        )
-
-    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
-        q = visible.shape[0]
-        extra = torch.zeros(q, visible.shape[1], dtype=self.dtype, device=self.device).masked_fill(~visible, self.min)
-        return torch.cat([torch.zeros(q, self.stable, dtype=self.dtype, device=self.device), extra], dim=1)[None, None]
-
-    def extend(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
-        """Append verified pairs (f_t, x_{t+1}) for t = start .. start + n - 1 (drafts dropped first);
-        ``features`` [n, d], or [n, layers, d] for a head that fuses layers (``EagleHead.draft_input``)."""
-        if self.cache.get_seq_length() > self.stable:
-            self.cache.crop(-(self.cache.get_seq_length() - self.stable))
-        n = features.shape[0]
-        pos = torch.arange(start, start + n, device=self.device)[None]
-        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        g = self.head(
-            self.head.draft_input(features.to(self.device))[None],
-            tokens[None].to(self.device),
-            pos,
-            attention_mask=self._mask(causal),
-            cache=self.cache,
-        )[0]
-        self.stable += n
-        self.last, self.next_pos = g[-1], start + n
-
-    def draft(self, root: torch.Tensor) -> DynamicTree:
-        """EAGLE-2's dynamic tree under ``root`` (reference ``topK_genrate``): level 1 from the newest
-        verified entry, then depth - 1 batched draft forwards of the k frontier nodes each, every
-        one seeing the prefix, its drafted ancestors and itself. No host reads."""
-        head, cfg, k = self.head, self.tree, self.tree.top_k
-        logp = torch.log_softmax(head.logits(self.last).float(), -1)
-        top = torch.topk(logp, k)
-        tokens, scores = [head.token_ids(top.indices)], [top.values]
-        parents = [torch.full((k,), -1, dtype=torch.long, device=self.device)]
-        frontier_tok, frontier_val = tokens[0], top.values
-        frontier_g = self.last.expand(k, -1)
-        frontier_idx = torch.arange(k, device=self.device)
-        seen = torch.zeros(k, 0, dtype=torch.bool, device=self.device)  # each frontier node's drafted ancestors
-        offset = k
-        for level in range(1, cfg.depth):
-            seen = torch.cat([seen, self.eye], dim=1)  # ... and itself
-            pos = torch.full((1, k), self.next_pos + level - 1, device=self.device)
-            g = head(frontier_g[None], frontier_tok[None], pos, attention_mask=self._mask(seen), cache=self.cache)[0]
-            columns, values, chosen, rows = expand_level(frontier_val, torch.log_softmax(head.logits(g).float(), -1), k)
-            ids = head.token_ids(columns)
-            tokens.append(ids), scores.append(values), parents.append(frontier_idx.repeat_interleave(k))
-            frontier_tok, frontier_val, frontier_g, seen = ids[chosen], values[chosen], g[rows], seen[rows]
-            frontier_idx = offset + chosen
-            offset += k * k
-        cand = Candidates(torch.cat(tokens), torch.cat(scores), torch.cat(parents), self.level_depths)
-        return select_tree(root, cand, num_nodes=cfg.num_nodes, depth=cfg.depth)

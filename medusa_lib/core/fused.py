@@ -17,16 +17,18 @@ from typing import Iterator
 import torch
 
 from .kv import COMPILE_MODE
-from .lookup import ngram_match
 from .messages import cause
 from .prefill import Prefill
 from .rules import REASONS, Knobs, Rule, accept, cut
-from .steps import Step, _sync
+from .steps import Step, sync, tree_step
 from .tree import TreeBuffers
 
-WIDTH = 16  # longest accepted path + bonus a step may report (depth + 1, lookup branch included)
-MAX_NODES = 512  # tree tokens one step may verify
-META = 5  # result row: count, accept length, finish reason, lookup match, best path row
+# longest accepted path + bonus a step may report (depth + 1, lookup branch included)
+WIDTH = 16
+# tree tokens one step may verify
+MAX_NODES = 512
+# result row: count, accept length, finish reason, lookup match, best path row
+META = 5
 
 
 class FusedState:
@@ -34,8 +36,10 @@ class FusedState:
 
     def __init__(self, kv, *, vocab: int):
         dev, self.vocab = kv.device, vocab
-        self.tokens = torch.zeros(MAX_NODES, dtype=torch.long, device=dev)  # the next step's tree tokens (root first)
-        self.history = torch.zeros(kv.max_len + WIDTH, dtype=torch.long, device=dev)  # prompt + committed tokens
+        # the next step's tree tokens (root first)
+        self.tokens = torch.zeros(MAX_NODES, dtype=torch.long, device=dev)
+        # prompt + committed tokens
+        self.history = torch.zeros(kv.max_len + WIDTH, dtype=torch.long, device=dev)
         z = lambda dtype=torch.long: torch.zeros((), dtype=dtype, device=dev)  # noqa: E731
         self.seq_len, self.produced, self.budget, self.context, self.matched, self.seed = z(), z(), z(), z(), z(), z()
         self.temperature, self.top_p, self.epsilon, self.delta = (
@@ -45,10 +49,11 @@ class FusedState:
             z(torch.float32),
         )
         self.eos = torch.full((8,), -1, dtype=torch.long, device=dev)
+        # the nodes of the next tree that may be accepted (a draft may leave some dead: StaticDraft.dead)
+        self.live = torch.ones(MAX_NODES, dtype=torch.bool, device=dev)
         self.result = torch.zeros(META + 2 * WIDTH + MAX_NODES, dtype=torch.long, device=dev)
-        self.host = torch.zeros_like(
-            self.result, device="cpu", pin_memory=dev.type == "cuda"
-        )  # the one read per step lands here
+        # the one read per step lands here
+        self.host = torch.zeros_like(self.result, device="cpu", pin_memory=dev.type == "cuda")
 
     def start(self, ids: torch.Tensor, *, root: torch.Tensor, config, eos: tuple[int, ...], context: int) -> None:
         """A new run: prompt ``ids`` [n] and its first token ``root`` committed; the settings as device scalars."""
@@ -82,8 +87,8 @@ class FusedState:
 class Program:
     """One step of one tree shape under one ``Rule``, as a function of ``FusedState`` only.
     ``drafter`` (a ``drafters.StaticDraft``; None: a root-only step, nothing drafted) fills the next
-    tree; its ``lookup`` trailing nodes are matched in the history, ``top1`` drafted nodes fill
-    them past the match."""
+    tree from the last accepted node's hidden state, the root and the history; its ``lookup``
+    trailing nodes hold tokens copied from the context (how many hold a match: ``state.matched``)."""
 
     def __init__(self, kv, state: FusedState, bufs: TreeBuffers, *, rule: Rule, drafter=None):
         if bufs.num_nodes > MAX_NODES or bufs.depth + 1 > WIDTH:
@@ -93,21 +98,23 @@ class Program:
             )
         self.kv, self.s, self.bufs, self.rule = kv, state, bufs, rule
         self.draft = drafter.draft if drafter is not None else None
-        self.lookup, self.top1 = (drafter.lookup, drafter.top1) if drafter is not None else (0, ())
+        self.lookup = drafter.lookup if drafter is not None else 0
+        self.dead = drafter is not None and drafter.dead
         dev = kv.device
         # cached properties (a lock inside) read now, never inside a captured or compiled step
         self.depth, self.num_nodes, self.paths, self.valid = bufs.depth, bufs.num_nodes, bufs.paths, bufs.valid
         self.children = bufs.children if rule.name == "sample" else None
         self.j = torch.arange(self.depth + 1, device=dev)
-        if self.lookup:
-            guess = [self.top1[i] if i < len(self.top1) else 0 for i in range(self.lookup)]
-            self.guess = torch.tensor(guess, dtype=torch.long, device=dev)
-            self.lj = torch.arange(self.lookup, device=dev)
-        self.graph = None  # a CUDA graph of ``step`` (``capture``)
-        self.cuda = torch.cuda  # what replays it (tests: a stand-in)
-        self.compiled = None  # or ``step`` compiled (capture "compile" on a CPU)
-        self.failed: Exception | None = None  # why a compile failed: not tried again (it can take minutes)
-        self.note: str | None = None  # on CUDA, the sentence saying a failed compile fell back to eager kernels
+        # a CUDA graph of ``step`` (``capture``)
+        self.graph = None
+        # what replays it (tests: a stand-in)
+        self.cuda = torch.cuda
+        # or ``step`` compiled (capture "compile" on a CPU)
+        self.compiled = None
+        # why a compile failed: not tried again (it can take minutes)
+        self.failed: Exception | None = None
+        # on CUDA, the sentence saying a failed compile fell back to eager kernels
+        self.note: str | None = None
 
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
@@ -126,10 +133,16 @@ class Program:
             use_cache=True,
         ).last_hidden_state[0]
         logits = kv.lm_head(h)  # [L, V]
-        # accept: the rule, and the bonus token
+        # accept: the rule, and the bonus token; nodes the draft left dead are never accepted
+        valid, children = self.valid, self.children
+        if self.dead:
+            live = s.live[:L]
+            valid = valid & live[self.paths]
+            if children is not None:
+                children = torch.where(live[children.clamp(min=0)], children, -1)
         knobs = Knobs(s.temperature, s.top_p, s.seed, s.epsilon, s.delta)
         n, nodes, best, bonus = accept(
-            self.rule, logits, toks, self.paths, self.valid, self.children, knobs=knobs, seq_len=seq_len
+            self.rule, logits, toks, self.paths, valid, children, knobs=knobs, seq_len=seq_len
         )
         last = nodes.gather(0, n)
         # cut at the budget, the context and EOS
@@ -151,36 +164,18 @@ class Program:
         # draft: the next tree from the last accepted node's hidden state
         self.write_draft(h.index_select(0, last)[0], bonus)
 
-    def _chain(
-        self, drafted: torch.Tensor, root: torch.Tensor, seq_len: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The lookup branch [lookup]: the match in the history (``lookup.ngram_match``), then the
-        drafter's top-1 guess per depth past it, then the last token again. Returns (branch, matched)."""
-        hist, c = self.s.history, self.lookup
-        start = ngram_match(hist, seq_len)
-        matched = torch.where(start >= 0, (seq_len - start).clamp(0, c), 0)
-        chain = hist.gather(0, (start.clamp(min=0) + self.lj).clamp(max=hist.numel() - 1))
-        guess = drafted.gather(0, self.guess)
-        before = torch.where(self.lj < matched, chain, guess)  # the match, then the top-1 guesses
-        length = torch.clamp(torch.maximum(matched, torch.full_like(matched, len(self.top1))), max=c)
-        pad = torch.where(length > 0, before.gather(0, (length - 1).clamp(min=0)), root.view(1))
-        return torch.where(self.lj < length, before, pad), matched
-
     def write_draft(self, hidden: torch.Tensor, root: torch.Tensor) -> None:
         """The next step's tree tokens, in place: the drafter's tree from ``hidden`` [d] under
-        ``root`` [1], then the lookup branch matched in the history (the root alone without a draft)."""
+        ``root`` [1] (the root alone without a draft)."""
         s, L = self.s, self.num_nodes
         if self.draft is None:
             s.tokens[:1].copy_(root)
             return
-        drafted = self.draft(hidden, root)
-        if self.lookup:
-            chain, matched = self._chain(drafted, root, s.seq_len.view(1))
-            s.tokens[: L - self.lookup].copy_(drafted)
-            s.tokens[L - self.lookup : L].copy_(chain)
-            s.matched.copy_(matched[0])
-        else:
-            s.tokens[:L].copy_(drafted)
+        tokens, matched, live = self.draft(hidden, root, s.history, s.seq_len.view(1))
+        s.tokens[:L].copy_(tokens)
+        s.matched.copy_(matched[0])
+        if live is not None:
+            s.live[:L].copy_(live)
 
     # ------------------------------------------------------------------ capture
     def capture(self, *, graphs=None) -> float:
@@ -201,7 +196,8 @@ class Program:
         saved = self._snapshot()
         to_graph = graphs is not None or kv.device.type == "cuda"
 
-        def stand_in():  # two committed tokens, room for a whole step
+        # two committed tokens, room for a whole step
+        def stand_in():
             self._restore(saved)
             s.seq_len.fill_(2)
             s.produced.fill_(1)
@@ -215,7 +211,8 @@ class Program:
                 try:
                     fn, eager = self._compile(stand_in), False
                 except Exception as e:
-                    self.failed = e  # compiling again would fail again, after as long
+                    # compiling again would fail again, after as long
+                    self.failed = e
                     if not to_graph:
                         raise
                     self.note = (
@@ -230,7 +227,8 @@ class Program:
                 self.graph = self._record(fn, stand_in, graphs)
             except Exception as e:
                 if eager:
-                    self.note = None  # nothing replays: no fallback to count
+                    # nothing replays: no fallback to count
+                    self.note = None
                     raise
                 self.failed = e
                 self.note = (
@@ -262,7 +260,8 @@ class Program:
     def _compile(self, stand_in) -> object:
         """``step`` compiled by Inductor, one graph with no break and no dynamic shape, called twice
         (the compile and any tuning happen here, never inside a CUDA-graph capture)."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # one per program
+        # one per program
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         fn = torch.compile(self.step, mode=COMPILE_MODE, fullgraph=True, dynamic=False)
         for _ in range(2):
             stand_in()
@@ -286,7 +285,8 @@ class Program:
 
     def run(self) -> None:
         if self.graph is not None:
-            with self.cuda.device(self.kv.device):  # on cuda:N's current stream, which the read then waits for
+            # on cuda:N's current stream, which the read then waits for
+            with self.cuda.device(self.kv.device):
                 self.graph.replay()
         elif self.compiled is not None:
             self.compiled()
@@ -297,7 +297,8 @@ class Program:
 def programs(decoder, kv) -> tuple[Program | None, Program]:
     """(the tree step, the root-only step) of ``decoder`` on ``kv``, built once per StaticKV and
     reused by every run that computes the same thing (same rule, tree, lookup length and drafter)."""
-    kv.bind()  # the one K/V store and length tensor the programs use
+    # the one K/V store and length tensor the programs use
+    kv.bind()
     if kv.state is None:
         kv.state = FusedState(kv, vocab=decoder.lm_head.weight.shape[0])
     rule = decoder.rule
@@ -307,7 +308,8 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
         key = (*rule, bufs.cpu.choices, drafter.lookup, drafter.key) if drafter else (*rule, bufs.cpu.choices, 0, ())
         if key not in kv.programs:
             kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, drafter=drafter)
-        kv.programs.move_to_end(key)  # most recently used last
+        # most recently used last
+        kv.programs.move_to_end(key)
         return key, kv.programs[key]
 
     root_key, root = get(decoder.root_tree, None)
@@ -318,7 +320,8 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     return tree, root
 
 
-MAX_PROGRAMS = 48  # whole-step programs one StaticKV keeps (the page's presets, modes and rules; custom trees)
+# whole-step programs one StaticKV keeps (the page's presets, modes and rules; custom trees)
+MAX_PROGRAMS = 48
 
 
 def evict(kv, *, keep: tuple) -> None:
@@ -330,10 +333,12 @@ def evict(kv, *, keep: tuple) -> None:
     for key in [k for k in kv.programs if k not in keep][: max(0, len(kv.programs) - MAX_PROGRAMS)]:
         del kv.programs[key]
     if not any(p.graph is not None for p in kv.programs.values()):
-        kv.forget_pool()  # no graph left to share it with: the next capture starts a new pool
+        # no graph left to share it with: the next capture starts a new pool
+        kv.forget_pool()
 
 
-@torch.inference_mode()  # as the runs replay it: a capture outside inference mode would record other tensors
+# as the runs replay it: a capture outside inference mode would record other tensors
+@torch.inference_mode()
 def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     """Capture (or compile) the decoder's programs on a capturing ``kv`` before its run starts;
     raises when a capture fails (the run then takes the dynamic cache, ``Decoder.steps``). ``say``
@@ -345,10 +350,12 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     progs = [p for p in programs(decoder, kv) if p is not None]
     if kv.prefill is None and kv.prefill_note is None and (graphs is not None or kv.device.type == "cuda"):
         prefill = Prefill(kv)
-        try:  # the prompt in recorded chunks; should it fail, prompts run eagerly and the steps are still recorded
+        # the prompt in recorded chunks; should it fail, prompts run eagerly and the steps are still recorded
+        try:
             kv.capture_seconds += prefill.record(graphs=graphs)
             kv.prefill = prefill
-        except Exception as e:  # noqa: BLE001  said once, not tried again
+        except Exception as e:  # noqa: BLE001
+            # said once, not tried again
             kv.prefill_note = f"Recording the prefill failed ({cause(e, 120)}), so prompts run eagerly."
             if say:
                 say(kv.prefill_note)
@@ -365,32 +372,29 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
 
 
 def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
-    """A run on the static engine: the prefill (recorded chunks where recorded, else eager), then per
-    step one program run (one graph replay on CUDA) and one read of its result row. Yields the same
-    Step records as the dynamic path (the phases of a step are not separated: {"step": seconds})."""
+    """A run on the static engine: the decoder's prefill (``Decoder.prefill``: recorded chunks where
+    recorded), then per step one program run (one graph replay on CUDA) and one read of its result
+    row. Yields the same Step records as the dynamic path (``steps.tree_step``; the phases of a step
+    are not separated: {"step": seconds})."""
     d, cfg, dev = decoder, decoder.config, decoder.device
     tree, root_prog = programs(d, kv)
-    state, limit, detail = kv.state, d.info.context_limit, cfg.record_detail
+    state, limit = kv.state, d.info.context_limit
+    # plain decoding's steps keep no tree, as the dynamic decoder's
+    detail = cfg.record_detail and d.drafter is not None
     n = ids.shape[1]
-    t0 = _sync(dev)
+    t0 = sync(dev)
     kv.start()
-    if kv.prefill is not None:  # recorded chunks (prefill.py)
-        hidden, logits = kv.prefill.run(ids)
-    else:
-        hidden = d.body(
-            input_ids=ids, position_ids=torch.arange(n, device=dev)[None], past_key_values=kv.cache, use_cache=True
-        ).last_hidden_state[0, -1]
-        logits = d.lm_head(hidden)
-    root = d._pick_root(logits, n)  # the first new token, as the dynamic decoder picks it
-    new, reason = d._finish([int(root)], 0, n)
+    features, root = d.prefill(ids, kv)
+    new, reason = d.finish([int(root)], 0, n)
     state.start(ids[0], root=root, config=cfg, eos=tuple(d.info.eos_token_ids or ()), context=limit)
     if tree is not None and reason is None:
-        tree.write_draft(hidden, root.view(1))
+        tree.write_draft(features[-1], root.view(1))
     captured = kv.capture != "none" and all(p.captured for p in (tree, root_prog) if p is not None)
-    yield d._prefill_step(new, reason, t0, kv, engine=f"static, {kv.capture}" if captured else "static")
+    yield d.prefill_step(new, reason, t0, kv, engine=f"static, {kv.capture}" if captured else "static")
     seq_len, index = n + len(new), 1
     reach = tree.bufs.depth if tree is not None else 0
-    while reason is None:  # near the context limit: root-only steps
+    # near the context limit: root-only steps
+    while reason is None:
         prog = tree if tree is not None and seq_len + reach + 1 <= limit else root_prog
         L = prog.bufs.num_nodes
         t0 = time.perf_counter()
@@ -398,24 +402,21 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         row = state.read(META + 2 * WIDTH + (L if detail else 0))
         seconds = time.perf_counter() - t0
         count, accepted, code, matched, best = row[:META]
-        new, reason = tuple(row[META : META + count]), REASONS[code]
-        nodes = row[META + WIDTH : META + WIDTH + accepted + 1]
-        start = L - prog.lookup
-        yield Step(
+        new, reason = row[META : META + count], REASONS[code]
+        yield tree_step(
             index,
             new,
             seconds,
             MappingProxyType({"step": seconds}),
-            accept_length=min(accepted, len(new) - 1),
-            lookup_accepted=min(sum(start <= x < start + matched for x in nodes[1:]), len(new) - 1)
-            if prog.lookup
-            else 0,
-            tree=prog.bufs.cpu if detail and prog is tree else None,
-            tree_tokens=torch.tensor(row[META + 2 * WIDTH : META + 2 * WIDTH + L]) if detail and prog is tree else None,
-            best_path=best if detail and prog is tree else None,
-            finish_reason=reason,
+            tree=prog.bufs.cpu,
+            tree_tokens=torch.tensor(row[META + 2 * WIDTH : META + 2 * WIDTH + L]) if detail else None,
+            nodes=row[META + WIDTH : META + WIDTH + accepted + 1],
+            accepted=accepted,
+            best=best,
+            lookup=prog.lookup,
+            matched=matched,
             drafter=d.drafter_name,
-            draft_depth=prog.bufs.depth,  # a static step verifies its whole tree, a lookup branch past its match too
-            draft_tokens=L - 1,
+            reason=reason,
+            detail=detail,
         )
         seq_len, index = seq_len + len(new), index + 1

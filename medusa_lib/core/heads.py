@@ -52,7 +52,9 @@ from .heads_io import (
     read_settings,
     save_heads,
 )
-from .messages import HeadsError  # this module's error; it lives in messages.py so that vllm_format.py raises it too
+
+# this module's error; it lives in messages.py so that vllm_format.py raises it too
+from .messages import HeadsError
 from .packing import PackedLinear, can_int8, frozen_projection, int8_fits, is_prepacked, prepack_linear_weights
 
 __all__ = [
@@ -89,13 +91,17 @@ class ResBlock(nn.Module):
 @dataclass(frozen=True)
 class HeadsConfig:
     hidden_size: int
-    vocab_size: int  # size of the base vocabulary the heads predict into
+    # size of the base vocabulary the heads predict into
+    vocab_size: int
     num_heads: int = 4
     num_layers: int = 1
-    shared_lm_head: bool = True  # project with the base lm_head (ResBlock-only heads)
-    num_proposal_tokens: int | None = None  # own projection onto this many frequent tokens (None = full vocab)
+    # project with the base lm_head (ResBlock-only heads)
+    shared_lm_head: bool = True
+    # own projection onto this many frequent tokens (None = full vocab)
+    num_proposal_tokens: int | None = None
     base_model: str | None = None
-    root_conditioned: bool = False  # heads also read the root token's input embedding (see module doc)
+    # heads also read the root token's input embedding (see module doc)
+    root_conditioned: bool = False
     # Head k also reads its branch tokens x_{t+2}..x_{t+k} (Hydra; needs root_conditioned).
     path_conditioned: bool = False
 
@@ -132,11 +138,14 @@ class MedusaHeads(nn.Module):
         )
         for m in [*(self.root or []), *(p for ps in (self.path or []) for p in ps)]:
             nn.init.zeros_(m.weight)
-        self.tree_presets: dict[str, list[list[int]]] = {}  # trees calibrated for these heads (trees.json)
-        self.default_tree: str | None = None  # the preset to use when none is chosen
+        # trees calibrated for these heads (trees.json)
+        self.tree_presets: dict[str, list[list[int]]] = {}
+        # the preset to use when none is chosen
+        self.default_tree: str | None = None
         # Lookup-branch length the default tree was calibrated with (None: not calibrated).
         self.lookup: int | None = None
-        self.calibration: dict | None = None  # config.json's calibration record (measured figures the page quotes)
+        # config.json's calibration record (measured figures the page quotes)
+        self.calibration: dict | None = None
         # Device kind ("cuda", ...) -> a calibration made on another kind of device than the one above.
         self.calibrations: dict[str, dict] = {}
         # Token id of each output column when the heads predict into a pruned vocabulary.
@@ -250,7 +259,8 @@ class MedusaHeads(nn.Module):
         if torch.compiler.is_compiling():
             return self._proposal_proj
         w = lm_head.weight
-        int8 = getattr(self, "int8", False)  # set by load_heads: int8 drafts (packing.int8_fits)
+        # set by load_heads: int8 drafts (packing.int8_fits)
+        int8 = getattr(self, "int8", False)
         key = (w.data_ptr(), w._version, w.dtype, w.device, self.proposal_ids.data_ptr(), int8)
         if getattr(self, "_proposal_key", None) != key:
             rows = w[self.proposal_ids.to(w.device)].detach()
@@ -302,7 +312,8 @@ class MedusaHeads(nn.Module):
         tokens = torch.empty(h.shape[:-1] + (tree.num_nodes,), dtype=torch.long, device=h.device)
         tokens[..., 0] = root[..., 0]
         root_emb = w[root.to(w.device)]  # [..., 1, d]
-        for k, level in enumerate(tree.levels):  # head k (0-based) proposes the nodes of depth k + 1
+        # head k (0-based) proposes the nodes of depth k + 1
+        for k, level in enumerate(tree.levels):
             m = level.ancestors.shape[0]
             # [..., m, k, d]: the branch above each parent
             path_emb = w[tokens[..., level.ancestors.to(h.device)].to(w.device)]
@@ -444,7 +455,8 @@ def load_heads(
         heads.check_fits(model)
         p = next(model.parameters())
         heads.to(device=model.get_output_embeddings().weight.device, dtype=p.dtype)
-        if is_prepacked(model):  # pre-packed like the model (CPU)
+        # pre-packed like the model (CPU)
+        if is_prepacked(model):
             heads.requires_grad_(False)
             prepack_linear_weights(heads)
         want = int8_fits(model) if int8 is None else int8

@@ -21,16 +21,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .lookup import MAX_LOOKUP
-from .lookup import is_length as is_lookup_length
+from .config import MAX_LOOKUP, is_lookup_length
 from .messages import HeadsError, cause, is_number, shown
 from .messages import kind as kind_of
 from .tree import TreeError, validate_choices
 from .vllm_format import read_vllm_medusa
 
-HEADS_FILE = "medusa_lm_head.safetensors"  # our own format: safetensors + config.json
+# our own format: safetensors + config.json
+HEADS_FILE = "medusa_lm_head.safetensors"
 CONFIG_FILE = "config.json"
-TREES_FILE = "trees.json"  # trees calibrated for these heads, {name: choices}
+# trees calibrated for these heads, {name: choices}
+TREES_FILE = "trees.json"
 
 
 def save_heads(
@@ -69,7 +70,8 @@ def save_heads(
     }
     tmp = folder / (HEADS_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.replace(folder / HEADS_FILE)  # never leave a half-written checkpoint
+    # never leave a half-written checkpoint
+    tmp.replace(folder / HEADS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 
@@ -82,14 +84,16 @@ def _read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         try:
             with safe_open(str(path), framework="pt") as f:
                 return {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-        except SafetensorError as e:  # truncated or not a safetensors file at all
+        except SafetensorError as e:
+            # truncated or not a safetensors file at all
             first = (str(e).strip().splitlines() or ["damaged"])[0][:200]
             raise HeadsError(
                 f"The heads file {path} is not a readable safetensors file ({first}); "
                 "copy the heads again or train new ones."
             ) from None
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never unpickle arbitrary code
+        # never unpickle arbitrary code
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
         raise HeadsError(
             f"{path.name} is not a plain tensor checkpoint and is not loaded, for safety ({type(e).__name__}); "
@@ -129,7 +133,8 @@ def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
             f"No Medusa heads found at {name!r}: give a folder with medusa_lm_head.* and config.json, "
             "or a Hub id like FasterDecoding/medusa-vicuna-7b-v1.3."
         )
-    try:  # a Hub id: fetch only the files that can hold heads
+    # a Hub id: fetch only the files that can hold heads
+    try:
         from huggingface_hub import snapshot_download
 
         return Path(
@@ -145,7 +150,8 @@ def _resolve_folder(name_or_path: str | Path, *, local_only: bool) -> Path:
                 ],
             )
         )
-    except Exception as e:  # offline, unknown repo, gated repo ...
+    except Exception as e:
+        # offline, unknown repo, gated repo ...
         raise HeadsError(
             f"Could not fetch Medusa heads {name!r} from the Hugging Face Hub ({type(e).__name__}); "
             "check the id and your connection, or give a local folder."
@@ -157,7 +163,8 @@ def read_trees(path: Path, *, num_heads: int) -> dict[str, list[list[int]]]:
     fix = "calibrate again (python -m medusa_lib.pipeline.calibrate --write) or delete it"
     try:
         trees = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+    except (OSError, ValueError, RecursionError) as e:
+        # RecursionError: JSON nested past Python's stack
         why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
         raise HeadsError(f"{path} cannot be read ({why}); {fix}.") from None
     if not isinstance(trees, dict):
@@ -235,7 +242,8 @@ def read_checkpoint(
     config_path = folder / CONFIG_FILE
     try:
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    except RecursionError:  # JSON nested past Python's stack
+    except RecursionError:
+        # JSON nested past Python's stack
         raise HeadsError(
             f"{config_path} cannot be read (it is nested too deeply); copy the heads again or train new ones."
         ) from None
@@ -250,7 +258,8 @@ def read_checkpoint(
             break
     else:
         state = _full_model_head_tensors(folder)
-    if not state and config.get("model_type") == "medusa":  # vLLM's layout, what pipeline.export writes
+    # vLLM's layout, what pipeline.export writes
+    if not state and config.get("model_type") == "medusa":
         state, config = read_vllm_medusa(folder)
     if not state:
         raise HeadsError(f"{folder} holds no Medusa heads (no medusa_lm_head.* file and no medusa_head.* tensors).")
@@ -262,7 +271,8 @@ def read_settings(heads: nn.Module, folder: Path, config: dict) -> None:
     default tree, lookup length and calibrations of config.json; and the conditioning the tensors must have."""
     if (folder / TREES_FILE).exists():
         heads.tree_presets = read_trees(folder / TREES_FILE, num_heads=heads.num_heads)
-    heads.folder = folder  # where they came from (the page's export command names it)
+    # where they came from (the page's export command names it)
+    heads.folder = folder
     heads.default_tree = config.get("default_tree")
     if heads.default_tree is not None and not isinstance(heads.default_tree, str):
         raise HeadsError(

@@ -44,19 +44,19 @@ import torch
 from torch import nn
 
 from .caches import compact_cache, moved_slots, new_cache, new_static_cache
+from .config import CACHES, CAPTURES
 from .messages import InputError, cause
 from .model import CACHE_DIR, body_and_lm_head, input_device
 from .packing import is_prepacked
-from .tree import TreeBuffers
+from .tree import TreeBuffers, prefix_mask
 
 
 class EngineError(InputError):
     """An engine setting that cannot run. One sentence that says what to change."""
 
 
-CACHES = ("dynamic", "static")
-ALIGN = 64  # static lengths are rounded up to a multiple of this
-CAPTURES = ("none", "compile", "cuda-graph")
+# static lengths are rounded up to a multiple of this
+ALIGN = 64
 # Inductor without its own CUDA graphs (those skip steps that mutate their inputs, as every step does);
 # the engine records the compiled program in its own graph instead.
 COMPILE_MODE = "default"
@@ -74,10 +74,9 @@ class DynamicKV:
 
     def forward(self, tokens: torch.Tensor, bufs: TreeBuffers, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Every node sees the whole prefix, then the root, its ancestors and itself.
-        mask = torch.cat(
-            [torch.zeros(bufs.num_nodes, prefix_len, dtype=self.dtype, device=self.device), bufs.bias], dim=1
-        )[None, None]
-        position_ids = (bufs.tree.position_ids + prefix_len)[None]  # cache length + depth
+        mask = prefix_mask(bufs.bias, prefix_len, torch.arange(prefix_len + bufs.num_nodes, device=self.device))
+        # cache length + depth
+        position_ids = (bufs.tree.position_ids + prefix_len)[None]
         h = self.body(
             input_ids=tokens[None],
             attention_mask=mask,
@@ -85,7 +84,8 @@ class DynamicKV:
             past_key_values=self.cache,
             use_cache=True,
         ).last_hidden_state[0]
-        return self.lm_head(h), h  # [L, V] in one GEMM: on CPU, M=9 rows cost about as much as M=1 or 2 (measured)
+        # every node's logits in one GEMM: on a CPU, a tree's few rows cost about as much as one or two (measured)
+        return self.lm_head(h), h  # [L, V]
 
     def keep(self, prefix_len: int, nodes: torch.Tensor, tree_len: int) -> None:
         compact_cache(self.cache, prefix_len, nodes, tree_len)
@@ -101,11 +101,16 @@ class DynamicKV:
 class _Slots:
     """The fixed inputs of one tree size, and its capture (a graph and the outputs it writes)."""
 
-    ids: torch.Tensor  # [1, L] token ids
-    pos: torch.Tensor  # [1, L] position ids
-    mask: torch.Tensor  # [1, 1, L, max_len] float additive mask
-    graph: object | None = None  # torch.cuda.CUDAGraph
-    out: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (logits, hidden)
+    # token ids
+    ids: torch.Tensor  # [1, L]
+    # position ids
+    pos: torch.Tensor  # [1, L]
+    # float additive mask
+    mask: torch.Tensor  # [1, 1, L, max_len]
+    # torch.cuda.CUDAGraph
+    graph: object | None = None
+    # the graph's (logits, hidden)
+    out: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class StaticKV:
@@ -123,46 +128,47 @@ class StaticKV:
         self.dtype, self.device = next(model.parameters()).dtype, input_device(model)
         if capture == "cuda-graph" and self.device.type != "cuda":
             raise ValueError("cuda-graph capture needs the model on a CUDA device.")
-        self.max_len, self.capture = (
-            -(-int(max_len) // ALIGN) * ALIGN,
-            capture,
-        )  # aligned: no padded mask copies in SDPA
+        # aligned: no padded mask copies in SDPA
+        self.max_len, self.capture = -(-int(max_len) // ALIGN) * ALIGN, capture
         self.cache = new_static_cache(model, self.max_len)
-        self.prefix = torch.zeros(
-            (), dtype=torch.long, device=self.device
-        )  # copied into every layer's length inside the step
+        # copied into every layer's length inside the step
+        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
         self.min = torch.finfo(self.dtype).min
-        self.cols = torch.arange(self.max_len, device=self.device)  # key slots, for masks built on the device
+        # key slots, for masks built on the device
+        self.cols = torch.arange(self.max_len, device=self.device)
         self.slots: dict[int, _Slots] = {}
-        self.captured: set[int] = (
-            set()
-        )  # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
-        self.capture_seconds = (
-            0.0  # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
-        )
-        self.store: torch.Tensor | None = (
-            None  # [layers, 2, 1, kv_heads, max_len, head_dim]: every layer's K and V (bind)
-        )
-        self.lens: torch.Tensor | None = None  # [layers] every layer's cumulative_length, one tensor
+        # tree sizes compiled or captured by warm_up; others run eagerly (never compiled inside a run)
+        self.captured: set[int] = set()
+        # compile/capture time spent in warm_up and in whole-step captures (never counted in tokens/s)
+        self.capture_seconds = 0.0
+        # every layer's K and V (bind)
+        self.store: torch.Tensor | None = None  # [layers, 2, 1, kv_heads, max_len, head_dim]
+        # every layer's cumulative_length, one tensor
+        self.lens: torch.Tensor | None = None  # [layers]
         # whole-step programs (fused.py), by what they compute, least recently used first; one run at a time
         # replays them
         self.programs: OrderedDict = OrderedDict()
-        self.state = None  # the device buffers those programs read and write (fused.FusedState)
-        self.prefill = None  # the prompt's forward in recorded chunks (prefill.Prefill), once recorded
-        self.prefill_note: str | None = None  # why recording it failed (then prompts run eagerly; not tried again)
+        # the device buffers those programs read and write (fused.FusedState)
+        self.state = None
+        # the prompt's forward in recorded chunks (prefill.Prefill), once recorded
+        self.prefill = None
+        # why recording it failed (then prompts run eagerly; not tried again)
+        self.prefill_note: str | None = None
         self._lock = threading.Lock()
         self._step = (
             torch.compile(self._eager_step, mode=COMPILE_MODE, dynamic=False)
             if capture == "compile"
             else self._eager_step
         )
-        self._pool = None  # CUDA graphs share one memory pool (they replay one at a time)
-        self._stream = None  # ... captured on one side stream
+        # CUDA graphs share one memory pool (they replay one at a time)
+        self._pool = None
+        # ... and are captured on one side stream
+        self._stream = None
 
     # ------------------------------------------------------------------ one run at a time
     def claim(self, wait: float = 0.0) -> bool:
         """Take this cache for one run; False when another run still holds it after ``wait`` seconds
-        (a stopped run lets go when its generator closes, within ~50 ms of the stop)."""
+        (a stopped run lets go when its generator closes, soon after the stop)."""
         return self._lock.acquire(timeout=wait) if wait > 0 else self._lock.acquire(blocking=False)
 
     def release(self) -> None:
@@ -203,7 +209,8 @@ class StaticKV:
         for i, layer in enumerate(layers):
             if self.store is not None:
                 layer.keys, layer.values = self.store[i, 0], self.store[i, 1]
-            layer.cumulative_length = self.lens[i]  # a 0-d view: the layer's own add_ writes into lens
+            # a 0-d view: the layer's own add_ writes into lens
+            layer.cumulative_length = self.lens[i]
             for t in (layer.keys, layer.values, layer.cumulative_length):
                 torch._dynamo.mark_static_address(t)
 
@@ -212,18 +219,9 @@ class StaticKV:
         self.lens.copy_(prefix.expand_as(self.lens))
 
     def tree_mask(self, bias: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-        """[1, 1, L, max_len] float mask of a tree step after ``prefix`` cached tokens, built on the
-        device from a device scalar: 0 over the prefix, the tree bias over the L tree slots,
-        dtype-min beyond (fixed shape, no host value)."""
-        n = bias.shape[0]
-        rel = self.cols - prefix  # slot minus prefix
-        tree_part = bias.index_select(1, rel.clamp(0, n - 1))  # [L, max_len]
-        mask = torch.where(
-            rel < 0,
-            torch.zeros((), dtype=self.dtype, device=self.device),
-            torch.where(rel < n, tree_part, torch.full((), self.min, dtype=self.dtype, device=self.device)),
-        )
-        return mask[None, None]
+        """[1, 1, L, max_len] float mask of a tree step after ``prefix`` cached tokens (a device
+        scalar), over the whole fixed-size cache (``tree.prefix_mask``)."""
+        return prefix_mask(bias, prefix, self.cols)
 
     def compact(self, prefix: torch.Tensor, nodes: torch.Tensor) -> None:
         """Move the K/V of tree slots ``prefix + nodes`` to ``prefix + 0 .. len(nodes) - 1``, every
@@ -241,7 +239,8 @@ class StaticKV:
     def _eager_step(
         self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.set_lengths(self.prefix)  # a device tensor, not a Python int: a capture must not bake it in
+        # a device tensor, not a Python int: a capture must not bake it in
+        self.set_lengths(self.prefix)
         h = self.body(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True
         ).last_hidden_state[0]
@@ -265,10 +264,10 @@ class StaticKV:
             )
         s = self._slots_for(n)
         s.ids[0].copy_(tokens)
-        torch.add(bufs.tree.position_ids, prefix_len, out=s.pos[0])  # cache length + depth
-        s.mask.fill_(self.min)  # every node sees the prefix, then the root, its ancestors and itself
-        s.mask[..., :prefix_len] = 0
-        s.mask[0, 0, :, prefix_len : prefix_len + n] = bufs.bias
+        # cache length + depth
+        torch.add(bufs.tree.position_ids, prefix_len, out=s.pos[0])
+        # every node sees the prefix, then the root, its ancestors and itself
+        s.mask.copy_(prefix_mask(bufs.bias, prefix_len, self.cols))
         self.prefix.fill_(prefix_len)
         if s.graph is not None:
             s.graph.replay()
@@ -287,13 +286,17 @@ class StaticKV:
             self.start()
             for bufs in {b.num_nodes: b for b in trees}.values():
                 tokens = torch.zeros(bufs.num_nodes, dtype=torch.long, device=self.device)
-                if self.device.type == "cuda":  # eager or compiled kernels, recorded in one graph
+                # eager or compiled kernels, recorded in one graph
+                if self.device.type == "cuda":
                     s = self._slots_for(bufs.num_nodes)
-                    self.forward(tokens, bufs, 1)  # fills the input buffers
+                    # fills the input buffers
+                    self.forward(tokens, bufs, 1)
                     s.graph, s.out = self.record(lambda s=s: self._step(s.ids, s.pos, s.mask), runs=runs)
-                    self.captured.add(bufs.num_nodes)  # only once recorded
+                    # only once recorded
+                    self.captured.add(bufs.num_nodes)
                 else:
-                    self.captured.add(bufs.num_nodes)  # compile: the calls below compile it
+                    # compile: the calls below compile it
+                    self.captured.add(bufs.num_nodes)
                     for _ in range(runs):
                         self.forward(tokens, bufs, 1)
             self.start()
@@ -337,9 +340,8 @@ class StaticKV:
         it. ``graphs`` replaces ``torch.cuda`` (tests pass a fake)."""
         cuda = graphs or torch.cuda
         with cuda.device(self.device):
-            if (
-                self._stream is None
-            ):  # one side stream for every warm-up and capture: a pool reuses freed blocks on its own stream only
+            # one side stream for every warm-up and capture: a pool reuses freed blocks on its own stream only
+            if self._stream is None:
                 self._stream = cuda.Stream(self.device)
             stream = self._stream
             stream.wait_stream(cuda.current_stream(self.device))
@@ -412,7 +414,8 @@ class Engine:
 
     cache: str
     static_kv: StaticKV | None
-    description: str  # for the info line: the engine, or the sentence saying why it fell back
+    # for the info line: the engine, or the sentence saying why it fell back
+    description: str
 
 
 def resolve_engine(device: torch.device, *, cache: str = "auto", capture: str = "auto") -> tuple[str, str]:
@@ -452,10 +455,12 @@ def prepare_engine(
     falls back with one sentence said; a capture that fails gives that run the dynamic cache."""
     dev = input_device(model)
     cache, capture = resolve_engine(dev, cache=cache, capture=capture)
-    note = static_refusal(model) if cache == "static" else None  # the fallback's sentence is what the info line shows
+    # the fallback's sentence is what the info line shows
+    note = static_refusal(model) if cache == "static" else None
     if note:
         cache, capture = "dynamic", "none"
-    elif capture == "compile" and is_prepacked(model):  # inductor cannot lower oneDNN's opaque packed weights
+    elif capture == "compile" and is_prepacked(model):
+        # inductor cannot lower oneDNN's opaque packed weights
         note = (
             "torch.compile cannot compile the pre-packed CPU weights (packing.py); runs use the static cache eagerly "
             "(load the model with prepack=False, bench --no-prepack, to compile)."
@@ -472,8 +477,10 @@ def prepare_engine(
     try:
         kv = StaticKV(model, max_len=max_len, capture=capture)
         kv.bind()
-    except Exception as e:  # a model or platform the static cache cannot handle: said once
-        cache = "dynamic" if dev.type == "cuda" else "static"  # on a GPU eager static steps cost more than dynamic ones
+    except Exception as e:
+        # a model or platform the static cache cannot handle: said once
+        # on a GPU eager static steps cost more than dynamic ones
+        cache = "dynamic" if dev.type == "cuda" else "static"
         note = f"The {capture} engine failed ({cause(e, 120)}), so runs use the {cache} cache eagerly."
         say(note)
         return Engine(cache, None, note)

@@ -23,9 +23,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .decoding import _sync
 from .kv import StaticKV, new_cache
 from .model import body_and_lm_head, input_device
+from .steps import sync
 from .tree import (
     LOOKUP_RANK,
     TOPK,
@@ -34,11 +34,13 @@ from .tree import (
     build_tree,
     chain_choices,
     greedy_choices,
+    prefix_mask,
     root_only_tree,
     validate_choices,
 )
 
-MAX_SIZE = 64  # the lab's largest tree: tokens verified per step, root included
+# the lab's largest tree: tokens verified per step, root included
+MAX_SIZE = 64
 SIZES = tuple(range(1, MAX_SIZE + 1))
 
 
@@ -81,27 +83,30 @@ def step_costs(
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(3, vocab, (1, prefix), generator=g).to(device)
-    steps = {}  # size -> (new tokens, mask, positions)
+    # size -> (new tokens, mask, positions)
+    steps = {}
     for L in sizes:
         causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
-        mask = torch.cat([torch.zeros(L, prefix, dtype=dtype), causal], dim=1)[None, None].to(device)
+        mask = prefix_mask(causal, prefix, torch.arange(prefix + L)).to(device)
         pos = torch.arange(prefix, prefix + L, device=device)[None]
         steps[L] = (torch.randint(3, vocab, (1, L), generator=g).to(device), mask, pos)
     cache = new_cache()
     body(input_ids=ids, past_key_values=cache, use_cache=True)
     times: dict[int, tuple[list[float], list[float]]] = {L: ([], []) for L in sizes}
-    rounds = repeats + 2  # the first two are warm-up
+    # the first two are warm-up
+    rounds = repeats + 2
     for rep in range(rounds):
         for i, L in enumerate(sizes):
             new, mask, pos = steps[L]
-            t0 = _sync(device)
+            t0 = sync(device)
             h = body(
                 input_ids=new, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
             ).last_hidden_state[0]
-            t1 = _sync(device)
+            t1 = sync(device)
             lm_head(h)
-            t2 = _sync(device)
-            cache.crop(-L)  # back to the prefix: every forward verifies after the same context
+            t2 = sync(device)
+            # back to the prefix: every forward verifies after the same context
+            cache.crop(-L)
             if rep >= 2:
                 times[L][0].append(1000 * (t1 - t0))
                 times[L][1].append(1000 * (t2 - t1))
@@ -137,10 +142,11 @@ def _static_costs(kv: StaticKV, sizes: list[int], *, prefix: int, repeats: int, 
         )
         new = torch.randint(3, vocab, (L,), generator=g).to(device)
         ms = []
-        for rep in range(repeats + 2):  # the first two are warm-up
-            t0 = _sync(device)
+        # the first two are warm-up
+        for rep in range(repeats + 2):
+            t0 = sync(device)
             kv.forward(new, bufs, prefix)
-            t1 = _sync(device)
+            t1 = sync(device)
             if rep >= 2:
                 ms.append(1000 * (t1 - t0))
         rows.append({"tokens": L, "body_ms": statistics.median(ms), "lm_head_ms": 0.0, "engine": kv.engine([L])})
@@ -199,7 +205,8 @@ class CostCurve:
     source: str
     device: str = ""
     mkl_rows: tuple[int, ...] = ()
-    kind: str = ""  # the device kind a calibration's curve was measured on ("cuda", "cpu"), when known
+    # the device kind a calibration's curve was measured on ("cuda", "cpu"), when known
+    kind: str = ""
 
     @classmethod
     def of(
@@ -316,7 +323,8 @@ def _product(c: Sequence[int], accuracy: Sequence[Sequence[float]]) -> float:
 
 
 def _sorted(choices: Iterable[Sequence[int]]) -> list[list[int]]:
-    return sorted((list(c) for c in choices), key=lambda c: (len(c), c))  # build_tree's order
+    # build_tree's order
+    return sorted((list(c) for c in choices), key=lambda c: (len(c), c))
 
 
 def add_best_node(

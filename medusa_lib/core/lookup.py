@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_LOOKUP = 4  # branch length used when heads ship no calibrated one (simulated best of 2-4 on held-out answers)
-MAX_LOOKUP = 8  # longest lookup branch a decoder takes
-MAX_NGRAM = 4  # longest suffix n-gram looked up (longer matches are tried first)
-MIN_NGRAM = 2  # shortest; single-token matches propose too often and are mostly wrong
-
-
-def is_length(n) -> bool:
-    """A valid lookup-branch length: a whole number from 0 (off) to MAX_LOOKUP (booleans are not)."""
-    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LOOKUP
+# longest suffix n-gram looked up (longer matches are tried first)
+MAX_NGRAM = 4
+# shortest; single-token matches propose too often and are mostly wrong
+MIN_NGRAM = 2
 
 
 def ngram_match(
@@ -43,6 +38,18 @@ def ngram_match(
         last = torch.where(hit, s, -1).max().view(1)
         start = torch.where((start < 0) & (last >= 0), last + n, start)
     return start
+
+
+def lookup_chain(history: torch.Tensor, seq_len: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lookup chain of a fixed shape (``length`` nodes), as a captured step verifies it: the
+    tokens after the match in ``history[:seq_len]`` (``ngram_match``), then whatever the history
+    holds there. Returns (chain [length], matched [1]): only the first ``matched`` nodes hold the
+    match; the rest are dead this step (never accepted: ``fused.Program``), so the step reads as the
+    dynamic decoder's chain of ``matched`` nodes (``ngram_proposal``). No host read."""
+    j = torch.arange(length, device=history.device)
+    start = ngram_match(history, seq_len)
+    matched = torch.where(start >= 0, (seq_len - start).clamp(0, length), 0)
+    return history.gather(0, (start.clamp(min=0) + j).clamp(max=history.numel() - 1)), matched
 
 
 def ngram_proposal(

@@ -12,9 +12,11 @@ import json
 import math
 import reprlib
 
-ECHO_CHARS = 40  # at most this many characters of a bad value are quoted back
+# at most this many characters of a bad value are quoted back
+ECHO_CHARS = 40
 
-_repr = reprlib.Repr()  # nested values are cut at depth 3 and 6 items (Python 3.11's Repr takes no arguments)
+# nested values are cut at depth 3 and 6 items (Python 3.11's Repr takes no arguments)
+_repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxtuple, _repr.maxlist, _repr.maxdict = 3, 6, 6, 4
 _repr.maxstring = _repr.maxlong = _repr.maxother = ECHO_CHARS
 
@@ -51,7 +53,8 @@ def _json(value, *, depth: int) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
-    if isinstance(value, int):  # str() refuses ints of over 4,300 digits: a huge one is shown by its size
+    # str() refuses ints of over 4,300 digits: a huge one is shown by its size
+    if isinstance(value, int):
         return (
             str(value)
             if value.bit_length() < 10_000
@@ -96,7 +99,8 @@ def is_number(value) -> bool:
     """A real, finite number (true/false are not numbers here, although Python says they are)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return isinstance(value, int) and not isinstance(value, bool)  # ints are finite (and may be too big for a float)
+    # ints are finite (and may be too big for a float)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def must_be(label: str, rule: str, value) -> str:

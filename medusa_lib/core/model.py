@@ -54,8 +54,10 @@ class ModelError(InputError):
 class ModelInfo:
     """What the decoders need to know about a checked model."""
 
-    context_limit: int  # most tokens (prompt + generated) a run may hold
-    sliding_window: int | None  # set when a sliding window is what limits the context
+    # most tokens (prompt + generated) a run may hold
+    context_limit: int
+    # set when a sliding window is what limits the context
+    sliding_window: int | None
     eos_token_ids: tuple[int, ...]
 
 
@@ -258,14 +260,17 @@ def default_model_folder() -> Path:
 def _save_default_cache(model: nn.Module, tokenizer, folder: Path) -> None:
     """Save the dequantised GGUF model as plain safetensors so later starts take seconds."""
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    model.hf_quantizer = None  # a dequantised GGUF model is a plain model now
+    # a dequantised GGUF model is a plain model now
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if not folder.exists():  # another process may have won the race
-            tmp.replace(folder)  # atomic: a crash never leaves a half-written cache
+        # another process may have won the race
+        if not folder.exists():
+            # atomic: a crash never leaves a half-written cache
+            tmp.replace(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -335,7 +340,8 @@ def load_model(
                 f"Model {name!r} is not one this server was started with; ask the operator to start it with --model "
                 f"{name}."
             )
-        if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, not a Hub id
+        # a path, not a Hub id
+        if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
             raise ModelError(
                 f"No model folder at {name!r}; give a folder with config.json and the weights, "
                 f"or a Hub id such as {DEFAULT_HUB_ID}."
@@ -363,10 +369,12 @@ def load_model(
         ValueError,
         KeyError,
         RuntimeError,
-        TypeError,  # a config.json value of the wrong type
+        # a config.json value of the wrong type
+        TypeError,
         SafetensorError,
         StrictDataclassError,
-    ) as e:  # a damaged weights file raises SafetensorError, a config field of the wrong type StrictDataclassError
+    ) as e:
+        # a damaged weights file raises SafetensorError, a config field of the wrong type StrictDataclassError
         if isinstance(e, ModelError):
             raise
         first = (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__).rstrip(" :,;")
@@ -393,7 +401,8 @@ def load_model(
             say("Caching a safetensors copy for fast restarts...")
             _default_cached_folder().parent.mkdir(parents=True, exist_ok=True)
             _save_default_cache(model, tokenizer, _default_cached_folder())
-        except OSError as e:  # a read-only home must not stop the app
+        except OSError as e:
+            # a read-only home must not stop the app
             say(f"Could not write the model cache ({e}); the next start dequantises again.")
     if prepack and not device_map and dev.type == "cpu":
         model.requires_grad_(False)
@@ -410,7 +419,8 @@ def load_model(
     return model, tokenizer
 
 
-PROMPT_SLOT = "\ue000prompt\ue000"  # a private-use marker no template changes: where the user's text goes
+# a private-use marker no template changes: where the user's text goes
+PROMPT_SLOT = "\ue000prompt\ue000"
 
 
 def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> list[int]:
@@ -433,7 +443,8 @@ def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> li
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False
     )
-    before, _, after = text.partition(PROMPT_SLOT)  # the template's own text, whose markers are real ones
+    # the template's own text, whose markers are real ones
+    before, _, after = text.partition(PROMPT_SLOT)
 
     def piece(t: str, split: bool = False) -> list[int]:
         return list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []

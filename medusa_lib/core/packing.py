@@ -7,15 +7,16 @@ reorders the weight once, at load time, into oneDNN's blocked layout and calls t
 torch.compile emits for frozen linears. The maths is that of ``nn.Linear``: y = x W^T + b
 (bfloat16 results bit-identical; float32 ones differ in rounding only, oneDNN instead of MKL).
 
-Few-row products are the exception: oneDNN's packed kernel costs about 1.8x its one-row time from
-2 rows on (AMD EPYC, AVX2), while MKL's ``W @ x.T`` over the row-major weight streams 2-4 rows at
-nearly one row's cost. :func:`choose_few_row_kernels` times both on the model's own weights once,
-at load, and routes a row count to MKL only where it measured faster by a margin; the choice is
-per machine (recorded by the bench) and never applies to one row, autograd or other dtypes.
+Few-row products are the exception: on an AVX2 CPU oneDNN's packed kernel costs well over its
+one-row time from 2 rows on, while MKL's ``W @ x.T`` over the row-major weight streams a few rows at
+nearly one row's cost (measured: docs/performance.md). :func:`choose_few_row_kernels` times both on
+the model's own weights once, at load, and routes a row count to MKL only where it measured faster by
+a margin; the choice is per machine (recorded by the bench) and never applies to one row, autograd or
+other dtypes.
 
 A drafter's own matrices (never the model's) can go further: :class:`Int8Linear` holds int8
-weights and runs fbgemm's dynamic int8 GEMM, about 4x the float32 speed of a few-row product on
-an AVX2 CPU. A draft only proposes tokens that the model then verifies, so decoding stays exact;
+weights and runs fbgemm's dynamic int8 GEMM, much faster than a float32 few-row product on an
+AVX2 CPU. A draft only proposes tokens that the model then verifies, so decoding stays exact;
 what int8 changes is how often the drafts are right (measured: docs/performance.md).
 """
 
@@ -27,7 +28,8 @@ import warnings
 import torch
 from torch import nn
 
-_PACKING_WORKS: dict[torch.dtype, bool] = {}  # dtype -> the packed op runs and agrees here (tried once)
+# dtype -> the packed op runs and agrees here (tried once)
+_PACKING_WORKS: dict[torch.dtype, bool] = {}
 
 
 def _packing_works(dtype: torch.dtype) -> bool:
@@ -74,13 +76,15 @@ class PackedLinear(nn.Module):
     back to it.
     """
 
-    mkl_rows: frozenset[int] = frozenset()  # row counts that run MKL's W @ x.T (choose_few_row_kernels)
+    # row counts that run MKL's W @ x.T (choose_few_row_kernels)
+    mkl_rows: frozenset[int] = frozenset()
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed = pack_weight(linear.weight)  # plain attribute: not in state_dict, never moved
+        # plain attribute: not in state_dict, never moved
+        self.packed = pack_weight(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -123,7 +127,8 @@ def prepack_linear_weights(model: nn.Module) -> int:
 
 
 # ---------------------------------------------------------------------- few-row products
-FEW_ROWS = (2, 3, 4, 5, 6)  # row counts of a small verify step, timed at load
+# row counts of a small verify step, timed at load
+FEW_ROWS = (2, 3, 4, 5, 6)
 
 
 def mkl_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,7 +158,8 @@ def choose_few_row_kernels(
         return ()
     best: dict[tuple[int, str], float] = {}
     with torch.no_grad():
-        for n in range(rounds + 1):  # the first pass warms up, untimed
+        # the first pass warms up, untimed
+        for n in range(rounds + 1):
             for r in rows:
                 xs = {m.in_features: torch.randn(r, m.in_features) for m in sample}
                 for kind, op in (
@@ -178,7 +184,8 @@ def few_row_kernels(model: nn.Module) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------- int8 drafts
-_INT8_WORKS: list[bool] = []  # [whether fbgemm's dynamic int8 linear runs and agrees here] (tried once)
+# [whether fbgemm's dynamic int8 linear runs and agrees here] (tried once)
+_INT8_WORKS: list[bool] = []
 
 
 def _int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -194,7 +201,8 @@ def _int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 def _int8_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     shape = x.shape
-    y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]), packed, True)  # reduce_range: no AVX2 overflow
+    # reduce_range: no AVX2 overflow
+    y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]), packed, True)
     return y.reshape(*shape[:-1], y.shape[-1])
 
 
@@ -233,8 +241,10 @@ class Int8Linear(nn.Module):
         )
 
     def _pack(self) -> None:
-        self.packed = _int8_pack(self.weight, self.bias)  # plain attribute: not in state_dict, never moved
-        self.packed_from = self._versions()  # a weight changed in place (a training step, a load) packs again
+        # plain attribute: not in state_dict, never moved
+        self.packed = _int8_pack(self.weight, self.bias)
+        # a weight changed in place (a training step, a load) packs again
+        self.packed_from = self._versions()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight

@@ -16,7 +16,8 @@ import time
 
 import torch
 
-LADDER = (16, 64, 256)  # chunk lengths: few graphs, at most 15 padded rows under 64 tokens
+# chunk lengths: few graphs, at most 15 padded rows under 64 tokens
+LADDER = (16, 64, 256)
 
 
 class Prefill:
@@ -25,16 +26,21 @@ class Prefill:
     def __init__(self, kv):
         dev, weight = kv.device, kv.lm_head.weight
         self.kv = kv
-        self.start = torch.zeros((), dtype=torch.long, device=dev)  # tokens cached before the chunk
-        self.last = torch.zeros(1, dtype=torch.long, device=dev)  # the chunk's last prompt row
+        # tokens cached before the chunk
+        self.start = torch.zeros((), dtype=torch.long, device=dev)
+        # the chunk's last prompt row
+        self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(weight.shape[1], dtype=kv.dtype, device=dev)
         self.logits = torch.zeros(weight.shape[0], dtype=kv.dtype, device=dev)
         self.ids = {c: torch.zeros(1, c, dtype=torch.long, device=dev) for c in LADDER if c <= kv.max_len}
         self.rows = {c: torch.arange(c, device=dev) for c in self.ids}
-        self.causal = {c: self._causal(c) for c in self.ids}  # each row sees the rows before it and itself
+        # each row sees the rows before it and itself
+        self.causal = {c: self._causal(c) for c in self.ids}
         self.graphs: dict[int, object] = {}
-        self.cuda = torch.cuda  # what replays them (tests: a stand-in)
-        self.recording: int | None = None  # the size being recorded (a test's stand-in replays it)
+        # what replays them (tests: a stand-in)
+        self.cuda = torch.cuda
+        # the size being recorded (a test's stand-in replays it)
+        self.recording: int | None = None
 
     def _causal(self, c: int) -> torch.Tensor:
         """[c, c] additive causal bias: a chunk is a chain tree, so ``StaticKV.tree_mask`` places it."""
@@ -46,7 +52,8 @@ class Prefill:
         """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its ``last`` row's hidden
         state and logits into the buffers."""
         kv, c = self.kv, ids.shape[1]
-        known = c in self.rows  # a ladder size; else the exact-length chunk, built now
+        # a ladder size; else the exact-length chunk, built now
+        known = c in self.rows
         pos = self.start + (self.rows[c] if known else torch.arange(c, device=kv.device))
         kv.set_lengths(self.start)
         h = kv.body(
@@ -69,7 +76,8 @@ class Prefill:
             take = min(left, size or left)
             self.start.fill_(done)
             self.last.fill_(take - 1)
-            if size is None:  # no padded size fits the cache: this chunk runs at its own length
+            # no padded size fits the cache: this chunk runs at its own length
+            if size is None:
                 self.chunk(ids[:, done:])
             else:
                 buf = self.ids[size]
@@ -79,7 +87,8 @@ class Prefill:
                 if graph is None:
                     self.chunk(buf)
                 else:
-                    with self.cuda.device(self.kv.device):  # on cuda:N's current stream, as the steps replay
+                    # on cuda:N's current stream, as the steps replay
+                    with self.cuda.device(self.kv.device):
                         graph.replay()
             done += take
         return self.hidden, self.logits
@@ -91,7 +100,8 @@ class Prefill:
         t0, kv = time.perf_counter(), self.kv
         made = {}
 
-        def stand_in():  # and no result left from the call before: a replay must write its own
+        # and no result left from the call before: a replay must write its own
+        def stand_in():
             self.start.zero_()
             self.last.zero_()
             self.hidden.zero_()
@@ -99,7 +109,8 @@ class Prefill:
 
         for size, buf in self.ids.items():
             self.recording = size
-            buf.fill_(1)  # not a padding id, whose zero embedding could hide a replay that wrote nothing
+            # not a padding id, whose zero embedding could hide a replay that wrote nothing
+            buf.fill_(1)
             graph, _ = kv.record(lambda buf=buf: self.chunk(buf), runs=2, reset=stand_in, graphs=graphs)
             self.cuda = graphs or torch.cuda
             stand_in()

@@ -14,7 +14,8 @@ import torch
 
 from .acceptance import draw, greedy_accept, greedy_tokens, nucleus, tempered_probs, typical_accept, walk
 
-REASONS = (None, "eos", "length", "context")  # finish reason codes of ``cut``
+# finish reason codes of ``cut``
+REASONS = (None, "eos", "length", "context")
 
 
 class Rule(NamedTuple):
@@ -81,8 +82,10 @@ def accept(
         j = torch.arange(depth + 1, device=paths.device)
         best = ((paths == nodes[None]) | (j[None] > n)).all(dim=1).long().argmax().view(1)
         return n, nodes, best, bonus
-    path_tokens = tokens[paths]  # [P, D+1] token ids along every path
-    argmax = None  # the greedy rule's argmax after every node, reused for the bonus
+    # token ids along every path
+    path_tokens = tokens[paths]  # [P, D+1]
+    # the greedy rule's argmax after every node, reused for the bonus
+    argmax = None
     if rule.name == "typical":
         length, score = typical_accept(
             logits, path_tokens, paths, valid, temperature=k.temperature, epsilon=k.epsilon, delta=k.delta
@@ -90,7 +93,8 @@ def accept(
     else:
         argmax = greedy_tokens(logits)
         length, score = greedy_accept(logits, path_tokens, paths, valid, argmax=argmax)
-    best = score.argmax().view(1)  # first best path on ties
+    # first best path on ties
+    best = score.argmax().view(1)
     n = length.gather(0, best)
     nodes = paths.index_select(0, best)[0]
     last = nodes.gather(0, n)

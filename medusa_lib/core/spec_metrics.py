@@ -141,10 +141,10 @@ def step_acceptance(steps: Iterable, *, depth: int | None = None) -> Acceptance:
 
 
 def draft_positions(decoder) -> int:
-    """The deepest draft position a ``Decoder``'s steps can reach: its drafter's depth, or its lookup
-    branch's length when that is longer (0 for plain decoding)."""
+    """The deepest draft position a ``Decoder``'s steps can reach (``Drafter.positions``: its depth,
+    or its lookup chain's length when that is longer; 0 for plain decoding)."""
     drafter = getattr(decoder, "drafter", None)
-    return max(drafter.depth, decoder.lookup) if drafter is not None else 0
+    return drafter.positions if drafter is not None else 0
 
 
 def format_rates(rates: Sequence[float | None], *, sep: str = " / ") -> str:

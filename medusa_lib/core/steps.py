@@ -1,7 +1,7 @@
 """What a decoder yields: one immutable ``Step`` record per step, and a run's ``RunResult``.
 
 The page, the benchmark and the tests all read these records; nothing else reaches inside a decoder
-(DESIGN.md, "One data flow"). ``_sync`` gives the device-synchronised timestamps the records hold.
+(DESIGN.md, "One data flow"). ``sync`` gives the device-synchronised timestamps the records hold.
 """
 
 from __future__ import annotations
@@ -20,21 +20,32 @@ class Step:
     """One decoding step. ``index`` 0 is the prefill (it yields the first token)."""
 
     index: int
-    tokens: tuple[int, ...]  # new token ids committed by this step
-    seconds: float  # wall time of the step, device-synchronised
-    phases: Mapping[str, float] = field(default_factory=dict)  # propose / verify / accept / commit (or prefill)
-    accept_length: int = 0  # candidates accepted (tokens = accept_length + 1)
-    lookup_accepted: int = 0  # of those, candidates from the lookup branch (0, or all of them)
-    tree: MedusaTree | None = None  # the tree verified in this step (Medusa, record_detail)
-    tree_tokens: torch.Tensor | None = None  # [L] token id of each tree node, on the model's device
-    best_path: int | None = None  # row of tree.retrieve_indices that was accepted
-    finish_reason: str | None = None  # "eos" | "length" | "context" on the last step
-    engine: str | None = None  # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
-    drafter: str | None = (
-        None  # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
-    )
-    draft_depth: int = 0  # deepest drafted position the step verified (0: the root alone, no draft; spec_metrics.py)
-    draft_tokens: int = 0  # drafted tokens it verified: the tree's nodes besides the root, a lookup branch included
+    # new token ids committed by this step
+    tokens: tuple[int, ...]
+    # wall time of the step, device-synchronised
+    seconds: float
+    # propose / verify / accept / commit (or prefill)
+    phases: Mapping[str, float] = field(default_factory=dict)
+    # candidates accepted (tokens = accept_length + 1)
+    accept_length: int = 0
+    # of those, candidates from the lookup branch (0, or all of them)
+    lookup_accepted: int = 0
+    # the tree verified in this step (Medusa, record_detail)
+    tree: MedusaTree | None = None
+    # token id of each tree node, on the model's device
+    tree_tokens: torch.Tensor | None = None  # [L]
+    # row of tree.retrieve_indices that was accepted
+    best_path: int | None = None
+    # "eos" | "length" | "context" on the last step
+    finish_reason: str | None = None
+    # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
+    engine: str | None = None
+    # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
+    drafter: str | None = None
+    # deepest drafted position the step verified (0: the root alone, no draft; spec_metrics.py)
+    draft_depth: int = 0
+    # drafted tokens it verified: the tree's nodes besides the root, a lookup branch included
+    draft_tokens: int = 0
 
     @property
     def kind(self) -> str:
@@ -111,7 +122,50 @@ class RunResult:
         return self.steps[0].engine if self.steps else None
 
 
-def _sync(device: torch.device) -> float:
+def tree_step(
+    index: int,
+    tokens: Sequence[int],
+    seconds: float,
+    phases: Mapping[str, float],
+    *,
+    tree: MedusaTree,
+    tree_tokens: torch.Tensor,
+    nodes: Sequence[int],
+    accepted: int,
+    best: int,
+    lookup: int,
+    matched: int,
+    drafter: str | None,
+    reason: str | None,
+    detail: bool,
+) -> Step:
+    """The record of one verify step, as both engines write it: ``tree`` (on the CPU) verified with
+    ``tree_tokens`` [L], ``nodes`` the root and the accepted candidates (tree positions), ``accepted``
+    of them accepted on row ``best``, the last ``lookup`` nodes copied from the context (the first
+    ``matched`` of those hold its match); ``tokens`` what was kept after the cut (which may drop
+    candidates). ``detail``: keep the tree, its tokens and the row for the inspector."""
+    start = tree.num_nodes - lookup
+    # only nodes that hold the context's match count as lookup tokens (a fixed chain's filling does not)
+    from_context = sum(start <= x < start + matched for x in nodes[1 : accepted + 1])
+    return Step(
+        index,
+        tuple(tokens),
+        seconds,
+        phases,
+        accept_length=min(accepted, len(tokens) - 1) if tokens else 0,
+        lookup_accepted=min(from_context, len(tokens) - 1) if matched and tokens else 0,
+        tree=tree if detail else None,
+        tree_tokens=tree_tokens if detail else None,
+        best_path=best if detail else None,
+        finish_reason=reason,
+        drafter=drafter,
+        # 0 for a root-only step (no draft, or near the context limit)
+        draft_depth=tree.depth,
+        draft_tokens=tree.num_nodes - 1,
+    )
+
+
+def sync(device: torch.device) -> float:
     """Timestamp after the device has finished its queued work (honest timing)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -125,4 +179,4 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return min(len(a), len(b)) if first is None and len(a) != len(b) else first
 
 
-__all__ = ["RunResult", "Step", "first_difference"]
+__all__ = ["RunResult", "Step", "first_difference", "sync", "tree_step"]

@@ -21,15 +21,21 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .acceptance import children_tensor
 from .messages import InputError, shown
 
-TOPK = 10  # candidates read from each head (reference TOPK)
+# candidates read from each head (reference TOPK)
+TOPK = 10
 PRESETS_FILE = Path(__file__).with_name("trees.json")
 
 
 class TreeError(InputError):
     """An impossible tree. The message is one sentence that says what to change."""
+
+
+def children_tensor(children: Sequence[Sequence[int]], *, device=None) -> torch.Tensor:
+    """[L, W] each node's children (tree order), -1 padded: what ``walk`` descends through."""
+    width = max(1, max(map(len, children)))
+    return torch.tensor([list(k) + [-1] * (width - len(k)) for k in children], dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,10 @@ class MedusaTree:
     attn_mask: torch.Tensor
     topk: int = TOPK
     name: str = "custom"
-    parents: tuple[int, ...] = field(default=())  # parent node of each node (root: -1)
-    lookup: int = 0  # trailing lookup-branch nodes (not drafted by the heads)
+    # parent node of each node (root: -1)
+    parents: tuple[int, ...] = field(default=())
+    # trailing lookup-branch nodes (not drafted by the heads)
+    lookup: int = 0
 
     @property
     def num_nodes(self) -> int:
@@ -101,7 +109,8 @@ class MedusaTree:
     def levels(self) -> tuple[TreeLevel, ...]:
         """One :class:`TreeLevel` per depth 1 .. D, on the device of the tree's buffers."""
         dev = self.tree_indices.device
-        drafted = self.choices[: len(self.choices) - self.lookup]  # the heads fill these
+        # the heads fill these
+        drafted = self.choices[: len(self.choices) - self.lookup]
         index = {c: j + 1 for j, c in enumerate(drafted)}
         out = []
         for k in range(1, max((len(c) for c in drafted), default=0) + 1):
@@ -139,6 +148,15 @@ class MedusaTree:
             f"MedusaTree(name={self.name!r}, nodes={self.num_nodes}, depth={self.depth}, "
             f"paths={self.retrieve_indices.shape[0]})"
         )
+
+
+def prefix_mask(bias: torch.Tensor, prefix: int | torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[1, 1, L, len(cols)] the float mask of a tree step after ``prefix`` cached tokens over the cache
+    slots ``cols``: 0 over the prefix, the tree's ``bias`` [L, L] after it, dtype-min beyond. The one
+    mask builder of both caches' steps, the prefill chunks and the Tree lab's forwards."""
+    n, rel, low = bias.shape[0], cols - prefix, torch.finfo(bias.dtype).min
+    tree_part = bias.index_select(1, rel.clamp(0, n - 1))
+    return torch.where(rel < 0, 0.0, torch.where(rel < n, tree_part, low)).to(bias.dtype)[None, None]
 
 
 def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
@@ -241,18 +259,22 @@ def build_tree(
     """Build the tree-attention buffers for ``choices`` (reference ``generate_medusa_buffers``)."""
     checked = validate_choices(choices, num_heads=num_heads, topk=topk)
     nodes = sorted(checked, key=lambda x: (len(x), x))
-    index = {tuple(c): j + 1 for j, c in enumerate(nodes)}  # tree position of each node
+    # tree position of each node
+    index = {tuple(c): j + 1 for j, c in enumerate(nodes)}
     L = len(nodes) + 1
 
     attn_mask = torch.eye(L, dtype=torch.long)
-    attn_mask[:, 0] = 1  # every node sees the root
+    # every node sees the root
+    attn_mask[:, 0] = 1
     tree_indices = torch.zeros(L, dtype=torch.long)
     position_ids = torch.zeros(L, dtype=torch.long)
     parents = [-1] + [index.get(tuple(c[:-1]), 0) for c in nodes]
     for j, c in enumerate(nodes, start=1):
-        for d in range(1, len(c)):  # ancestors below the root
+        # ancestors below the root
+        for d in range(1, len(c)):
             attn_mask[j, index[tuple(c[:d])]] = 1
-        tree_indices[j] = c[-1] + topk * (len(c) - 1) + 1  # token = rank c[-1] of head len(c)
+        # token = rank c[-1] of head len(c)
+        tree_indices[j] = c[-1] + topk * (len(c) - 1) + 1
         position_ids[j] = len(c)
 
     # Root-to-leaf paths: walk nodes from the end, skip any node already on a recorded path.
@@ -292,7 +314,8 @@ def root_only_tree() -> MedusaTree:
     )
 
 
-LOOKUP_RANK = -1  # the "rank" of a lookup-branch node in MedusaTree.choices
+# the "rank" of a lookup-branch node in MedusaTree.choices
+LOOKUP_RANK = -1
 
 
 def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
@@ -436,7 +459,8 @@ def get_tree(
     return build_tree(preset_choices(name, extra), num_heads=num_heads, name=name)
 
 
-MAX_NESTING = 16  # a tree is a list of lists: text nested deeper than this is refused before parsing
+# a tree is a list of lists: text nested deeper than this is refused before parsing
+MAX_NESTING = 16
 
 
 def nesting_depth(text: str) -> int:

@@ -28,8 +28,10 @@ import torch
 from .messages import HeadsError
 
 VLLM_WEIGHTS = "model.safetensors"
-EXPORTED_BY = "medusa-playground"  # config.json's "exported_by": marks a folder this module wrote
-TRAIN_PLAIN = "python -m medusa_lib.pipeline.train --out DIR"  # root and path conditioning are off unless asked for
+# config.json's "exported_by": marks a folder this module wrote
+EXPORTED_BY = "medusa-playground"
+# root and path conditioning are off unless asked for
+TRAIN_PLAIN = "python -m medusa_lib.pipeline.train --out DIR"
 
 
 def vllm_refusal(heads) -> str | None:
@@ -95,7 +97,8 @@ def to_vllm_medusa(
             if heads.proposal_ids is None
             else lm_head_weight[heads.proposal_ids.to(lm_head_weight.device)]
         )
-        state["lm_heads.0.weight"] = cast(w)  # the rows of the proposal tokens only: V' x d, not V x d
+        # the rows of the proposal tokens only: V' x d, not V x d
+        state["lm_heads.0.weight"] = cast(w)
     if heads.proposal_ids is not None:
         state["token_map"] = heads.proposal_ids.detach().to("cpu", torch.int64).contiguous()
     config = {
@@ -157,7 +160,8 @@ def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         if proj is None:
             raise HeadsError(f"{folder} has no projection for head {i}; the export is incomplete.")
         if token_map is not None and truncated < V and proj.shape[0] > token_map.numel():
-            proj = proj[token_map]  # a full-vocabulary head is sliced by the token map, as vLLM does
+            # a full-vocabulary head is sliced by the token map, as vLLM does
+            proj = proj[token_map]
         state[f"{i}.{L}.weight"] = proj
     if token_map is not None and truncated < V:
         state["proposal_ids"] = token_map.long()

@@ -30,10 +30,11 @@ Methods (all greedy unless noted, same dtype, same chat-templated prompts):
                     length, else 4), as the page runs it
   eagle-sample      the same drafter with exact speculative sampling (same seed as plain-sample)
   eagle-typical     the same drafter with typical acceptance, root sampled with --seed
-  lookup-greedy     prompt lookup alone as the drafter (a chain of up to --lookup tokens, 4 when 0 or unset)
-                    on the same verifier: exact greedy
-  lookup-sample     the same drafter with exact speculative sampling (same seed as plain-sample)
-  lookup-typical    the same drafter with typical acceptance, root sampled with --seed
+  <drafter>-greedy  every other registered drafter (core/drafters/: lookup, rest, ...) on the same verifier,
+                    built from what it loads beside --heads: exact greedy (lookup-greedy: prompt lookup alone,
+                    a chain of up to --lookup tokens, 4 when 0 or unset; rest-greedy: REST's datastore)
+  <drafter>-sample  the same drafter with exact speculative sampling (same seed as plain-sample)
+  <drafter>-typical the same drafter with typical acceptance, root sampled with --seed
 
 Our methods (baseline, plain-sample, medusa-*) run on one engine (--cache, --capture; core/kv.py):
 auto is a static KV cache with a CUDA graph per step shape on CUDA, the dynamic cache on a CPU. A
@@ -69,26 +70,30 @@ from pathlib import Path
 
 import torch
 
-from ..core.decoding import DecodeConfig, DecodeError, Decoder, _sync
+from ..core.config import DEFAULT_LOOKUP
+from ..core.decoding import DecodeConfig, DecodeError, Decoder
 from ..core.defaults import heads_defaults
-from ..core.drafters import LookupDrafter
+from ..core.drafters import REGISTRY, EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
 from ..core.fused import ready
 from ..core.heads import load_heads
 from ..core.kv import prepare_engine
-from ..core.lookup import DEFAULT_LOOKUP
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import few_row_kernels, is_prepacked
+from ..core.steps import sync
 from ..core.tree import get_tree, with_lookup
-from .bench_args import (  # noqa: F401  (re-exported: the methods are bench's)
+
+# re-exported: the methods are bench's
+from .bench_args import (  # noqa: F401
     ALL_METHODS,
     CUDA_DEFAULT_METHODS,
     DEFAULT_EAGLE,
     DEFAULT_HEADS,
     DEFAULT_METHODS,
     DEFAULT_PROMPTS,
+    DRAFTER_METHODS,
     SAMPLED_METHODS,
     WARMUP_PROMPT_LENGTHS,
     parser,
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             packed_gqa=not args.stock_attention,
             progress=lambda m: print(m, flush=True),
         )
-    except InputError as e:  # ModelError: one sentence
+    except InputError as e:
+        # ModelError: one sentence
         fail(e)
     prepacked = is_prepacked(model)
     attention = model.config._attn_implementation
@@ -166,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     device = input_device(model)
     if args.methods is None and device.type == "cuda":
         methods = CUDA_DEFAULT_METHODS.split(",")
-    if "hf-compiled" in methods and prepacked:  # Inductor cannot lower oneDNN's opaque packed weights
+    # Inductor cannot lower oneDNN's opaque packed weights
+    if "hf-compiled" in methods and prepacked:
         fail("hf-compiled compiles the stock model, and these weights are pre-packed for this CPU: add --no-prepack.")
     mkl_rows = few_row_kernels(model)
     mkl = f" (MKL for {', '.join(map(str, mkl_rows))} rows)" if mkl_rows else ""
@@ -184,28 +191,33 @@ def main(argv: list[str] | None = None) -> None:
     static_cache_len = max(len(ids) for _, ids in encoded) + args.max_new_tokens
     decoders = {}
     tree_name, lookup, note, tree = None, 0, None, None
-    heads = eagle = None  # the drafters loaded: whether they draft in int8 is theirs to say (core/packing.py)
+    # the drafters loaded: whether they draft in int8 is theirs to say (core/packing.py)
+    heads = eagle = None
     if any(m.startswith("medusa") for m in methods):
         try:
             heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
-        except InputError as e:  # HeadsError: one sentence
+        except InputError as e:
+            # HeadsError: one sentence
             fail(e)
         # the playground's defaults too (the calibration of this device kind in these numerics)
         defaults = heads_defaults(heads, device, str(next(model.parameters()).dtype))
-        note = defaults.note  # calibrated on another kind of device only
+        # calibrated on another kind of device only
+        note = defaults.note
         if note:
             print(f"note: {note}", flush=True)
         tree_name = args.tree or defaults.tree
         try:
             tree = get_tree(tree_name, num_heads=heads.num_heads, extra=heads.tree_presets)
-        except InputError as e:  # TreeError: a preset deeper than these heads
+        except InputError as e:
+            # TreeError: a preset deeper than these heads
             fail(f"--tree: {e}")
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
     # Our methods' engine: the cache, and with a capture the shared static cache, long enough for the
     # widest step the methods below verify (the tree + its lookup branch); the warm-up captures their steps.
     shapes = [tree, with_lookup(tree, lookup)] if tree is not None else []
-    widest = max([t.num_nodes for t in shapes] + [1 + (args.lookup or DEFAULT_LOOKUP)])  # + a prompt lookup chain
+    # the trees, or a prompt lookup chain if it is longer
+    widest = max([t.num_nodes for t in shapes] + [1 + (args.lookup or DEFAULT_LOOKUP)])
     try:
         engine = prepare_engine(
             model,
@@ -249,27 +261,34 @@ def main(argv: list[str] | None = None) -> None:
             hint = "write the tree as three whole numbers, top_k,depth,nodes (e.g. 8,5,24)"
             raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else hint}") from None
         decoders["eagle-greedy"] = ours(
-            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), eagle=eagle, tree=eagle_tree
+            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=EagleDrafter(eagle, eagle_tree)
         )
         # eagle-lookup's branch: the medusa methods' length, else --lookup, never 0 (that is eagle-greedy)
         branch = (lookup if tree is not None else args.lookup) or DEFAULT_LOOKUP
         decoders["eagle-lookup"] = ours(
             "medusa-greedy",
             DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=branch),
-            eagle=eagle,
-            tree=eagle_tree,
+            drafter=EagleDrafter(eagle, eagle_tree),
         )
-        decoders["eagle-sample"] = ours("medusa-sample", sample_cfg, eagle=eagle, tree=eagle_tree)
+        decoders["eagle-sample"] = ours("medusa-sample", sample_cfg, drafter=EagleDrafter(eagle, eagle_tree))
         decoders["eagle-typical"] = ours(
-            "medusa-typical", replace(sample_cfg, sample_root=True), eagle=eagle, tree=eagle_tree
+            "medusa-typical", replace(sample_cfg, sample_root=True), drafter=EagleDrafter(eagle, eagle_tree)
         )
-    if any(m.startswith("lookup") for m in methods):  # prompt lookup alone: a chain copied from the context
-        chain = LookupDrafter(args.lookup or DEFAULT_LOOKUP)
-        decoders["lookup-greedy"] = ours(
-            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=chain
+    # every other registered drafter, from what it loads beside --heads (prompt lookup: nothing)
+    for name in dict.fromkeys(DRAFTER_METHODS[m] for m in methods if m in DRAFTER_METHODS):
+        cls = REGISTRY[name]
+        got = cls.load(model, heads=heads, folder=args.heads)
+        if got.state is None:
+            fail(f"{name}: {got.note}")
+        try:
+            made = cls.for_run(got.state, heads=heads, tree=lambda: tree, lookup=args.lookup or DEFAULT_LOOKUP)
+        except InputError as e:
+            fail(f"{name}: {e}")
+        decoders[f"{name}-greedy"] = ours(
+            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=made
         )
-        decoders["lookup-sample"] = ours("medusa-sample", sample_cfg, drafter=chain)
-        decoders["lookup-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=chain)
+        decoders[f"{name}-sample"] = ours("medusa-sample", sample_cfg, drafter=made)
+        decoders[f"{name}-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=made)
     decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = ours("plain", sample_cfg)
 
@@ -319,18 +338,20 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     warmup_seconds = {}
-    for m in methods:  # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
-        t0 = _sync(device)
+    # warm-up: every code path once (compilation, graph capture, first-call set-up), timed apart
+    for m in methods:
+        t0 = sync(device)
         for length in WARMUP_PROMPT_LENGTHS.get(m, (32,)):
             run(m, encoded[0][1][:length])
-        warmup_seconds[m] = _sync(device) - t0
+        warmup_seconds[m] = sync(device) - t0
 
     records = []
     t_start = time.perf_counter()
     for p, ids in encoded:
         per_method: dict[str, list[dict]] = defaultdict(list)
         for _ in range(args.repeats):
-            for m in methods:  # one after another, interleaved across repeats
+            # one after another, interleaved across repeats
+            for m in methods:
                 per_method[m].append(run(m, ids))
         for m in methods:
             runs = per_method[m]
@@ -342,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
                 **{k: med[k] for k in ("output_token_ids", "new_tokens", "steps", "decode_seconds", "prefill_seconds")},
             }
             rec["total_seconds_runs"] = [r["prefill_seconds"] + r["decode_seconds"] for r in runs]
-            for k in RUN_DETAIL:  # what our runs record beside the timings (bench_runs.py)
+            # what our runs record beside the timings (bench_runs.py)
+            for k in RUN_DETAIL:
                 if k in med:
                     rec[k] = med[k]
             records.append(rec)
@@ -372,14 +394,16 @@ def main(argv: list[str] | None = None) -> None:
             "repeats": args.repeats,
             "threads": torch.get_num_threads(),
             "prepacked": prepacked,
-            "mkl_rows": list(mkl_rows),  # products of these row counts ran MKL's W @ x.T (packing.py)
+            # products of these row counts ran MKL's W @ x.T (packing.py)
+            "mkl_rows": list(mkl_rows),
             "draft_int8": draft == "int8",
             "attention": attention,
         }
         out |= {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sampled_methods": sampled}
         out["speedup_reference"] = {m: reference_of(m, methods, sampled) for m in methods}
         out["exact_sampling"] = exact_sampling(records, methods)
-        out["acceptance"] = acceptance_by_method(records, methods)  # vLLM's metrics per drafter (bench_report.py)
+        # vLLM's metrics per drafter (bench_report.py)
+        out["acceptance"] = acceptance_by_method(records, methods)
         out["warmup_seconds"] = warmup_seconds
         out["static_cache_len"] = static_cache_len if {"hf-generate-static", "hf-compiled"} & set(methods) else None
         out["calibration_note"] = note

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..core.lookup import MAX_LOOKUP
+from ..core.config import MAX_LOOKUP
+from ..core.drafters import REGISTRY
 from .cli import add_engine_arguments, add_float_draft, add_model_arguments, whole_number
 
 ALL_METHODS = (
@@ -24,10 +25,15 @@ ALL_METHODS = (
     "eagle-lookup",
     "eagle-sample",
     "eagle-typical",
-    "lookup-greedy",
-    "lookup-sample",
-    "lookup-typical",
 )
+# the drafters with flags of their own (the Medusa heads: --heads, --tree; the EAGLE head: --eagle ...)
+OWN_FLAGS = ("medusa", "eagle")
+# every other registered drafter (prompt lookup, REST, ...): <name>-greedy, -sample, -typical, built
+# from what it loads beside --heads (``Drafter.load``)
+DRAFTER_METHODS = {
+    f"{name}-{rule}": name for name in REGISTRY if name not in OWN_FLAGS for rule in ("greedy", "sample", "typical")
+}
+ALL_METHODS += tuple(DRAFTER_METHODS)
 DEFAULT_METHODS = "hf-generate,baseline,hf-prompt-lookup,medusa-greedy,medusa-typical"
 # With the compiled static generate and the compile anchor: what a GPU user would race.
 CUDA_DEFAULT_METHODS = (
@@ -42,8 +48,7 @@ SAMPLED_METHODS = (
     "medusa-typical",
     "eagle-sample",
     "eagle-typical",
-    "lookup-sample",
-    "lookup-typical",
+    *(m for m in DRAFTER_METHODS if not m.endswith("-greedy")),
 )
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "data" / "bench_prompts.jsonl"
 DEFAULT_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"

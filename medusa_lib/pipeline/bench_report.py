@@ -9,9 +9,13 @@ from pathlib import Path
 from ..core.decoding import first_difference
 from ..core.eagle import update_eagle_config
 from ..core.spec_metrics import Acceptance, acceptance
+from .bench_args import DRAFTER_METHODS
 
 # Lossless: same seed, same output as its reference.
-EXACT_SAMPLERS = {"medusa-sample": "plain-sample", "eagle-sample": "plain-sample", "lookup-sample": "plain-sample"}
+# lossless sampling: every drafter's exact sampler gives plain sampling's tokens from the same seed
+EXACT_SAMPLERS = {
+    m: "plain-sample" for m in ("medusa-sample", "eagle-sample", *DRAFTER_METHODS) if m.endswith("-sample")
+}
 
 
 def record_eagle(
@@ -42,7 +46,8 @@ def record_eagle(
     if not by.get("eagle-greedy") or not by.get("baseline"):
         raise SystemExit("--record-eagle needs eagle-greedy and baseline in --methods.")
 
-    def rate(rs):  # e2e tok/s over the runs = total new tokens / total time (prefill + decode)
+    # e2e tok/s over the runs = total new tokens / total time (prefill + decode)
+    def rate(rs):
         return sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)
 
     def speedup(method):
@@ -62,12 +67,15 @@ def record_eagle(
         "date": datetime.date.today().isoformat(),
         "command": "python -m medusa_lib.pipeline.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    if by.get("eagle-lookup"):  # the EAGLE head as the page runs it: its tree + the lookup branch
+    # the EAGLE head as the page runs it: its tree + the lookup branch
+    if by.get("eagle-lookup"):
         record["lookup_speedup"] = speedup("eagle-lookup")
-    if by.get("medusa-greedy"):  # the other drafter, in the same run: the page compares these two (ratios of one run)
+    # the other drafter, in the same run: the page compares these two (ratios of one run)
+    if by.get("medusa-greedy"):
         record["medusa_speedup"] = speedup("medusa-greedy")
         record["medusa_tree"] = medusa_tree
-    if by.get("medusa-heads-only"):  # both drafters without the lookup branch
+    # both drafters without the lookup branch
+    if by.get("medusa-heads-only"):
         record["medusa_heads_speedup"] = speedup("medusa-heads-only")
     cfg_path = update_eagle_config(folder, calibration=record)
     names = {
@@ -111,7 +119,8 @@ def method_acceptance(records: list[dict], method: str) -> Acceptance | None:
     if not rs or method.startswith(("baseline", "plain")):
         return None
     lists = {k: [x for r in rs for x in r.get(k, [])] for k in ("accept_lengths", "draft_depths", "draft_tokens")}
-    depth = max(r.get("draft_positions", 0) for r in rs)  # every position the drafter can reach gets a column
+    # every position the drafter can reach gets a column
+    depth = max(r.get("draft_positions", 0) for r in rs)
     if not all("draft_depths" in r and "draft_tokens" in r for r in rs):
         return acceptance(lists["accept_lengths"], depth=depth)
     return acceptance(**lists, depth=depth)
@@ -131,7 +140,8 @@ def acceptance_table(records: list[dict], methods: list[str]) -> list[str]:
         return []
     depth = max(a.depth for _, a in rows)
 
-    def cells(rates, n):  # "-" past this method's deepest position, or where undefined
+    # "-" past this method's deepest position, or where undefined
+    def cells(rates, n):
         return "".join(f"{x:>7.2f}" if x is not None else f"{'-':>7}" for x in [*rates, *[None] * (depth - n)])
 
     lines = [
@@ -160,14 +170,16 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
     for r in records:
         by[r["method"]].append(r)
 
-    def rate(rs):  # e2e tok/s over the whole set = total new tokens / total time (prefill + decode)
+    # e2e tok/s over the whole set = total new tokens / total time (prefill + decode)
+    def rate(rs):
         return sum(r["new_tokens"] for r in rs) / max(sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs), 1e-9)
 
     def step_ms(rs):
         steps = sum(r["steps"] for r in rs)
         return 1000 * sum(r["decode_seconds"] for r in rs) / max(steps, 1)
 
-    def ratio(x: float | None, width: int) -> str:  # "-" where the reference did not run
+    # "-" where the reference did not run
+    def ratio(x: float | None, width: int) -> str:
         return f"{x:>{width}.2f}x" if x is not None else f"{'-':>{width + 1}}"
 
     hf_rate = rate(by["hf-generate"]) if by.get("hf-generate") else None
@@ -230,14 +242,16 @@ def report(records: list[dict], methods: list[str], *, sampled: list[str] = ()) 
         ref = {r["id"]: r["output_token_ids"] for r in by["hf-generate"]}
         lines += ["", "outputs identical to hf-generate"]
         for m in methods:
-            if m == "hf-generate" or m in sampled:  # a sample is not meant to match greedy decoding
+            # a sample is not meant to match greedy decoding
+            if m == "hf-generate" or m in sampled:
                 continue
             diffs = [(r["id"], first_difference(r["output_token_ids"], ref[r["id"]])) for r in by[m]]
             bad = [(i, d) for i, d in diffs if d is not None]
             where = ", ".join(f"{i}@{d}" for i, d in bad[:6]) + (" ..." if len(bad) > 6 else "")
             lines.append(f"  {m:<24}{len(diffs) - len(bad)}/{len(diffs)}" + (f"   differ: {where}" if bad else ""))
 
-    for m, ref in EXACT_SAMPLERS.items():  # lossless sampling: same seed, same tokens (float32)
+    # lossless sampling: same seed, same tokens (float32)
+    for m, ref in EXACT_SAMPLERS.items():
         if by.get(m) and by.get(ref):
             same = identical_outputs(records, m, ref)
             bad = list(same["first_difference"].items())

@@ -6,10 +6,11 @@ from collections import defaultdict
 
 import torch
 
-from ..core.decoding import Decoder, _sync
+from ..core.decoding import Decoder
 from ..core.lab import step_costs
 from ..core.model import input_device
 from ..core.spec_metrics import draft_positions, step_lists
+from ..core.steps import sync
 
 
 class ForwardClock:
@@ -25,7 +26,7 @@ class ForwardClock:
     def _hook(self, module, args, output):
         self.calls += 1
         if self.calls == 1:
-            self.first_end = _sync(self.device)
+            self.first_end = sync(self.device)
             if self.first_only:
                 self.handle.remove()
 
@@ -56,9 +57,9 @@ def run_hf(
             kwargs["prompt_lookup_num_tokens"] = 10
         if static_cache_len is not None:
             kwargs |= {"cache_implementation": "static", "max_cache_len": static_cache_len}
-        t0 = _sync(device)
+        t0 = sync(device)
         out = model.generate(inp, attention_mask=torch.ones_like(inp), **kwargs)
-        t1 = _sync(device)
+        t1 = sync(device)
     finally:
         clock.close()
     new = out[0, len(ids) :].tolist()
@@ -97,22 +98,24 @@ class CompiledLoop:
         """Greedy decoding of ``ids``, stopping at EOS or the budget as our loops do; timed like them."""
         dev, stop = self.device, set(eos or ())
         self.cache.reset()
-        t0 = _sync(dev)
+        t0 = sync(dev)
         inp = torch.tensor([ids], device=dev)
         logits = self.model(
             input_ids=inp,
             position_ids=torch.arange(len(ids), device=dev)[None],
             past_key_values=self.cache,
-            logits_to_keep=1,  # as generate's prefill: the last position's logits only
+            # as generate's prefill: the last position's logits only
+            logits_to_keep=1,
         ).logits
         new = [int(logits[0, -1].argmax())]
-        t1 = _sync(dev)
+        t1 = sync(dev)
         while len(new) < max_new_tokens and new[-1] not in stop:
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's output has been read
+            # the last step's output has been read
+            torch.compiler.cudagraph_mark_step_begin()
             token = torch.tensor([[new[-1]]], device=dev)
             position = torch.tensor([[len(ids) + len(new) - 1]], device=dev)
             new.append(int(self.step(token, position)))
-        t2 = _sync(dev)
+        t2 = sync(dev)
         return {
             "output_token_ids": new,
             "new_tokens": len(new),
@@ -142,7 +145,8 @@ def run_ours(decoder: Decoder, ids: list[int]) -> dict:
         "lookup_tokens": res.lookup_tokens,
         # Per full step: what the drafter got accepted, and the depth and tokens of its draft (0: no draft).
         **step_lists(res.steps),
-        "draft_positions": draft_positions(decoder),  # the deepest position its drafts can reach
+        # the deepest position its drafts can reach
+        "draft_positions": draft_positions(decoder),
     }
 
 

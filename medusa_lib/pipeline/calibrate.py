@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -40,11 +39,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.config import DEFAULT_LOOKUP
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.kv import Engine, prepare_engine
-from ..core.lookup import DEFAULT_LOOKUP, ngram_proposal
+from ..core.lookup import ngram_proposal
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.packing import few_row_kernels
@@ -59,7 +59,7 @@ from .cli import (
     read_prompts,
 )
 from .distill import generate_answers
-from .jsonl import load_jsonl
+from .jsonl import load_jsonl, replace_file
 
 SIZES = (4, 8, 16, 32, 64)
 
@@ -91,9 +91,11 @@ def head_accuracy(
     counts = torch.zeros(K)
     embed = model.get_input_embeddings()
     for seq, start, h in states if states is not None else answer_states(model, records):
-        after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)  # x_{t+1}, x_{t+2}, ... after each h_t
+        # x_{t+1}, x_{t+2}, ... after each h_t
+        after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)
         n_pos = h.shape[0]
-        roots = after[:n_pos]  # the root x_{t+1} (root-conditioned heads)
+        # the root x_{t+1} (root-conditioned heads)
+        roots = after[:n_pos]
         # [n, K-1]: the true branch (teacher forcing)
         path = (
             torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1)
@@ -108,7 +110,8 @@ def head_accuracy(
             path_emb=None if path is None else embed.weight[path],
         ).cpu()  # [n, K, topk]
         for k in range(1, K + 1):
-            n = len(seq) - start - k - 1  # positions t with a target x_{t+k+1}
+            # positions t with a target x_{t+k+1}
+            n = len(seq) - start - k - 1
             if n <= 0:
                 continue
             target = torch.tensor(seq[start + k + 1 :])[:n]
@@ -135,7 +138,8 @@ def simulated_accepts(
     out: dict[str, list[torch.Tensor]] = {name: [] for name in trees}
     chains: list[torch.Tensor] = []
     for seq, start, h in states if states is not None else answer_states(model, records):
-        answer = torch.tensor(seq[start + 1 :], dtype=torch.long)  # x_{t+1} of each position t from start on
+        # x_{t+1} of each position t from start on
+        answer = torch.tensor(seq[start + 1 :], dtype=torch.long)
         n = answer.numel()
         if lookup:
             chains.append(lookup_accepts(seq, start, lookup))
@@ -145,7 +149,8 @@ def simulated_accepts(
             truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]
             tokens = heads.draft(h[:n], lm_head, tree, answer.to(h.device), embed).cpu()  # [n, L]
             ri = tree.retrieve_indices.cpu()
-            path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]: the candidates along each root-to-leaf path
+            # the candidates along each root-to-leaf path
+            path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]
             match = (path == truth[:, None, :]) & (ri[:, 1:] >= 0)
             out[name].append(match.long().cumprod(-1).sum(-1).max(-1).values)
     return merge_lookup(out, chains) if lookup else out
@@ -232,13 +237,15 @@ def time_decoders(decoders: dict, prompt_ids: list[list[int]], *, repeats: int =
     """``decoders`` (their first ``plain``) timed one after another on every prompt, ``repeats`` rounds:
     per decoder the median tokens/s, mean tokens/step and ``speedup``, the median over runs of its
     tokens/s over plain's on the same prompt in the same round (``measure``)."""
-    for dec in decoders.values():  # warm-up: a first run builds packed weights and caches
+    # warm-up: a first run builds packed weights and caches
+    for dec in decoders.values():
         dec.run(prompt_ids[0][:16])
     rates: dict[str, list[float]] = {n: [] for n in decoders}
     tps: dict[str, list[float]] = {n: [] for n in decoders}
     rounds = [ids for ids in prompt_ids for _ in range(repeats)]
     for ids in tqdm(rounds, desc=f"timing plain + {len(decoders) - 1}", unit="prompt", file=sys.stdout):
-        for name, dec in decoders.items():  # one after another on the one device
+        # one after another on the one device
+        for name, dec in decoders.items():
             res = dec.run(ids)
             rates[name].append(res.tokens_per_second)
             tps[name].append(res.tokens_per_step)
@@ -316,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         "every tree size is captured before timing",
     )
     args = ap.parse_args(argv)
-    prompts = read_prompts(args.prompts)  # the flags first, one sentence each, before the model loads
+    # the flags first, one sentence each, before the model loads
+    prompts = read_prompts(args.prompts)
     if args.answers:
         read_prompts(args.answers, flag="--answers", key="id")
     check_heads_path(args.heads)
@@ -324,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
         heads = load_heads(args.heads, model=model, int8=False if args.float_draft else None)
-    except InputError as e:  # ModelError, HeadsError
+    except InputError as e:
+        # ModelError, HeadsError
         fail(e)
     acc_prompts, speed_prompts = split_prompts(prompts, args.acc_prompts, args.speed_prompts)
     if args.answers:
@@ -345,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     stored = (getattr(heads, "tree_presets", None) or {}) if args.keep_trees else {}
     for n in [int(s) for s in args.sizes.split(",")]:
         name = f"calibrated-{n}"
-        if name in stored:  # the same tree the other calibrations measured
+        # the same tree the other calibrations measured
+        if name in stored:
             trees[name], expected[name] = stored[name], expected_tokens_per_step(stored[name], acc.tolist())
         else:
             trees[name], expected[name] = greedy_choices(acc.tolist(), n)
@@ -359,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     simulated = walked_tokens_per_step(merge_lookup(alone, chains)) if args.lookup else heads_only
     speed_ids = [chat_prompt_ids(tok, p["prompt"]) for p in speed_prompts]
     device = input_device(model)
-    steps = [with_lookup(t, args.lookup) for t in built.values()]  # the tree steps the timed runs verify
+    # the tree steps the timed runs verify
+    steps = [with_lookup(t, args.lookup) for t in built.values()]
     try:
         engine = prepare_engine(
             model,
@@ -421,11 +432,13 @@ def main(argv: list[str] | None = None) -> None:
             "tie": args.tie,
             "lookup": args.lookup,
             "dtype": str(next(model.parameters()).dtype),
-            "draft": "int8" if heads.int8 else "float",  # the heads' proposal projection (core/packing.py)
+            # the heads' proposal projection (core/packing.py)
+            "draft": "int8" if heads.int8 else "float",
             "device": device_label(device),
             "device_kind": device.type,
             "engine": engine.description,
-            "mkl_rows": list(few_row_kernels(model)),  # the verify's few-row products through MKL
+            # the verify's few-row products through MKL
+            "mkl_rows": list(few_row_kernels(model)),
         }
         write_calibration(Path(args.heads), record, trees)
 
@@ -450,10 +463,12 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
     cfg = json.loads(config_path.read_text())
     kind, top = record["device_kind"], cfg.get("calibration")
 
-    def same(r: dict, key: str | None = None) -> bool:  # this device kind and numerics (a record saying none: any)
+    # this device kind and numerics (a record saying none: any)
+    def same(r: dict, key: str | None = None) -> bool:
         return record_kind(r, key) == kind and record_numerics(r) in (None, record_numerics(record))
 
-    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r, k)}  # any older name too
+    # the other calibrations, under any older key too
+    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r, k)}
     if isinstance(top, dict) and not same(top):
         key = calibration_key(record)
         others[key] = record
@@ -465,8 +480,8 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
         cfg["calibrations"] = others
     else:
         cfg.pop("calibrations", None)
-    _replace_file(trees_path, json.dumps(merged, indent=None) + "\n")
-    _replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
+    replace_file(trees_path, json.dumps(merged, indent=None) + "\n")
+    replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
     if changed:
         say(
             f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; "
@@ -478,13 +493,6 @@ def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say
         f"({' '.join(x for x in (KIND_NAMES.get(kind, kind), record_numerics(record)) if x)} calibration: {where})"
     )
     return where
-
-
-def _replace_file(path: Path, text: str) -> None:
-    """Write through a temporary file and rename it over ``path``: never half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,8 @@ def check_tree_name(name: str | None, *, heads: str, flag: str = "--tree") -> No
     try:
         known = list(json.loads(trees.read_text())) if trees.is_file() else []
     except (OSError, ValueError, TypeError):
-        known = []  # loading the heads says what is wrong with it
+        # loading the heads says what is wrong with it
+        known = []
     names = list(dict.fromkeys([*known, *preset_names()]))
     if name not in names:
         fail(f"{flag} {name!r} is not a tree preset; choose one of: {', '.join(names)}.")

@@ -1,8 +1,8 @@
 """Self-distillation data: the base model's own answers to a prompt set (Medusa paper, Sec. 2.3.2).
 
 Heads learn best from what the model will actually say, so we generate the base model's greedy
-answers through its chat template, many prompts at a time (left padding; batching is ~5x faster
-than one prompt at a time on CPU). Results are appended to a JSONL file as they come, so an
+answers through its chat template, many prompts at a time (left padding; batching is much faster
+than one prompt at a time on CPU, measured). Results are appended to a JSONL file as they come, so an
 interrupted run resumes where it stopped.
 
     python -m medusa_lib.pipeline.distill --prompts assets/data/train_prompts.jsonl --out runs/distill/train.jsonl
@@ -68,7 +68,8 @@ def generate_answers(
     eos_ids = set(eos_token_ids(model))
     device = input_device(model)
     rows = [(p, chat_prompt_ids(tokenizer, p["prompt"])) for p in prompts]
-    rows.sort(key=lambda r: len(r[1]))  # similar lengths together: less padding
+    # similar lengths together: less padding
+    rows.sort(key=lambda r: len(r[1]))
     for group in batches(rows, batch_size):
         input_ids, attention = left_padded([ids for _, ids in group], pad)
         width = input_ids.shape[1]
@@ -93,7 +94,8 @@ def generate_answers(
             yield {"id": p["id"], "category": p.get("category", ""), "prompt_ids": ids, "answer_ids": answer}
 
 
-USER_SENTINEL = "\u2063user-turn\u2063"  # a marker no tokenizer merges with its neighbours
+# a marker no tokenizer merges with its neighbours
+USER_SENTINEL = "\u2063user-turn\u2063"
 
 
 def user_turn_prefix(tokenizer) -> str:
@@ -153,13 +155,15 @@ def self_instruct(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = set(eos_token_ids(model))
     device = input_device(model)
-    banned = [key_pattern(k) for k in exclude]  # the same whole-phrase match the held-out split is made with
+    # the same whole-phrase match the held-out split is made with
+    banned = [key_pattern(k) for k in exclude]
     seen = {" ".join(k.split()).lower() for k in known}
     made, rounds = 0, 0
     while made < n:
         rounds += 1
         if rounds > 10 + 4 * n // batch_size:
-            break  # the model keeps writing unusable prompts: stop rather than loop forever
+            # the model keeps writing unusable prompts: stop rather than loop forever
+            break
         group = [seeds[rng.randrange(len(seeds))] for _ in range(batch_size)]
         starts = [tokenizer(start, add_special_tokens=False)["input_ids"] for start, _ in group]
         input_ids, attention = left_padded([prefix + ids for ids in starts], pad)
@@ -178,7 +182,8 @@ def self_instruct(
         for (_, category), start, row in zip(group, starts, out[:, width:].tolist()):
             end = next((j for j, t in enumerate(row) if t in stop), None)
             if end is None:
-                stats["unfinished"] += 1  # ran past max_prompt_tokens: cut off mid-sentence
+                # ran past max_prompt_tokens: cut off mid-sentence
+                stats["unfinished"] += 1
                 continue
             text = clean_prompt(tokenizer.decode(start + row[:end], skip_special_tokens=True))
             why = (

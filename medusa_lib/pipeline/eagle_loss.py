@@ -24,13 +24,16 @@ import torch
 import torch.nn.functional as F
 
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import EagleHead, EagleRun
+from ..core.eagle import EagleHead
+from ..core.eagle_run import EagleRun
 from ..core.model import cpu_has_native_bf16
 from ..core.spec_metrics import acceptance
 from .feature_cache import FeatureCache
 
-TOKEN_WEIGHT = 0.1  # weight of the token loss beside the feature loss (reference p_w, EAGLE-1)
-STEP_DECAY = 0.8  # weight of training-time test step j: STEP_DECAY ** j (reference)
+# weight of the token loss beside the feature loss (reference p_w, EAGLE-1)
+TOKEN_WEIGHT = 0.1
+# weight of training-time test step j: STEP_DECAY ** j (reference)
+STEP_DECAY = 0.8
 
 
 def batches(cache: FeatureCache, order: list[int], batch_tokens: int) -> list[list[int]]:
@@ -89,8 +92,10 @@ def eagle_loss(
         f[r, :n], ids[r, :n] = feat.float(), tok
         if fused:
             layers[r, : n - 1] = cache.seq_layers(batch[r])[: n - 1].float()
-        first[r], length[r] = max(p - 1, 0), n  # t >= the last prompt token: the positions a decode drafts from
-    dev = proj.device  # assembled on the CPU (the cache lives there), then moved once
+        # t >= the last prompt token: the positions a decode drafts from
+        first[r], length[r] = max(p - 1, 0), n
+    # assembled on the CPU (the cache lives there), then moved once
+    dev = proj.device
     f, ids, first, length = f.to(dev), ids.to(dev), first.to(dev), length.to(dev)
     layers = layers.to(dev) if fused else None
     t = torch.arange(T, device=dev)[None]
@@ -102,7 +107,8 @@ def eagle_loss(
             h = h + (torch.rand(B, T, d).to(dev) - 0.5) * noise
         total, out = 0.0, {}
         for j, g in enumerate(unrolled(head, h, ids[:, 1 : T + steps], steps)):
-            valid = (t >= first[:, None]) & (t + 1 + j < length[:, None])  # a target x_{t+2+j} exists
+            # a target x_{t+2+j} exists
+            valid = (t >= first[:, None]) & (t + 1 + j < length[:, None])
             if not valid.any():
                 break
             target = f[:, 1 + j : 1 + j + T][valid]
@@ -158,14 +164,17 @@ def simulated_lengths(
     ids = ids.to(head.fc.weight.device)
     run, lengths = EagleRun(head, tree), []
     run.extend(feats[:p], ids[1 : p + 1], 0)
-    pos = p  # the root: the newest committed token, whose feature is not verified yet
-    while pos + tree.depth < len(ids):  # a full step: every depth has a true token after it
+    # the root: the newest committed token, whose feature is not verified yet
+    pos = p
+    # a full step: every depth has a true token after it
+    while pos + tree.depth < len(ids):
         t0 = time.perf_counter()
         drafted = run.draft(ids[pos])
         spent = time.perf_counter() - t0
         a = accepted_length(drafted.tokens, drafted.retrieve_indices, ids[pos + 1 : pos + 1 + tree.depth])
         lengths.append(a)
-        if pos + a + 2 > len(ids):  # the answer ends inside the accepted path: no bonus token, no next step
+        # the answer ends inside the accepted path: no bonus token, no next step
+        if pos + a + 2 > len(ids):
             break
         t0 = time.perf_counter()
         run.extend(feats[pos : pos + a + 1], ids[pos + 1 : pos + a + 2], pos)

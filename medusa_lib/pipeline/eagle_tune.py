@@ -1,5 +1,5 @@
-"""Tune the EAGLE head's drafting on this machine, by measurement (issue #34, item 4): its proposal
-vocabulary and its dynamic tree.
+"""Tune the EAGLE head's drafting on this machine, by measurement: its proposal vocabulary and its
+dynamic tree.
 
     python -m medusa_lib.pipeline.eagle_tune --sizes 8192,4096,2048,1024            # proposal vocabulary
     python -m medusa_lib.pipeline.eagle_tune --trees 8,3,6 8,3,8 8,3,12 --write-tree  # node budget
@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.defaults import machine_key, sweep_key
+from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle, update_eagle_config
 from ..core.messages import InputError
@@ -61,7 +62,8 @@ def proposal_subsets(head, records: list[dict], sizes: list[int], eos: list[int]
     each a subset of the head's proposal tokens, or one sentence (SystemExit) saying why not."""
     now = head.proposal_ids.cpu() if head.proposal_ids is not None else None
     full = now.numel() if now is not None else head.config.vocab_size
-    kept = set(now.tolist()) if now is not None else None  # rank only tokens the head was trained to draft
+    # rank only tokens the head was trained to draft
+    kept = set(now.tolist()) if now is not None else None
     own = [{"answer_ids": [t for t in r["answer_ids"] if kept is None or t in kept]} for r in records]
     out = {}
     for n in sizes:
@@ -85,7 +87,8 @@ def sweep(head, cache, seqs: list[int], subsets: dict[int, torch.Tensor], repeat
     bar = tqdm(total=repeats * len(subsets) * len(seqs), desc="sweep", unit="answer", file=sys.stdout)
     try:
         for r in range(repeats):
-            for n, ids in subsets.items():  # interleaved: a slow spell hits every size alike
+            # interleaved: a slow spell hits every size alike
+            for n, ids in subsets.items():
                 head.set_proposal(ids)
                 clock, steps = [], []
                 for i in seqs:
@@ -93,11 +96,13 @@ def sweep(head, cache, seqs: list[int], subsets: dict[int, torch.Tensor], repeat
                     bar.update(1)
                 if not clock:
                     fail("No held-out answer is long enough for one full draft step; give more --sim-prompts.")
-                lengths[n] = steps  # the same every pass (greedy)
+                # the same every pass (greedy)
+                lengths[n] = steps
                 per_pass[n].append(1000 * statistics.median(clock))
     finally:
         bar.close()
-        head.set_proposal(full)  # the head as it came (None: the whole vocabulary)
+        # the head as it came (None: the whole vocabulary)
+        head.set_proposal(full)
     rows = []
     for n in subsets:
         rates = depth_rates(lengths[n], tree.depth, digits=3)
@@ -133,7 +138,8 @@ def parse_trees(texts: list[str]) -> list[DynamicTreeConfig]:
             k, d, n = (int(x) for x in text.split(","))
             t = DynamicTreeConfig(top_k=k, depth=d, num_nodes=n)
             t.check()
-        except InputError as e:  # before ValueError, which it is
+        except InputError as e:
+            # before ValueError, which it is
             fail(f"--trees {text}: {e}")
         except ValueError:
             fail(f"--trees takes top-k,depth,nodes triples like 8,3,12 (got {text!r}).")
@@ -146,7 +152,7 @@ def time_trees(model, head, trees: list[DynamicTreeConfig], prompt_ids, *, max_n
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False)
     decoders = {"plain": Decoder(model, method="plain", config=cfg)}
     for t in trees:
-        decoders[tree_name(t)] = Decoder(model, method="medusa-greedy", eagle=head, tree=t, config=cfg)
+        decoders[tree_name(t)] = Decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, t), config=cfg)
     return time_decoders(decoders, prompt_ids, repeats=repeats)
 
 
@@ -205,10 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
     try:
         head = load_eagle(folder, model=model, int8=False if args.float_draft else None)
-    except InputError as e:  # EagleError: one sentence
+    except InputError as e:
+        # EagleError: one sentence
         fail(e)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    draft = "int8" if head.int8 else "float"  # the draft's matrices (core/packing.py)
+    # the draft's matrices (core/packing.py)
+    draft = "int8" if head.int8 else "float"
     command = "python -m medusa_lib.pipeline.eagle_tune " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {}
     if sizes:
@@ -233,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.write:
             write_size(folder, subsets[args.write], {**out["proposal_sweep"], "kept": args.write})
-            head.set_proposal(subsets[args.write])  # the trees below are timed on the head as written
+            # the trees below are timed on the head as written
+            head.set_proposal(subsets[args.write])
             print(f"kept {args.write} proposal tokens in {folder}")
     if trees:
         _, prompts = split_prompts(load_jsonl(args.prompts), 0, args.speed_prompts)

@@ -40,7 +40,8 @@ from .export_eagle import eagle_readme, eagle_vllm_refusal, to_vllm_eagle, vllm_
 
 TARGETS = ("vllm",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-VLLM_JSON = "vllm.json"  # {"speculative_method": ...}: which vLLM drafter the folder is for
+# {"speculative_method": ...}: which vLLM drafter the folder is for
+VLLM_JSON = "vllm.json"
 
 
 def vllm_readme(*, heads: str, model: str, num_heads: int, out: Path) -> str:
@@ -110,7 +111,8 @@ def trained_for_refusal(what: str, *, base_model, hidden: int, vocab: int, model
     not for the loaded model ``m`` (``--model`` named it ``model``), or None."""
     was, it = ("were", "they were") if what.startswith("These") else ("was", "it was")
     d, V = hidden_size_of(m.config), m.get_output_embeddings().weight.shape[0]
-    named = DEFAULT_HUB_ID if model in (DEFAULT_MODEL, DEFAULT_HUB_ID) else None  # a folder's name proves nothing
+    # a folder's name proves nothing
+    named = DEFAULT_HUB_ID if model in (DEFAULT_MODEL, DEFAULT_HUB_ID) else None
     if (hidden, vocab) != (d, V):
         return (
             f"{what} {was} trained for a model with hidden size {hidden} and {vocab} tokens, but {model} has {d} and "
@@ -174,8 +176,10 @@ def _served(model: str) -> str:
 def _medusa_files(heads_dir: Path, out: Path, *, model: str, dtype: str, device: str, bar) -> tuple:
     bar.set_postfix_str("reading the heads")
     try:
-        heads = load_heads(heads_dir, local_only=True)  # refuse what vLLM cannot run before loading a model
-    except (ValueError, OSError, RuntimeError) as e:  # a damaged config.json or safetensors file
+        # refuse what vLLM cannot run before loading a model
+        heads = load_heads(heads_dir, local_only=True)
+    except (ValueError, OSError, RuntimeError) as e:
+        # a damaged config.json or safetensors file
         if isinstance(e, InputError):
             raise
         raise HeadsError(
@@ -203,7 +207,8 @@ def _medusa_files(heads_dir: Path, out: Path, *, model: str, dtype: str, device:
 
 def _eagle_files(heads_dir: Path, out: Path, *, model: str, dtype: str, device: str, bar) -> tuple:
     bar.set_postfix_str("reading the EAGLE head")
-    cfg = read_eagle_config(heads_dir)  # a damaged config.json or weights header: one sentence, no model loaded
+    # a damaged config.json or weights header: one sentence, no model loaded
+    cfg = read_eagle_config(heads_dir)
     why = eagle_vllm_refusal(cfg)
     if why:
         raise EagleError(why)
@@ -214,7 +219,8 @@ def _eagle_files(heads_dir: Path, out: Path, *, model: str, dtype: str, device: 
     )
     if why:
         raise EagleError(why)
-    head = load_eagle(heads_dir, model=m, int8=False)  # weights cut short after their header: one sentence
+    # weights cut short after their header: one sentence
+    head = load_eagle(heads_dir, model=m, int8=False)
     bar.update()
     bar.set_postfix_str("converting")
     state, config = to_vllm_eagle(head, m.config.get_text_config(decoder=True), dtype=DTYPES[dtype])
@@ -282,10 +288,12 @@ def main(argv: list[str] | None = None) -> None:
         out = export_vllm(Path(args.heads), Path(args.out), model=args.model, dtype=args.dtype, drafter=args.drafter)
     except InputError as e:
         fail(e)
-    except OSError as e:  # the disk filled, or --out was taken away while the export ran
+    except OSError as e:
+        # the disk filled, or --out was taken away while the export ran
         fail(f"Could not write --out {args.out!r} ({e.strerror or type(e).__name__}); give another folder.")
     differs = json.loads((out / VLLM_JSON).read_text()).get("differs")
-    if differs:  # never a silent difference: what vLLM drafts otherwise, said where the export is made
+    # never a silent difference: what vLLM drafts otherwise, said where the export is made
+    if differs:
         print(f"note: {differs}", file=sys.stderr)
     print(f"wrote {out}: serve it as its README.md says ({out / 'README.md'})")
 

@@ -28,11 +28,15 @@ from __future__ import annotations
 import torch
 
 from ..core.eagle import EagleError, EagleHead
-from ..core.vllm_format import eagle_vllm_refusal  # noqa: F401  (export.py imports it from here)
+
+# export.py imports it from here
+from ..core.vllm_format import eagle_vllm_refusal  # noqa: F401
 
 METHOD = "eagle"
-NUM_SPECULATIVE_TOKENS = 3  # the chain the README serves; any number runs
-GENERIC_KEYS = {  # what every transformers config carries, or where it came from: not the layer's shape
+# the chain the README serves; any number runs
+NUM_SPECULATIVE_TOKENS = 3
+# what every transformers config carries, or where it came from: not the layer's shape
+GENERIC_KEYS = {
     "_name_or_path",
     "_model_name_or_path",
     "_commit_hash",
@@ -82,23 +86,30 @@ def to_vllm_eagle(
     cast = lambda t: t.detach().to(device="cpu", dtype=dtype).contiguous()  # noqa: E731
     ours = head.layer.state_dict()
     d = head.config.hidden_size
-    state: dict[str, torch.Tensor] = {"fc.weight": cast(head.fc.weight)}  # [d, 2d]: columns [e ; f], as vLLM cats
+    # columns [e ; f], as vLLM cats
+    state: dict[str, torch.Tensor] = {"fc.weight": cast(head.fc.weight)}  # [d, 2d]
     for name in LAYER_MATRICES:
         w = ours[f"{name}.weight"]
-        state[f"layers.0.{name}.weight"] = torch.zeros(w.shape, dtype=dtype)  # the pass-through adds nothing ...
+        # the pass-through adds nothing ...
+        state[f"layers.0.{name}.weight"] = torch.zeros(w.shape, dtype=dtype)
         state[f"layers.1.{name}.weight"] = cast(w)
-    state["layers.0.self_attn.o_proj.bias"] = cast(head.fc.bias)  # ... but fc's bias, through o_proj's
+    # ... but fc's bias, through o_proj's
+    state["layers.0.self_attn.o_proj.bias"] = cast(head.fc.bias)
     state["layers.1.self_attn.o_proj.bias"] = torch.zeros(d, dtype=dtype)
-    state["layers.0.post_attention_layernorm.weight"] = torch.ones(d, dtype=dtype)  # feeds a zero MLP: any value
+    # feeds a zero MLP: any value
+    state["layers.0.post_attention_layernorm.weight"] = torch.ones(d, dtype=dtype)
     state["layers.1.input_layernorm.weight"] = cast(ours["input_layernorm.weight"])
     state["layers.1.post_attention_layernorm.weight"] = cast(ours["post_attention_layernorm.weight"])
     config = {k: v for k, v in text_config.to_dict().items() if k not in GENERIC_KEYS}
     config.update(
-        architectures=["LlamaForCausalLM"],  # vLLM names it EagleLlamaForCausalLM for method "eagle"
+        # vLLM names it EagleLlamaForCausalLM for method "eagle"
+        architectures=["LlamaForCausalLM"],
         model_type="llama",
         num_hidden_layers=2,
-        attention_bias=True,  # o_proj gets a bias (layer 0 carries fc's) ...
-        qkv_bias=False,  # ... q/k/v do not
+        # o_proj gets a bias (layer 0 carries fc's) ...
+        attention_bias=True,
+        # ... q/k/v do not
+        qkv_bias=False,
         mlp_bias=False,
         tie_word_embeddings=False,
         torch_dtype=str(dtype).replace("torch.", ""),

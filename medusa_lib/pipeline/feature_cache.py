@@ -181,7 +181,8 @@ def build_cache(
         if layers:
             shard["layers"] = torch.cat(mids)
         torch.save(shard, str(path(k)) + ".tmp")
-        Path(str(path(k)) + ".tmp").replace(path(k))  # never a half-written shard
+        # never a half-written shard
+        Path(str(path(k)) + ".tmp").replace(path(k))
     bar.close()
     if todo:
         seconds = time.perf_counter() - t0

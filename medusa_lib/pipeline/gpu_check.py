@@ -26,7 +26,8 @@ from pathlib import Path
 
 try:
     from . import gpu_figures, gpu_parts, gpu_stage
-except ImportError:  # run as a file: its folder is on sys.path
+except ImportError:
+    # run as a file: its folder is on sys.path
     import gpu_figures
     import gpu_parts
     import gpu_stage
@@ -34,7 +35,8 @@ except ImportError:  # run as a file: its folder is on sys.path
 ROOT = Path(__file__).resolve().parents[2]
 # Seconds for all parts: one 600-s call keeps a minute for the copy, the reassembly and the install.
 BUDGET = {"gpu": 540, "tiny": 1800}
-MIN_START_S = 15  # a part is not started with less time than this left
+# a part is not started with less time than this left
+MIN_START_S = 15
 INSTALL_LIMIT_S = 180
 
 
@@ -64,13 +66,15 @@ def probe(name: str, device: str) -> None:
         fig |= {"gpu": torch.cuda.get_device_name(0) if cuda else None, "cpu_threads": torch.get_num_threads()}
         for mod in PACKAGES:
             try:
-                __import__(mod)  # importable here, not only installed
+                # importable here, not only installed
+                __import__(mod)
                 fig[mod] = importlib.metadata.version(mod)
             except (ImportError, importlib.metadata.PackageNotFoundError) as e:
                 fig[mod] = f"missing ({type(e).__name__}: {e})"
         found = sys.modules.get("transformers")
         fig["transformers_from"] = str(Path(found.__file__).parent) if found else None
-        from medusa_lib.pipeline import bench, calibrate, page_check, profile_step  # noqa: F401  what the parts import
+        # what the parts import
+        from medusa_lib.pipeline import bench, calibrate, page_check, profile_step  # noqa: F401
 
         fig |= {"methods": list(bench.ALL_METHODS), "gradio_imported": "gradio" in sys.modules}
         if device.startswith("cuda") and cuda:
@@ -217,7 +221,8 @@ def run_jobs(jobs: list, *, env: dict, timeout: float, cwd: Path) -> list[tuple[
         for i, p in enumerate(procs):
             if ended[i] is None and p.poll() is not None:
                 ended[i] = time.monotonic() - t0
-                stop_group(p)  # what it left running (compile workers), if anything
+                # what it left running (compile workers), if anything
+                stop_group(p)
         time.sleep(0.2)
     for i, p in enumerate(procs):
         if ended[i] is None:
@@ -307,7 +312,8 @@ class Check:
             if r["status"] in ("ok", "timeout") and "figures" in r and name in words:
                 try:
                     said = words[name](r["figures"])
-                except Exception as e:  # noqa: BLE001  a reader's gap must not lose the table
+                except Exception as e:  # noqa: BLE001
+                    # a reader's gap must not lose the table
                     said = f"figures not readable ({type(e).__name__}: {e})"
                 said = f"{r['note']}; {said}" if r["status"] == "timeout" else said
             else:
@@ -340,7 +346,8 @@ class Check:
         for p in group:
             try:
                 mine = p.jobs(self.ctx)
-            except Exception as e:  # noqa: BLE001  a part that cannot even be set up fails alone
+            except Exception as e:  # noqa: BLE001
+                # a part that cannot even be set up fails alone
                 self.record(p.name, status="failed", note=f"could not set up: {type(e).__name__}: {e}")
                 continue
             spans.append((p, len(jobs), len(jobs) + len(mine)))
@@ -366,7 +373,8 @@ class Check:
             try:
                 fields["figures"] = p.read(self.ctx, mine)
                 self.ctx.results[p.name] = fields["figures"]
-            except Exception as e:  # noqa: BLE001  nothing readable: the status and the log say why
+            except Exception as e:  # noqa: BLE001
+                # nothing readable: the status and the log say why
                 if status == "ok":
                     fields |= {"status": "failed", "note": f"its output could not be read ({type(e).__name__}: {e})"}
             self.record(p.name, **fields)
@@ -390,7 +398,8 @@ class Check:
             else:
                 runnable.append(p)
         i = 0
-        while i < len(runnable):  # side parts next to each other run together
+        # side parts next to each other run together
+        while i < len(runnable):
             group = [runnable[i]]
             while runnable[i].side and i + 1 < len(runnable) and runnable[i + 1].side:
                 i += 1

@@ -13,7 +13,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-MARK = "GPU_CHECK_JSON "  # a probe's figures: one line of JSON after this mark
+# a probe's figures: one line of JSON after this mark
+MARK = "GPU_CHECK_JSON "
 HEADS = "assets/heads/smollm2-135m-instruct"
 PROFILE_KEYS = {
     "graph launches per step": "graph launches",
@@ -140,7 +141,8 @@ def bench_summary(data: dict) -> dict:
         if hf and m != "hf-generate" and m not in sampled:
             row["same_as_hf_generate"] = sum(r["output_token_ids"] == hf.get(r["id"]) for r in rs)
         out[m] = row
-    anchor = out.get("hf-compiled")  # the compile anchor: what a transformers user runs with one compile line
+    # the compile anchor: what a transformers user runs with one compile line
+    anchor = out.get("hf-compiled")
     for m, row in out.items():
         if anchor and m != "hf-compiled":
             row["vs_hf_compiled"] = row["tok_s"] / anchor["tok_s"]
@@ -308,7 +310,8 @@ def eagle_read(ctx, jobs) -> dict:
     heads, out = ctx.work / "eagle", {}
     for folder in sorted(p for p in heads.glob("*") if p.is_dir()):
         weights, t = folder / "eagle.safetensors", load(folder / "training.json")
-        if ctx.out is not None and weights.exists():  # the best head so far, even if the run was cut
+        # the best head so far, even if the run was cut
+        if ctx.out is not None and weights.exists():
             shutil.copy(weights, Path(ctx.out) / f"{folder.name}.safetensors")
             if (folder / "config.json").exists():
                 shutil.copy(folder / "config.json", Path(ctx.out) / f"{folder.name}.config.json")

@@ -16,13 +16,14 @@ from pathlib import Path
 
 try:
     from . import gpu_figures as fig
-except ImportError:  # run as a file
+except ImportError:
+    # run as a file
     import gpu_figures as fig
 
 BENCH_PROMPTS = "assets/data/bench_prompts.jsonl"
 # The bench's timed methods (3 repeats) on the default engine, against the compile anchor (each step shape of
 # ours is compiled first, so few rules: a compile per program); and the eager ones with each other drafter (1
-# repeat: on a GPU an eager step is ~20 ms of launches, so three repeats would take the check's whole budget).
+# repeat: on a GPU an eager step is mostly kernel launches, so three repeats would take the check's whole budget).
 TIMED = ("hf-compiled", "baseline", "medusa-greedy")
 EAGER = ("hf-generate", "baseline", "medusa-greedy")
 
@@ -34,13 +35,19 @@ class Context:
     python: str
     root: Path
     work: Path
-    device: str  # cuda or cpu
+    # cuda or cpu
+    device: str
     tiny: bool
-    check: str  # the check script's path (its probes)
-    out: Path | None = None  # the check's --out: files that come back whole (the EAGLE heads' weights)
-    limit_s: float = 0.0  # the time limit of the group about to run (a training sizes itself by it)
-    methods: list[str] = field(default_factory=list)  # the bench's own method list, read by the env part
-    results: dict[str, dict] = field(default_factory=dict)  # figures of the parts done, by name
+    # the check script's path (its probes)
+    check: str
+    # the check's --out: files that come back whole (the EAGLE heads' weights)
+    out: Path | None = None
+    # the time limit of the group about to run (a training sizes itself by it)
+    limit_s: float = 0.0
+    # the bench's own method list, read by the env part
+    methods: list[str] = field(default_factory=list)
+    # figures of the parts done, by name
+    results: dict[str, dict] = field(default_factory=dict)
 
     def size(self, gpu, tiny):
         return tiny if self.tiny else gpu
@@ -74,13 +81,16 @@ class Job:
 class Part:
     name: str
     title: str
-    limit_s: int  # its own time limit on the GPU
-    tiny_limit_s: int  # and in the CPU dry run
+    # its own time limit on the GPU
+    limit_s: int
+    # its own time limit in the CPU dry run
+    tiny_limit_s: int
     jobs: Callable[[Context], list[Job]]
     read: Callable[[Context, list[Job]], dict]
     words: Callable[[dict], str]
     needs_model: bool = True
-    side: bool = False  # no timing in it: runs beside the side parts next to it
+    # no timing in it: runs beside the side parts next to it
+    side: bool = False
 
 
 def probe_jobs(name: str) -> Callable[[Context], list[Job]]:
@@ -100,7 +110,8 @@ def bench_jobs(ctx: Context, name: str, methods: list[str], *, repeats: int, eng
     out = ctx.work / f"{name}.json"
     sizes = ["--repeats", ctx.size(repeats, 1), "--max-new-tokens", ctx.size(128, 4), *ctx.size([], ["--limit", "1"])]
     argv = ctx.cli("bench", "--device", ctx.device, "--dtype", ctx.dtype(), "--per-category", 1, *sizes, *engine)
-    if "hf-compiled" in methods:  # a CPU dry run's weights stock too: Inductor cannot lower packed ones
+    # a CPU dry run's weights stock too: Inductor cannot lower packed ones
+    if "hf-compiled" in methods:
         argv.append("--no-prepack")
     return [Job([*argv, "--methods", ",".join(methods), "--json", str(out)], ctx.work / f"{name}.log", json=out)]
 
@@ -113,7 +124,8 @@ def float32_jobs(ctx: Context) -> list[Job]:
         prompts, out = ctx.work / f"float32-prompts-{k + 1}.jsonl", ctx.work / f"float32-{k + 1}.json"
         prompts.write_text("\n".join(lines[k :: ctx.size(4, 2)]) + "\n")
         argv = ctx.cli("bench", "--device", ctx.device, "--dtype", "float32", "--prompts", prompts, "--repeats", 1)
-        argv += ctx.size(["--capture", "cuda-graph"], [])  # 4 shards compiling side by side would not fit
+        # 4 shards compiling side by side would not fit
+        argv += ctx.size(["--capture", "cuda-graph"], [])
         argv += [
             "--max-new-tokens",
             str(ctx.size(64, 4)),
@@ -152,7 +164,8 @@ def page_jobs(ctx: Context) -> list[Job]:
 def calibrate_jobs(ctx: Context) -> list[Job]:
     heads = ctx.work / "heads"
     shutil.rmtree(heads, ignore_errors=True)
-    shutil.copytree(ctx.root / fig.HEADS, heads)  # --write goes to this copy; its config.json comes back in raw.tar.gz
+    # --write goes to this copy; its config.json comes back in raw.tar.gz
+    shutil.copytree(ctx.root / fig.HEADS, heads)
     # --keep-trees: the trees the CPU records measured, timed here too (its record can join the shipped heads)
     argv = ctx.cli("calibrate", "--device", ctx.device, "--heads", heads, "--lookup", 4, "--keep-trees", "--write")
     argv += map(str, ["--acc-prompts", ctx.size(96, 2), "--speed-prompts", ctx.size(16, 1)])
@@ -174,13 +187,14 @@ def graph_jobs(ctx: Context) -> list[Job]:
     return bench_jobs(ctx, "graph", ["baseline", "medusa-greedy"], repeats=1, engine=engine)
 
 
-# The EAGLE recipes trained on the GPU (issue #34): name -> train_eagle flags. All read one feature cache.
+# The EAGLE recipes trained on the GPU: name -> train_eagle flags. All read one feature cache.
 EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
-# Then from a recipe's kept head: recipe -> (name, flags, its share of the recipe's time). On 2 CPU cores
-# training-time test paid from a trained EAGLE-1 head (2.561 -> 2.638 tokens/step; plain EAGLE-1 for as
-# long: 2.604), where from scratch it had lost (docs/performance.md).
+# Then from a recipe's kept head: recipe -> (name, flags, its share of the recipe's time). On a CPU
+# training-time test paid from a trained EAGLE-1 head (more tokens/step than plain EAGLE-1 trained as long),
+# where from scratch it had lost (docs/performance.md).
 EAGLE_FOLLOW_UPS = {"eagle1": ("eagle1-ttt2", ["--ttt-steps", "2"], 0.4)}
-EAGLE_LAST_EVAL_S = 60  # the last held-out evaluation and the save, within the part's limit
+# the last held-out evaluation and the save, within the part's limit
+EAGLE_LAST_EVAL_S = 60
 
 
 def eagle_jobs(ctx: Context) -> list[Job]:
@@ -191,7 +205,8 @@ def eagle_jobs(ctx: Context) -> list[Job]:
     beside the runs (``Context.eagle_cache``), so a later call on the warm machine reuses it."""
     cache, heads = ctx.eagle_cache, ctx.work / "eagle"
     common = ["--device", ctx.device, "--dtype", ctx.size("bfloat16", "float32"), "--work", str(cache)]
-    if ctx.tiny:  # six training answers and three held-out ones
+    # six training answers and three held-out ones
+    if ctx.tiny:
         import gzip
 
         held = ctx.work / "heldout-tiny.jsonl"

@@ -21,7 +21,8 @@ class HiddenCache:
 
     def __init__(self, hidden: torch.Tensor, next_ids: torch.Tensor, seq_end: torch.Tensor):
         self.hidden, self.next_ids, self.seq_end = hidden, next_ids, seq_end
-        self._roots: torch.Tensor | None = None  # root_ids(), computed on first use
+        # root_ids(), computed on first use
+        self._roots: torch.Tensor | None = None
 
     @classmethod
     @torch.inference_mode()
@@ -31,7 +32,8 @@ class HiddenCache:
         hiddens, nexts, ends = [], [], []
         offset = 0
         order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
-        batch: list[tuple[list[int], int]] = []  # (prompt + answer, index of the last prompt token)
+        # (prompt + answer, index of the last prompt token)
+        batch: list[tuple[list[int], int]] = []
         t0 = time.perf_counter()
 
         def flush():
@@ -47,7 +49,8 @@ class HiddenCache:
                 # positions from the last prompt token (it predicts the first answer token) on
                 pos = torch.arange(start, len(s))
                 hiddens.append(h[i, pos].to(torch.bfloat16))
-                seq = torch.tensor(s + [-1] * (num_heads + 1))  # -1: past the end of the sequence
+                # -1: past the end of the sequence
+                seq = torch.tensor(s + [-1] * (num_heads + 1))
                 nexts.append(torch.stack([seq[pos + k + 1] for k in range(1, num_heads + 1)], dim=1))
                 ends.append(torch.full((len(pos),), offset + len(pos), dtype=torch.long))
                 offset += len(pos)
@@ -83,7 +86,8 @@ class HiddenCache:
         roots = torch.zeros(n, dtype=torch.long)
         roots[1:] = self.next_ids[:-1, 0]
         first = torch.ones(n, dtype=torch.bool)
-        first[1:] = self.seq_end[:-1] == torch.arange(1, n)  # the previous position ended its sequence
+        # the previous position ended its sequence
+        first[1:] = self.seq_end[:-1] == torch.arange(1, n)
         idx = first.nonzero().squeeze(1)
         w = lm_head.weight
         for i in range(0, len(idx), 4096):
@@ -135,8 +139,10 @@ def cached_hidden(model, records: list[dict], bounds: list[int], work: Path, spl
     When only the records of the first files are cached (an answers file was added after them),
     only the new files' records are run through the model and appended.
     """
-    path = lambda n: work / f"{split}_hidden_{n}x{num_heads}.pt"  # noqa: E731  (rebuilt when the data or K change)
-    positions = lambda n: sum(len(r["answer_ids"]) + 1 for r in records[:n])  # noqa: E731  (last prompt token .. end)
+    # rebuilt when the data or K change
+    path = lambda n: work / f"{split}_hidden_{n}x{num_heads}.pt"  # noqa: E731
+    # last prompt token .. end
+    positions = lambda n: sum(len(r["answer_ids"]) + 1 for r in records[:n])  # noqa: E731
 
     def load(n: int) -> HiddenCache | None:
         """The cache of the first n records, if there is one and it has their number of positions."""

@@ -1,4 +1,4 @@
-"""JSONL files (one JSON object per line), shared by the pipeline's tools."""
+"""JSONL files (one JSON object per line) and files written whole, shared by the pipeline's tools."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ def load_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_jsonl(path: str | Path, rows: list[dict]) -> None:
-    """Write through a temporary file, so a crash never leaves half a file behind."""
+def replace_file(path: str | Path, text: str) -> None:
+    """Write ``text`` through a temporary file renamed over ``path``: a crash never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """One JSON object per line, written whole (``replace_file``)."""
+    replace_file(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

@@ -1,8 +1,8 @@
 """The page's own path at its starting values, over many prompts: what a user who changes nothing sees.
 
 Runs ``Playground.compare`` (the code behind the page's Run and ``/compare``) with the page's
-defaults (``Settings()``: 96 new tokens, the heads' calibrated tree and lookup branch, T = 0.7 for
-typical acceptance, seed 0), in each mode and numerics asked for, on the bench prompts and the
+starting values (``Playground.starting_request``: 96 new tokens, the heads' calibrated tree and lookup
+branch, T = 0.7 for typical acceptance, seed 0), in each mode and numerics asked for, on the bench prompts and the
 page's examples, and prints per (mode, numerics): how many exactness badges are green (Medusa greedy
 == plain greedy in the greedy mode; Medusa exact sampling == plain sampling in the sampling mode),
 and the median per-prompt speed-ups of the Medusa columns over the plain column (decode tokens/s,
@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -29,7 +30,7 @@ from tqdm import tqdm
 from ..core.messages import InputError
 from ..present.page import load_examples
 from ..present.playground import Playground
-from ..present.settings import MODES, Settings
+from ..present.settings import MODES, Request
 from .bench import DEFAULT_HEADS, DEFAULT_PROMPTS
 from .cli import (
     add_model_arguments,
@@ -68,32 +69,21 @@ def check(
     *,
     modes=("greedy", "sampling"),
     numerics=("float32", "bfloat16"),
-    max_new_tokens: int = Settings.max_new_tokens,
+    max_new_tokens: int = Request.max_new_tokens,
     on_row=None,
 ) -> list[dict]:
     """One ``compare`` per (prompt, mode, numerics) at the page's starting values; a row each, also
     passed to ``on_row`` as it comes (so a long run that is stopped keeps what it measured). The
     modes and numerics of one prompt run together, so a partial run covers all of them."""
-    rows = []
+    rows, start = [], replace(pg.starting_request(), max_new_tokens=max_new_tokens)
     jobs = [(n, m, pid, text) for pid, text in prompts for n in numerics for m in modes]
     for n, mode, pid, text in tqdm(jobs, desc="page compare", unit="run", file=sys.stderr):
-        settings = pg.settings(
-            max_new_tokens,
-            Settings.temperature,
-            Settings.posterior_threshold,
-            Settings.posterior_alpha,
-            pg.defaults.tree,
-            "",
-            True,
-            pg.defaults.lookup_on,
-            sample=MODES[mode],
-            seed=Settings.seed,
-            numerics=n,
-        )
+        settings = pg.settings_of(replace(start, sample=MODES[mode], numerics=n))
         out = pg.compare(text, settings)
         match = out["sampling_match" if MODES[mode] else "greedy_match"]
         plain, medusa, typical = (out["methods"][v] for v in settings.views)
-        tps = lambda r: r["tokens_per_second"] or 0.0  # noqa: E731 - None when a run made no decode step
+        # None when a run made no decode step
+        tps = lambda r: r["tokens_per_second"] or 0.0  # noqa: E731
         rows.append(
             {
                 "id": pid,
@@ -177,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         default="float32,bfloat16",
         help="comma list of the loaded copies to run (the model loads in --dtype, plus a float32 copy)",
     )
-    ap.add_argument("--max-new-tokens", type=whole_number(1), default=Settings.max_new_tokens)
+    ap.add_argument("--max-new-tokens", type=whole_number(1), default=Request.max_new_tokens)
     ap.add_argument("--json", default=None, help="write the rows and the summary to this JSON file")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -185,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--modes takes a comma list of {', '.join(MODES)} (got {args.modes!r}).")
     numerics = [n.strip() for n in args.numerics.split(",") if n.strip()]
     check_model_arguments(args)
-    if args.heads != str(DEFAULT_HEADS):  # a --heads that names nothing is refused, not replaced by untrained heads
+    # a --heads that names nothing is refused, not replaced by untrained heads
+    if args.heads != str(DEFAULT_HEADS):
         check_heads_path(args.heads)
     read_prompts(args.prompts)
     if args.json:
@@ -200,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
             max_prompt_tokens=None,
             progress=lambda m: print(m, file=sys.stderr, flush=True),
         )
-    except InputError as e:  # ModelError, HeadsError, EagleError: one sentence
+    except InputError as e:
+        # ModelError, HeadsError, EagleError: one sentence
         fail(e)
     missing = [n for n in numerics if n not in pg.variants]
     if missing:
@@ -224,8 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             summary,
             setup=f"the page's path at its defaults | {pg.device} | tree {pg.defaults.tree}, "
             f"lookup {pg.defaults.lookup if pg.defaults.lookup_on else 0} | "
-            f"{len(prompts)} prompts | {args.max_new_tokens} new tokens | typical at T = {Settings.temperature}, "
-            f"seed {Settings.seed}",
+            f"{len(prompts)} prompts | {args.max_new_tokens} new tokens | typical at T = {Request.temperature}, "
+            f"seed {Request.seed}",
         )
     )
     write(rows, summary)

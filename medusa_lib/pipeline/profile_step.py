@@ -138,15 +138,18 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=whole_number(1), default=64)
     ap.add_argument("--prompt", default="Explain how a bicycle gear works, step by step.")
     args = ap.parse_args(argv)
-    from .bench import DEFAULT_HEADS  # the bench's default heads folder
+    # the bench's default heads folder
+    from .bench import DEFAULT_HEADS
 
     if args.heads:
         check_heads_path(args.heads)
     check_model_arguments(args)
-    try:  # one sentence each, as every command line says it
+    # one sentence each, as every command line says it
+    try:
         model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
         heads = load_heads(args.heads or DEFAULT_HEADS, model=model)
-    except InputError as e:  # ModelError, HeadsError
+    except InputError as e:
+        # ModelError, HeadsError
         fail(e)
     dev = input_device(model)
     defaults = heads_defaults(heads, dev, str(next(model.parameters()).dtype))
@@ -160,7 +163,8 @@ def main(argv=None) -> None:
             max_len=len(ids) + args.max_new_tokens + tree.num_nodes + defaults.lookup_length,
             say=print,
         )
-    except InputError as e:  # EngineError: a capture this device cannot run
+    except InputError as e:
+        # EngineError: a capture this device cannot run
         fail(e)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, cache=engine.cache)
     decoders = {
@@ -179,7 +183,8 @@ def main(argv=None) -> None:
         f"tree {defaults.tree} + lookup {defaults.lookup_length}, {args.max_new_tokens} tokens"
     )
     for name, d in decoders.items():
-        res = d.run(ids)  # warm-up: captures the step programs (not counted)
+        # warm-up: captures the step programs (not counted)
+        res = d.run(ids)
         row = {"engine": res.engine, "tokens/step": round(res.tokens_per_step, 2)}
         if engine.cache == "static":
             row |= dispatch_profile(d, ids)

@@ -32,7 +32,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .jsonl import load_jsonl, write_jsonl  # noqa: F401  (tests read the written files back with P.load_jsonl)
+# tests read the written files back with P.load_jsonl
+from .jsonl import load_jsonl, write_jsonl  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "assets" / "data"
@@ -40,24 +41,31 @@ SEEDS_PATH = DATA_DIR / "prompt_seeds.json"
 TRAIN_PATH = DATA_DIR / "train_prompts.jsonl"
 HELDOUT_PATH = DATA_DIR / "heldout_prompts.jsonl"
 
-PER_TOPIC = 10  # prompts composed from each topic (distinct templates / slot values)
-HELDOUT_FRACTION = 0.15  # share of each category's topics kept out of training
-PERSON = re.compile(r"p\d")  # {p1}, {p2}, ... are distinct values of the {name} slot
+# prompts composed from each topic (distinct templates / slot values)
+PER_TOPIC = 10
+# share of each category's topics kept out of training
+HELDOUT_FRACTION = 0.15
+# {p1}, {p2}, ... are distinct values of the {name} slot
+PERSON = re.compile(r"p\d")
 
 
 @dataclass(frozen=True)
 class Topic:
-    key: str  # phrase the split is made by; occurs verbatim in every prompt built from this topic
-    text: str  # what fills {topic}; may hold its own {slots} (word problems, puzzles)
+    # phrase the split is made by; occurs verbatim in every prompt built from this topic
+    key: str
+    # what fills {topic}; may hold its own {slots} (word problems, puzzles)
+    text: str
     slots: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Category:
     name: str
-    templates: tuple[str, ...]  # instruction forms, each with a {topic} field
+    # instruction forms, each with a {topic} field
+    templates: tuple[str, ...]
     topics: tuple[Topic, ...]
-    slots: dict = field(default_factory=dict)  # values for other fields: {lang}, {audience}, {name} ...
+    # values for other fields: {lang}, {audience}, {name} ...
+    slots: dict = field(default_factory=dict)
 
 
 def load_seeds(path: str | Path = SEEDS_PATH) -> tuple[Category, ...]:
@@ -109,14 +117,16 @@ def compose_category(cat: Category, *, seed: int = 0, per_topic: int = PER_TOPIC
             text = _fill(topic.text, {**cat.slots, **topic.slots}, rng)
             prompt = _fill(order[i % len(order)], cat.slots, rng, topic=text)
             if prompt not in seen:
-                assert topic.key.lower() in prompt.lower(), (cat.name, topic.key)  # the split relies on it
+                # the split relies on it
+                assert topic.key.lower() in prompt.lower(), (cat.name, topic.key)
                 seen.add(prompt)
                 out.append({"category": cat.name, "topic": topic.key, "prompt": prompt})
         if len(seen) < per_topic:
             raise ValueError(
                 f"{cat.name}: topic {topic.key!r} gives only {len(seen)} distinct prompts; add templates or slot values"
             )
-    rng.shuffle(out)  # so a prefix of the file still covers many topics
+    # so a prefix of the file still covers many topics
+    rng.shuffle(out)
     return out
 
 
@@ -156,7 +166,8 @@ def split_prompts(
         keys = sorted({p["topic"] for p in rows})
         random.Random(f"split:{seed}:{cat}").shuffle(keys)
         held.update((cat, k) for k in keys[: max(1, round(heldout_fraction * len(keys)))])
-    while True:  # move leaking held-out topics to train until none leak
+    # move leaking held-out topics to train until none leak
+    while True:
         train_text = "\n".join(p["prompt"] for p in prompts if (p["category"], p["topic"]) not in held)
         lower = train_text.lower()
         leaking = {ck for ck in held if ck[1].lower() in lower and key_pattern(ck[1]).search(train_text)}

@@ -102,12 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         pg = Playground.load(progress=lambda *a: None)
         wait_until_up(url, server, 600)
         client = Client(url, verbose=False)
-        settings = pg.settings_of({"max_new_tokens": args.max_new_tokens})  # /compare's defaults, by name
+        # /compare's defaults, by name
+        settings = pg.settings_of({"max_new_tokens": args.max_new_tokens})
         paths = {
             "server (/compare)": lambda p: client.predict(p, args.max_new_tokens, api_name="/compare"),
             "in-process (Playground.compare)": lambda p: pg.compare(p, settings),
         }
-        for call in paths.values():  # warm both: first runs pay for one-time work
+        # warm both: first runs pay for one-time work
+        for call in paths.values():
             call(prompts[0])
         got: dict[str, list[dict]] = {name: [] for name in paths}
         order = list(paths)

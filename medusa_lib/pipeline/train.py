@@ -43,7 +43,8 @@ from .cli import add_model_arguments
 from .hidden_cache import HiddenCache, cached_hidden, frequent_tokens
 from .jsonl import load_jsonl
 
-DECAY = 0.8  # lambda_k = 0.8^k (paper)
+# lambda_k = 0.8^k (paper)
+DECAY = 0.8
 
 
 @dataclass
@@ -51,19 +52,24 @@ class TrainConfig:
     num_heads: int = 4
     num_layers: int = 1
     shared_lm_head: bool = True
-    proposal_tokens: int = 8192  # 0 = full vocabulary
-    soft_weight: float = 0.5  # a: weight of the base model's distribution as a soft target
+    # 0 = full vocabulary
+    proposal_tokens: int = 8192
+    # a: weight of the base model's distribution as a soft target
+    soft_weight: float = 0.5
     lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 512  # positions per step
     epochs: int = 6
-    patience: int = 2  # evaluations without held-out improvement before stopping
+    # evaluations without held-out improvement before stopping
+    patience: int = 2
     eval_every: int = 200  # steps
     seed: int = 0
-    root_conditioned: bool = False  # heads also read the root token x_{t+1} (heads.py)
+    # heads also read the root token x_{t+1} (heads.py)
+    root_conditioned: bool = False
     # Head k also reads x_{t+2}..x_{t+k}, teacher-forced (Hydra; implies root_conditioned).
     path_conditioned: bool = False
-    save_dtype: str = "float32"  # float type of the saved weights: float32 or bfloat16 (half the size)
+    # float type of the saved weights: float32 or bfloat16 (half the size)
+    save_dtype: str = "float32"
 
 
 class Trainer:
@@ -71,7 +77,8 @@ class Trainer:
         self.model, self.heads, self.cfg = model, heads, cfg
         _, lm_head = body_and_lm_head(model)
         self.lm_head = lm_head
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the GPU when there is one
+        # the GPU when there is one
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         heads.to(self.device)
         w = lm_head.weight.detach().float().cpu()
         # [V', d] frozen, shared
@@ -200,16 +207,19 @@ def train_heads(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_cache) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
-    warmup = max(1, min(50, total_steps // 10))  # linear warm-up, then cosine decay to 0
+    # linear warm-up, then cosine decay to 0
+    warmup = max(1, min(50, total_steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))
     )
     state_path = Path(state_path) if state_path is not None else out / "train_state.pt"
     run_key = {"config": asdict(cfg), "train_positions": len(train_cache), "heldout_positions": len(heldout_cache)}
-    if init:  # a run that started from other heads (--init-heads) is another run
+    # a run that started from other heads (--init-heads) is another run
+    if init:
         run_key["init_heads"] = init
     step, best, bad, history = 0, float("inf"), 0, []
-    if state_path.exists():  # resume
+    # resume
+    if state_path.exists():
         st = read_train_state(state_path, fresh="delete it to start afresh")
         if st.get("run") != run_key:
             log(f"{state_path} is from another run (config or data differ): starting afresh")
@@ -289,7 +299,8 @@ def start_from(heads: MedusaHeads, folder: str | Path) -> None:
     ours, theirs = heads.state_dict(), init.state_dict()
     n_layers = init.config.num_layers
 
-    def deeper(k: str) -> bool:  # a ResBlock the given heads lack
+    # a ResBlock the given heads lack
+    def deeper(k: str) -> bool:
         m = re.fullmatch(r"heads\.\d+\.(\d+)\.linear\.(weight|bias)", k)
         return m is not None and int(m[1]) >= n_layers
 
@@ -375,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         parts = [load_jsonl(p) for p in paths]
         answers[split] = [r for part in parts for r in part]
-        bounds[split] = [sum(map(len, parts[: i + 1])) for i in range(len(parts))]  # record count after each file
+        # record count after each file
+        bounds[split] = [sum(map(len, parts[: i + 1])) for i in range(len(parts))]
         print(
             f"{split}: {len(answers[split])} answers, {sum(len(r['answer_ids']) for r in answers[split])} answer tokens"
         )
@@ -417,7 +429,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"proposal vocabulary: {cfg.proposal_tokens} tokens cover {coverage:.1%} of held-out answer tokens")
         heads.init_from_lm_head(model.get_output_embeddings())
     heads.float()
-    tag = out.resolve().name  # several runs can share --work (and its caches) with different --out
+    # several runs can share --work (and its caches) with different --out
+    tag = out.resolve().name
     init = str(Path(args.init_heads).resolve()) if args.init_heads else None
     result = train_heads(
         model,

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.decoding import DecodeConfig, Decoder
+from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, input_device, load_model
@@ -49,7 +50,8 @@ TRAIN_ANSWERS = [
     "assets/data/distill/self_instruct_answers.jsonl.gz",
 ]
 HELDOUT_ANSWERS = ["assets/data/distill/heldout_answers.jsonl.gz"]
-NOISE = 0.2  # width of the uniform input noise (reference "std": 0.2)
+# width of the uniform input noise (reference "std": 0.2)
+NOISE = 0.2
 
 
 def train(
@@ -106,7 +108,8 @@ def train(
         torch.set_rng_state(st["rng"])
         log(f"resuming at batch {done + 1} of {len(plan)} ({spent:.1f} min spent, best {best:.3f} tokens/step)")
     t0 = time.perf_counter() - 60 * spent
-    elapsed = lambda: (time.perf_counter() - t0) / 60  # noqa: E731  (this training's minutes, resumed ones included)
+    # this training's minutes, resumed ones included
+    elapsed = lambda: (time.perf_counter() - t0) / 60  # noqa: E731
     head.train()
     bar = tqdm(plan, desc="train", unit="batch", file=sys.stdout, initial=done)
     step = done
@@ -188,8 +191,9 @@ def acceptance_per_depth(
     for ids in tqdm(
         prompts, desc=f"acceptance k={tree.top_k} depth={tree.depth} nodes={tree.num_nodes}", file=sys.stdout
     ):
-        res = Decoder(model, method="medusa-greedy", eagle=head, tree=tree, config=cfg).run(ids)
-        lengths += step_lists(res.steps)["accept_lengths"]  # full steps: a cut step says nothing about the drafter
+        res = Decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, tree), config=cfg).run(ids)
+        # full steps: a cut step says nothing about the drafter
+        lengths += step_lists(res.steps)["accept_lengths"]
     return {
         "tree": {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes},
         "prompts": len(prompts),
@@ -348,7 +352,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--dtype float16 is not supported for EAGLE training on this path; use bfloat16 or float32.")
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = True  # float32 training on a GPU: tensor cores
+    # float32 training on a GPU: tensor cores
+    torch.backends.cuda.matmul.allow_tf32 = True
     work, out = Path(args.work), Path(args.out)
     answers = {
         s: [r for p in paths for r in load_jsonl(p)]
@@ -356,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     n = args.train_records
     if n and n < len(answers["train"]):
-        step = len(answers["train"]) / n  # evenly spread: every file and category keeps its share
+        # evenly spread: every file and category keeps its share
+        step = len(answers["train"]) / n
         answers["train"] = [answers["train"][int(i * step)] for i in range(n)]
     print(
         ", ".join(
@@ -375,8 +381,10 @@ def main(argv: list[str] | None = None) -> None:
                 model,
                 answers[s],
                 work / f"{s}-{'all' if s == 'heldout' or not args.train_records else len(answers[s])}",
-                with_layers=True,  # one cache for both recipes: EAGLE-3 reads the layer inputs
-                batch_tokens=16384 if input_device(model).type == "cuda" else 2048,  # a GPU: fewer launches
+                # one cache for both recipes: EAGLE-3 reads the layer inputs
+                with_layers=True,
+                # a GPU: fewer launches
+                batch_tokens=16384 if input_device(model).type == "cuda" else 2048,
                 desc=f"{s} features",
             )
             for s in ("heldout", "train")
@@ -396,7 +404,8 @@ def main(argv: list[str] | None = None) -> None:
         fuse = fused_layers(n_layers) if args.fuse else None
         if fuse and caches["train"].layers is None:
             raise SystemExit(f"The feature cache under {work} has no layer inputs; delete it and run again.")
-        torch.manual_seed(args.seed)  # the head's initial weights: a resumed run builds the same one
+        # the head's initial weights: a resumed run builds the same one
+        torch.manual_seed(args.seed)
         head = new_eagle_head(model, proposal_ids=ids, base_model=base, fuse_layers=fuse)
         # g starts as f_t: "the next feature is this one" (the identity on the feature half of fc).
         with torch.no_grad():
@@ -409,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         held = caches["heldout"]
         if args.heldout_records and args.heldout_records < len(held):
             held = held.subset(range(0, len(held), len(held) // args.heldout_records))
-        head.bind(model.float() if model.dtype != torch.float32 else model)  # float32 frozen modules for training
+        # float32 frozen modules for training
+        head.bind(model.float() if model.dtype != torch.float32 else model)
         result = train(
             head,
             caches["train"],
@@ -453,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
             + "\n"
         )
     eval_model, _ = load_model(args.model, device=args.device, dtype=args.dtype, progress=print)
-    head = load_eagle(out, model=eval_model, int8=False)  # the model card's figures: the head's own float drafts
+    # the model card's figures: the head's own float drafts
+    head = load_eagle(out, model=eval_model, int8=False)
     prompts = [
         r["prompt_ids"]
         for r in answers["heldout"][:: max(1, len(answers["heldout"]) // args.eval_prompts)][: args.eval_prompts]

@@ -3,7 +3,7 @@
 Uses core/ only; never the offline pipeline. The page's UI (``ui/``) imports from here.
 """
 
-from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets, tree_note
+from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
 from .limits import PROMPT_TOKENS, any_of, deadline, default_prompt_tokens
 from .numerics import default_numerics, numerics_label, numerics_note

@@ -53,7 +53,8 @@ class ExactnessChecks:
             )
         else:
             gap = self.logit_gap(plain.prompt_ids, plain.tokens[:k], model=model)
-        tol = 1e-3 if numerics == "float32" else 0.5  # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
+        # 16-bit logits near 20 are spaced 0.125 apart; 30 layers add more
+        tol = 1e-3 if numerics == "float32" else 0.5
         return replace(check, logit_gap=gap, tie=gap <= tol)
 
     @torch.inference_mode()
@@ -77,9 +78,8 @@ class ExactnessChecks:
         ids = torch.tensor([list(prompt_ids) + list(tokens)], device=input_device(model))
         logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
         probs = sampling_probs(logits, temperature=config.temperature, top_p=config.top_p)
-        race = race_noise(
-            config.seed, len(prompt_ids) + draw, probs.shape[-1], device=probs.device
-        )  # the token at that position
+        # the token at that position
+        race = race_noise(config.seed, len(prompt_ids) + draw, probs.shape[-1], device=probs.device)
         score = probs.log() - race.log()
         gap = float(config.temperature * (score[a] - score[b]))
         return gap if signed else abs(gap)
@@ -91,9 +91,8 @@ class ExactnessChecks:
         minus the mean entropy, up to noise; tokens chosen for being likely score higher."""
         n, model = len(record.tokens), model or self.model
         ids = torch.tensor([list(record.prompt_ids) + list(record.tokens)], device=input_device(model))
-        logits = (
-            model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
-        )  # the distribution each token was drawn from
+        # the distribution each token was drawn from
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
         probs = sampling_probs(logits, temperature=temperature, top_p=1.0)
         logp = probs.gather(-1, torch.tensor(record.tokens, device=probs.device)[:, None]).clamp_min(1e-30).log()
         return float(logp.mean()), float(torch.special.entr(probs).sum(-1).mean())

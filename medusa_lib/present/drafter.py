@@ -1,19 +1,17 @@
-"""The page's Drafter choice: who proposes the tree the Medusa columns verify, the Medusa heads or an EAGLE head.
+"""The page's Drafter choice: who proposes the tree the Medusa columns verify.
 
-Both drafters run on one verifier (``core/decoding.py``: only ``propose`` differs), so the columns
-compare drafters with the same acceptance rules and the same exactness guarantees. Medusa's heads
-read only the base model's hidden state h_t; EAGLE's one decoder layer reads the embedding of the
-token actually chosen at t+1 beside the base model's feature f_t and drafts autoregressively at the
-feature level (``core/eagle.py``), growing a new dynamic tree each step (``core/dynamic_tree.py``).
+Every drafter runs on one verifier (``core/decoding.py``), so the columns compare drafters with the
+same acceptance rules and the same exactness guarantees. The drafters offered are the core's
+registry (``core.drafters.REGISTRY``): each class says its name, label, note and what it loads
+(``Drafter.load``: the Medusa heads, an EAGLE head beside them, a REST datastore beside them, or
+nothing), so nothing here names a kind. What each one loaded for each copy of the model (numerics)
+is kept in ``Drafters.loaded``.
 
-Where the EAGLE head comes from (``find_eagle``): ``--eagle`` / ``MEDUSA_EAGLE`` names a folder, or
-``auto`` looks next to the Medusa heads (``<heads>-eagle``, e.g. ``assets/heads/smollm2-135m-instruct-eagle``),
-or ``none``. Which drafter a run uses when it names none (``default_drafter``): the one with the
-higher *recorded* speed-up over plain decoding on this kind of device: both from one bench run where
-the EAGLE head's ``calibration`` record holds Medusa's figure beside its own (``bench --record-eagle``
-with medusa-greedy), else the Medusa heads' calibration of their default tree against the EAGLE
-head's record, said to be separate records; without a recorded figure for the EAGLE head, the
-Medusa heads. No figure is quoted from another kind of device, and nothing is guessed.
+Which drafter a run uses when it names none (``default_drafter``): the one with the higher
+*recorded* speed-up over plain decoding on this kind of device (``Drafter.recorded``), preferring
+figures measured together in one bench run (a record that carries the others' figures); without a
+recorded figure for another drafter, the first one (the Medusa heads). No figure is quoted from
+another kind of device, and nothing is guessed.
 
 The Tree lab's EAGLE sweep (``eagle_budgets``) measures EAGLE's tokens per step and speed-up over
 plain decoding for a few node budgets on this device, on the comparison's prompt.
@@ -21,103 +19,26 @@ plain decoding for a few node budgets on this device, on the comparison's prompt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..core.decoding import Decoder
-from ..core.defaults import device_kind, record_kind
-from ..core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
+from ..core.drafters import REGISTRY, Drafter, DrafterError, EagleDrafter
+from ..core.drafters.eagle_head import find_eagle
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import CONFIG_FILE, EAGLE_FILE, EagleError, EagleHead, is_eagle_folder, load_eagle, read_eagle_config
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
 from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
 from ..core.tree import MedusaTree
 from .numerics import EXACT
-from .page import DRAFTER_NAMES  # how the page names each drafter
 from .settings import PlaygroundError
 
-DRAFTERS = ("medusa", "eagle", "lookup")
-SHIPPED_HEADS = (
-    Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
-)  # the default model's
-EAGLE_SUFFIX = "-eagle"  # the EAGLE head of heads folder X lives in X-eagle
-EAGLE_BUDGETS = (3, 8, 16, 24, 40)  # the Tree lab's sweep of EAGLE's node budget
-
-
-def eagle_beside(heads: str | Path | None) -> Path | None:
-    """Where the EAGLE head of a Medusa heads folder lives: the folder's name + ``-eagle``, beside it."""
-    if not heads:
-        return None
-    path = Path(heads).expanduser()
-    return path.with_name(path.name + EAGLE_SUFFIX)
-
-
-def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:
-    """Refuse, before any model loads, a named EAGLE folder that cannot be one: one sentence."""
-    path = Path(folder).expanduser()
-    if not path.is_dir():
-        raise EagleError(
-            f"{flag} {str(folder)!r} is not a folder; "
-            f"give the folder of an EAGLE head (with {EAGLE_FILE} and {CONFIG_FILE}), 'auto' or 'none'."
-        )
-    if not is_eagle_folder(path) or not (path / CONFIG_FILE).is_file():
-        raise EagleError(
-            f"{flag} {str(folder)!r} holds no EAGLE head: it needs {EAGLE_FILE} and {CONFIG_FILE} "
-            "(python -m medusa_lib.pipeline.train_eagle makes them)."
-        )
-    try:
-        read_eagle_config(path)  # a damaged config.json or weights file, before any model loads
-    except EagleError as e:
-        raise EagleError(f"{flag} {str(folder)!r}: {e}") from None
-
-
-def find_eagle(eagle: str | Path | None, *, heads: str | Path | None) -> tuple[Path | None, bool]:
-    """(the EAGLE folder to load or None, whether the operator named it). ``eagle``: a folder,
-    ``"auto"``/None (the folder beside the Medusa heads, if there is one) or ``"none"``."""
-    if eagle in (None, "", "auto"):
-        beside = eagle_beside(heads)
-        return (beside, False) if beside is not None and is_eagle_folder(beside) else (None, False)
-    if str(eagle) == "none":
-        return None, False
-    check_eagle_folder(eagle)
-    return Path(eagle).expanduser(), True
-
-
-def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHead | None, str]:
-    """The EAGLE head for ``model`` and the line that says what the page's Drafter choice offers.
-    A head the operator named must load (EagleError); one found beside the heads that does not fit
-    this model is left out with the reason."""
-    if folder is None:
-        return (
-            None,
-            "No EAGLE head was found for this model (none beside the Medusa heads; --eagle names one), "
-            "so the Medusa heads draft.",
-        )
-    try:
-        read_eagle_config(folder)  # its own files: damaged or not
-    except EagleError as e:
-        if named:
-            raise EagleError(f"--eagle {str(folder)!r}: {e}") from None
-        return None, f"The EAGLE head beside the Medusa heads is left out, so the Medusa heads draft: {e}"
-    try:
-        head = load_eagle(folder, model=model)
-    except EagleError as e:
-        if named:
-            raise
-        return None, f"The EAGLE head beside the Medusa heads does not fit this model ({e}), so the Medusa heads draft."
-    except (ValueError, OSError, RuntimeError) as e:  # a damaged file the checks above missed: one sentence
-        if named:
-            raise EagleError(
-                f"Could not read the EAGLE head at {folder} ({cause(e, 200)}); check the files or train a new head."
-            ) from None
-        return (
-            None,
-            f"The EAGLE head beside the Medusa heads could not be read ({type(e).__name__}), "
-            "so the Medusa heads draft.",
-        )
-    return head, ""
+# the drafters' names, in the page's order
+DRAFTERS = tuple(REGISTRY)
+SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "smollm2-135m-instruct"
+# the Tree lab's sweep of EAGLE's node budget
+EAGLE_BUDGETS = (3, 8, 16, 24, 40)
 
 
 # ---------------------------------------------------------------------- the Medusa heads
@@ -144,11 +65,8 @@ def load_medusa(
             h = load_heads(path, model=model)
         except HeadsError:
             raise
-        except (
-            ValueError,
-            OSError,
-            RuntimeError,
-        ) as e:  # a damaged config.json or safetensors file: one sentence, no traceback
+        except (ValueError, OSError, RuntimeError) as e:
+            # a damaged config.json or safetensors file: one sentence, no traceback
             raise HeadsError(
                 f"Could not read the Medusa heads at {shown} ({cause(e, 200)}); check the files or train new heads."
             ) from None
@@ -160,74 +78,107 @@ def load_medusa(
             else ""
         )
         return h, note
-    return untrained_heads(
-        model
-    ), "untrained heads (identity ResBlocks on the shared lm_head; trained heads not found" + (
-        f" at {shown}" if path else ""
-    ) + ")"
+    found = f" at {shown}" if path else ""
+    return untrained_heads(model), (
+        f"untrained heads (identity ResBlocks on the shared lm_head; trained heads not found{found})"
+    )
+
+
+# ---------------------------------------------------------------------- loading
+def check_options(options: Mapping[str, Any], *, folder) -> None:
+    """Refuse, before any model loads, what the operator named for a drafter that cannot be one
+    (``Drafter.check_option``): one sentence."""
+    for name, option in options.items():
+        if name not in REGISTRY:
+            raise PlaygroundError(f"Unknown drafter {shown(name)}; the drafters are: {', '.join(REGISTRY)}.")
+        REGISTRY[name].check_option(option, folder=folder)
+
+
+def load_drafters(
+    copies: Mapping[str, tuple], *, folder, options: Mapping[str, Any] | None = None, say=None
+) -> tuple[dict, dict]:
+    """What every registered drafter loads for each copy of the model: ``copies`` numerics -> (model,
+    heads), the first the loaded copy. Returns ({name: {numerics: state}} of the drafters offered
+    (one that loads nothing for the first copy is not offered), {name: the line saying why not})."""
+    loaded, notes = {}, {}
+    for name, cls in REGISTRY.items():
+        option = (options or {}).get(name)
+        states = {}
+        for numerics, (model, heads) in copies.items():
+            got = cls.load(model, heads=heads, folder=folder, option=option)
+            if got.state is None:
+                if not states:
+                    notes[name] = got.note
+                    break
+                continue
+            states[numerics] = got.state
+            if say and len(states) == 1 and got.note:
+                say(f"{cls.label}: {got.note}")
+        if states:
+            loaded[name] = states
+        elif say and notes.get(name):
+            say(f"note: {notes[name]}")
+    return loaded, notes
 
 
 # ---------------------------------------------------------------------- the default rule
-def medusa_speedup(defaults, device) -> float | None:
-    """The Medusa heads' recorded speed-up of their default tree on this kind of device (None: no figure for
-    this kind)."""
-    record = getattr(defaults, "calibration", None) or {}
-    if not record or defaults.note or record_kind(record) != device_kind(device):
-        return None
-    tree = (record.get("trees") or {}).get(defaults.tree) or {}
-    return float(tree["speedup"]) if tree.get("speedup") else None
+def default_drafter(figures: Mapping[str, float | None]) -> str:
+    """The drafter a run uses when it names none: the one with the highest recorded speed-up, where it
+    beats the first drafter's (a missing figure counts as none; a tie keeps the first)."""
+    first = next(iter(REGISTRY))
+    best = max((n for n in REGISTRY if figures.get(n) is not None), key=lambda n: figures[n], default=first)
+    return best if best != first and figures[best] > (figures.get(first) or 0.0) else first
 
 
-def eagle_record(head: EagleHead | None, device) -> dict | None:
-    """The EAGLE head's ``calibration`` record (bench --record-eagle) if it was made on this kind of device."""
-    record = getattr(head, "calibration", None) if head is not None else None
-    if not isinstance(record, dict) or not record.get("speedup") or record_kind(record) != device_kind(device):
-        return None
-    return record
+def _the(cls: type[Drafter]) -> str:
+    return cls.drafted_by[:1].upper() + cls.drafted_by[1:]
 
 
-def eagle_speedup(head: EagleHead | None, device) -> float | None:
-    """The EAGLE head's recorded speed-up (config.json ``calibration.speedup``) on this kind of device, or None."""
-    record = eagle_record(head, device)
-    return float(record["speedup"]) if record else None
-
-
-def default_drafter(medusa: float | None, eagle: float | None) -> str:
-    """The drafter a run uses when it names none: EAGLE only where its recorded speed-up on this kind
-    of device beats the Medusa heads' (a missing Medusa figure counts as none); else Medusa."""
-    return "eagle" if eagle is not None and eagle > (medusa or 0.0) else "medusa"
-
-
-def default_reason(chosen: str, medusa: float | None, eagle: float | None, *, device: str, source: str = "") -> str:
+def default_reason(chosen: str, figures: Mapping[str, float | None], *, device: str, source: str = "") -> str:
     """Why the default is what it is, in one sentence (shown under the choice). ``source``: where the
-    two figures come from (one bench run, or two separate records)."""
-    figures = lambda: (
-        f"{source or 'recorded speed-ups'} on {device}: Medusa heads {medusa:.2f}x, EAGLE head {eagle:.2f}x plain"
-    )  # noqa: E731
-    if chosen == "eagle":
-        why = figures() if medusa else f"its recorded speed-up on {device}: {eagle:.2f}x plain"
-        return f"The EAGLE head starts selected: it is the faster drafter here ({why})."
-    if eagle is None:
+    figures come from (one bench run, or separate records)."""
+    cls, first = REGISTRY[chosen], next(iter(REGISTRY))
+    start = f"{_the(cls)} start{'' if cls.plural else 's'} selected"
+    named = [f"{REGISTRY[n].label} {figures[n]:.2f}x" for n in REGISTRY if figures.get(n) is not None]
+    listed = f"{source or 'recorded speed-ups'} on {device}: {', '.join(named)} plain"
+    if chosen != first:
+        why = listed if figures.get(first) else f"its recorded speed-up on {device}: {figures[chosen]:.2f}x plain"
+        return f"{start}: {'they are' if cls.plural else 'it is'} the faster drafter here ({why})."
+    silent = [c.records for n, c in REGISTRY.items() if n != first and c.records and figures.get(n) is None]
+    if len(named) < 2 and silent:
         return (
-            f"The Medusa heads start selected: the EAGLE head's config.json records no measured speed-up on {device} "
-            "(the Tree lab's EAGLE section measures it on your prompt)."
+            f"{start}: {' and '.join(silent)} records no measured speed-up on {device} "
+            "(the Tree lab measures it on your prompt)."
         )
-    return f"The Medusa heads start selected: they are the faster drafter here ({figures()})."
+    return f"{start}: {'they are' if cls.plural else 'it is'} the faster drafter here ({listed})."
 
 
 # ---------------------------------------------------------------------- a run's drafter
 @dataclass(frozen=True)
 class Drafters:
-    """The drafters a Playground offers: the EAGLE head per numerics (dtype name), the default and why."""
+    """The drafters a Playground offers: what each loaded per numerics, the default and why."""
 
-    eagles: dict  # numerics -> EagleHead ({} : Medusa only)
-    default: str = "medusa"
-    note: str = ""  # the line under the page's choice: the default's reason, or why only Medusa is offered
+    # name -> {numerics: what the drafter loaded for that copy}
+    loaded: dict
+    default: str = next(iter(REGISTRY))
+    # the line under the page's choice: the default's reason, or why a drafter is not offered
+    note: str = ""
+    missing: dict = field(default_factory=dict)
 
     @property
     def available(self) -> tuple[str, ...]:
-        """The drafters offered: prompt lookup needs no weights, so it is always there."""
-        return DRAFTERS if self.eagles else tuple(d for d in DRAFTERS if d != "eagle")
+        """The drafters offered, in the page's order."""
+        return tuple(n for n in REGISTRY if n in self.loaded)
+
+    @property
+    def tree_drafter(self) -> str:
+        """The drafter whose tree the page's tree controls and the Tree lab shape (the Medusa heads)."""
+        return next(n for n, cls in REGISTRY.items() if cls.tree_controls)
+
+    @property
+    def eagles(self) -> dict:
+        """The EAGLE head per numerics (the Tree lab's EAGLE section; {}: none offered)."""
+        return self.loaded.get(EagleDrafter.name, {})
 
     @property
     def tree(self) -> DynamicTreeConfig | None:
@@ -245,114 +196,93 @@ class Drafters:
         """A run's drafter: ``drafter`` checked, None or "" meaning the default. One sentence on bad input."""
         if drafter is None or drafter == "":
             return self.default
-        names = '"medusa", "eagle" or "lookup"'
+        quoted = [f'"{n}"' for n in REGISTRY]
+        names = ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
         if not isinstance(drafter, str):
             raise PlaygroundError(f"The drafter must be {names}, not {kind(drafter)} (got {shown(drafter)}).")
-        if drafter not in DRAFTERS:
+        if drafter not in REGISTRY:
             raise PlaygroundError(f"The drafter must be {names} (got {shown(drafter)}).")
         if drafter not in self.available:
+            offered = [f'"{n}"' for n in self.available]
+            choose = ", ".join(offered[:-1]) + f" or {offered[-1]}" if len(offered) > 1 else offered[0]
             raise PlaygroundError(
-                'This server has no EAGLE head for its model, so the drafter must be "medusa" or "lookup" '
+                f"This server has no {REGISTRY[drafter].label} for its model, so the drafter must be {choose} "
                 "(or left empty)."
             )
         return drafter
 
-    def head(self, drafter: str, numerics: str) -> EagleHead | None:
-        if drafter != "eagle":
-            return None
-        if numerics not in self.eagles:
+    def state(self, drafter: str, numerics: str):
+        """What ``drafter`` loaded for the copy with ``numerics``."""
+        states = self.loaded[drafter]
+        if numerics not in states:
+            label = REGISTRY[drafter].label
             raise PlaygroundError(
-                f"The EAGLE head is loaded for {', '.join(self.eagles)} only; pick that Numerics or the Medusa heads."
+                f"The {label} is loaded for {', '.join(states)} only; pick that Numerics or another drafter."
             )
-        return self.eagles[numerics]
+        return states[numerics]
 
     def make(
         self, drafter: str, *, numerics: str, heads: MedusaHeads, tree: Callable[[], MedusaTree], lookup: int
     ) -> Drafter:
         """The core drafter a run's decoders share: ``drafter`` as ``resolve`` gave it, for the copy of
-        the model with ``numerics``; ``tree()`` is the checked tree of the run's settings (Medusa heads);
-        ``lookup`` the tokens prompt lookup copies a step (the lookup branch's length)."""
-        if drafter == "eagle":
-            return EagleDrafter(self.head(drafter, numerics))
-        if drafter == "lookup":
-            return LookupDrafter(lookup)
-        return MedusaDrafter(heads, tree())
+        the model with ``numerics``; ``tree()`` is the checked tree of the run's settings (for a drafter
+        whose tree the page's controls shape); ``lookup`` the lookup length the heads run with."""
+        try:
+            return REGISTRY[drafter].for_run(self.state(drafter, numerics), heads=heads, tree=tree, lookup=lookup)
+        except DrafterError as e:
+            raise PlaygroundError(str(e)) from None
 
-    def tree_label(self, drafter: str, *, medusa: Callable[[], str], lookup: int, numerics: str | None = None) -> str:
-        """The name of the tree ``drafter`` verifies in ``numerics``, as the JSON gives it (``medusa()``: the
-        heads' tree's)."""
-        if drafter == "eagle":
-            t = self.tree_of(numerics)
-            return f"eagle-dynamic (top-k {t.top_k}, depth {t.depth}, {t.num_nodes} nodes)"
-        if drafter == "lookup":
-            return f"prompt-lookup chain (up to {lookup} tokens)"
-        return medusa()
+    def takes_tree(self, drafter: str) -> bool:
+        """Whether the page's tree controls (preset, custom tree) shape ``drafter``'s tree."""
+        return REGISTRY[drafter].tree_controls
 
     def note_of(self, drafter: str) -> str:
-        """What the tree controls mean under ``drafter`` ("": the Medusa heads use them)."""
-        if drafter == "eagle":
-            head = next(iter(self.eagles.values()), None)
-            about = getattr(head, "about", "")
-            int8 = [n for n, h in self.eagles.items() if getattr(h, "int8", False)]  # the numerics drafting in int8
-            if int8:
-                about += (
-                    f" In {' and '.join(int8)} it drafts in int8 here (its projection, attention and MLP); "
-                    "decoding stays exact."
-                )
-            return tree_note(self.tree) + (f" {about}" if about else "")
-        if drafter == "lookup":
-            return (
-                "Prompt lookup copies the tokens that followed the latest earlier occurrence of the text's last "
-                "4, 3 or 2 tokens, verified as one chain (no weights, exact like every drafter): the tree preset, "
-                "the custom tree and the lookup switch apply to the Medusa heads only."
-            )
-        return ""
+        """What the tree controls mean under ``drafter`` ("": they shape its tree)."""
+        return REGISTRY[drafter].about(self.loaded.get(drafter, {}))
 
 
-def make_drafters(eagles: dict, *, defaults, device, device_label: str) -> Drafters:
-    """The Drafters of a Playground: the default by ``default_drafter`` from the recorded figures."""
-    if not eagles:
-        return Drafters({}, "medusa")
-    record = eagle_record(next(iter(eagles.values())), device)
-    eagle = float(record["speedup"]) if record else None
-    if record and record.get("medusa_speedup"):  # both drafters measured in one bench run: the ratio the rules ask for
-        medusa = float(record["medusa_speedup"])
-        dtype = str(record.get("dtype", "")).removeprefix("torch.")
-        branch = ""
-        if record.get("lookup_speedup"):  # each drafter with the lookup branch beside its tree, as the page runs them
-            eagle, branch = float(record["lookup_speedup"]), ", each with the lookup branch"
-        drafts = f", {record['draft']} drafts" if record.get("draft") in ("int8", "float") else ""
-        source = f"measured in one bench run ({dtype}{drafts}, {record.get('date', 'undated')}{branch})"
-    else:  # two records, perhaps of two machines or numerics: said so
-        medusa = medusa_speedup(defaults, device)
-        source = "recorded separately (the heads' calibration and the EAGLE head's bench, perhaps on other machines)"
-    chosen = default_drafter(medusa, eagle)
-    return Drafters(dict(eagles), chosen, default_reason(chosen, medusa, eagle, device=device_label, source=source))
+def make_drafters(loaded: Mapping, *, defaults, device, device_label: str, missing: Mapping | None = None) -> Drafters:
+    """The Drafters of a Playground: the default by ``default_drafter`` from the recorded figures,
+    those of one bench run where a record carries several."""
+    figures, sources, together = {}, [], None
+    for name in (n for n in REGISTRY if n in loaded):
+        first = next(iter(loaded[name].values()))
+        speedup, peers, source = REGISTRY[name].recorded(first, defaults=defaults, device=device)
+        figures[name] = speedup
+        if speedup is not None:
+            sources.append(source)
+        if peers and speedup is not None and together is None:
+            together = ({name: speedup, **peers}, source)
+    if together is not None:
+        figures, source = {**figures, **together[0]}, together[1]
+    elif len(sources) > 1:
+        source = f"recorded separately ({' and '.join(sources)}, perhaps on other machines)"
+    else:
+        source = ""
+    chosen = default_drafter(figures)
+    note = default_reason(chosen, figures, device=device_label, source=source)
+    absent = [why for n, why in (missing or {}).items() if why and REGISTRY[n].records]
+    if absent and len([f for f in figures.values() if f is not None]) < 2:
+        note = " ".join(absent)
+    return Drafters(dict(loaded), chosen, note, dict(missing or {}))
 
 
 def drafter_label(drafter: str | None) -> str:
-    return DRAFTER_NAMES.get(drafter or "", "")
-
-
-def tree_note(tree: DynamicTreeConfig | None) -> str:
-    """What the tree controls mean under the EAGLE drafter."""
-    if tree is None:
-        return ""
-    return (
-        "The EAGLE head grows its own dynamic tree every step "
-        f"(top-k {tree.top_k}, depth {tree.depth}, {tree.num_nodes} nodes besides the root): "
-        "the tree preset and the custom tree apply to the Medusa heads only; the lookup branch still sits beside it."
-    )
+    """How the page names the drafter of a record ("" for plain decoding)."""
+    return REGISTRY[drafter].label if drafter in REGISTRY else ""
 
 
 # ---------------------------------------------------------------------- the Tree lab's sweep
 @dataclass(frozen=True)
 class BudgetPoint:
-    nodes: int  # nodes verified per step besides the root (the lookup branch aside)
+    # nodes verified per step besides the root (the lookup branch aside)
+    nodes: int
     tokens_per_step: float
     tokens_per_second: float
-    speedup: float | None  # tokens/s over plain greedy's, on the same prompt
-    acceptance: Acceptance | None = None  # mean acceptance length, rate per draft position (core/spec_metrics.py)
+    # tokens/s over plain greedy's, on the same prompt
+    speedup: float | None
+    # mean acceptance length, rate per draft position (core/spec_metrics.py)
+    acceptance: Acceptance | None = None
 
 
 def eagle_budgets(
@@ -369,8 +299,15 @@ def eagle_budgets(
     """EAGLE greedy with each node budget (its top-k and depth kept), against plain greedy, on the
     prompt, one run after another on this device (the Playground's checks, warm-up and timing;
     no lookup branch, so the points show the drafter alone). ``progress(done, total)`` after each run."""
-    settings = pg.settings(
-        max_new_tokens, 0.0, 0.09, 0.3, None, "", chat_template, False, numerics=numerics, drafter="eagle"
+    settings = pg.settings_of(
+        dict(
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
+            chat_template=chat_template,
+            lookup_branch=False,
+            numerics=numerics,
+            drafter="eagle",
+        )
     )
     ids, decoders = pg.prepare(prompt, settings)
     plain, eagle = decoders["plain"], decoders["medusa-greedy"]
@@ -413,22 +350,16 @@ def eagle_budgets(
 __all__ = [
     "BudgetPoint",
     "DRAFTERS",
-    "DRAFTER_NAMES",
     "Drafters",
     "EAGLE_BUDGETS",
-    "check_eagle_folder",
+    "check_options",
     "default_drafter",
     "default_reason",
     "drafter_label",
-    "eagle_beside",
     "eagle_budgets",
-    "eagle_record",
-    "eagle_speedup",
     "find_eagle",
-    "load_eagle_for",
+    "load_drafters",
     "load_medusa",
     "make_drafters",
-    "medusa_speedup",
-    "tree_note",
     "untrained_heads",
 ]

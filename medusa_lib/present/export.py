@@ -17,7 +17,8 @@ DOCS = "docs/serving.md#serving-your-heads"
 
 def shown_folder(heads: MedusaHeads) -> str | None:
     """The heads' folder as a command line in the repository root names it (relative when inside it)."""
-    folder = getattr(heads, "folder", None)  # set by load_heads; untrained heads have none
+    # set by load_heads; untrained heads have none
+    folder = getattr(heads, "folder", None)
     why = vllm_refusal(heads)
     if why:
         return f"**Serving in vLLM:** {why}"
@@ -25,7 +26,8 @@ def shown_folder(heads: MedusaHeads) -> str | None:
         return None
     try:
         return os.path.relpath(Path(folder).resolve(), Path.cwd())
-    except ValueError:  # another drive (Windows)
+    except ValueError:
+        # another drive (Windows)
         return str(folder)
 
 
@@ -58,7 +60,8 @@ def eagle_export_hint(head) -> str:
     why = eagle_vllm_refusal(head.config)
     if why:
         return f"**Serving in vLLM:** {why}"
-    folder = getattr(head, "folder", None)  # set by load_eagle
+    # set by load_eagle
+    folder = getattr(head, "folder", None)
     shown = os.path.relpath(Path(folder).resolve(), Path.cwd()) if folder is not None else "DIR"
     return (
         "**Serving in vLLM:** this EAGLE head exports to vLLM's EAGLE drafter (a top-1 chain, drafting over the "

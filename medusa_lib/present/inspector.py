@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from ..core.drafters import REGISTRY
 from .page import DRAFTER_NAMES
 
 if TYPE_CHECKING:
@@ -49,11 +50,15 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
         return []
     tree, ids, accepted = step.tree, step.tree_token_ids, set(step.accepted_nodes)
     y = tree_layout(tree.parents)
-    first_lookup = tree.num_nodes - tree.lookup  # the lookup branch's nodes come last
+    # the lookup branch's nodes come last
+    first_lookup = tree.num_nodes - tree.lookup
 
     def kind(j: int) -> str:
         return "root" if j == 0 else "lookup" if j >= first_lookup else "candidate"
 
+    # who drafted the tree, and what its levels are (a Medusa tree's depth k is head k's)
+    cls = REGISTRY.get(step.drafter or "")
+    who = {"level": cls.levels if cls else "head", "drafted_by": cls.label if cls else ""}
     nodes = [
         {
             "node": j,
@@ -66,6 +71,7 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
             "accepted": j in accepted,
             "kind": kind(j),
             "drafter": step.drafter,
+            **who,
         }
         for j in range(tree.num_nodes)
     ]
@@ -78,12 +84,14 @@ def tree_nodes(view: StepView, tokenizer) -> list[dict]:
                 "depth": nodes[last]["depth"] + 0.5,
                 "y": y[last],
                 "parent": last,
-                "token_id": bonus,  # between columns
+                # between columns
+                "token_id": bonus,
                 "label": token_label(tokenizer, bonus),
                 "rank": None,
                 "accepted": True,
                 "kind": "bonus",
                 "drafter": step.drafter,
+                **who,
             }
         )
     return nodes
@@ -120,7 +128,7 @@ def path_rows(record: RunRecord, tokenizer) -> list[dict]:
                 "step": s.index,
                 "root token": token_label(tokenizer, ids[0]) if ids else "",
                 "accepted tokens": " ".join(token_label(tokenizer, t) for t in s.tokens[: s.accept_length]),
-                "drafted by": ("lookup" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", "heads"))
+                "drafted by": ("lookup branch" if s.lookup_accepted else DRAFTER_NAMES.get(s.drafter or "", ""))
                 if s.accept_length
                 else "",
                 "accept length": s.accept_length,

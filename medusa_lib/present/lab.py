@@ -40,7 +40,7 @@ from ..core.tree import (
 )
 from .inspector import tree_layout
 from .records import RunRecord
-from .settings import PlaygroundError, Settings
+from .settings import PlaygroundError, Request, Settings
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,8 @@ def tree_lab(pg) -> TreeLab:
             mkl_rows=record.get("mkl_rows") or (),
         )
     gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
-    elsewhere = {}  # device kind -> its first calibration's curve
+    # device kind -> its first calibration's curve
+    elsewhere = {}
     for other, _, _ in calibration_records(pg.heads):
         if record_kind(other) != kind and record_kind(other) not in elsewhere and recorded_costs(other):
             name = other.get("device") or KIND_NAMES.get(record_kind(other), record_kind(other))
@@ -179,7 +180,8 @@ def measure_costs(
 def editor_tree(pg, text: str) -> MedusaTree:
     """The edited tree from its paths text, with the Custom tree box's checks and sentences."""
     if not isinstance(text, str) or not text.strip():
-        validate_choices([])  # the empty tree's sentence
+        # the empty tree's sentence
+        validate_choices([])
     return pg.resolve_tree(Settings(custom_tree=text))
 
 
@@ -221,12 +223,15 @@ class Curves:
     sizes: tuple[int, ...]
     cost: CostCurve | None
     gain: GainCurve | None
-    speedup: tuple[float, ...] | None  # heads only
+    # heads only
+    speedup: tuple[float, ...] | None
     optimum: int | None
-    speedup_lookup: tuple[float, ...] | None  # with the lookup branch (its simulated gain, its tokens in the cost)
+    # with the lookup branch (its simulated gain, its tokens in the cost)
+    speedup_lookup: tuple[float, ...] | None
     optimum_lookup: int | None
     lookup: int
-    elsewhere: tuple[CostCurve, ...] = ()  # other kinds of device's cost curves (TreeLab.elsewhere)
+    # other kinds of device's cost curves (TreeLab.elsewhere)
+    elsewhere: tuple[CostCurve, ...] = ()
 
 
 def curves(lab: TreeLab) -> Curves:
@@ -287,13 +292,17 @@ class Measured:
     the same prompt; ``acceptance``: the Medusa run's mean acceptance length and rate per draft position."""
 
     tokens_per_step: float
-    speedup: float | None  # tokens/s over plain's
-    cost: float | None  # time per step over plain's = tokens/step / speed-up
+    # tokens/s over plain's
+    speedup: float | None
+    # time per step over plain's = tokens/step / speed-up
+    cost: float | None
     size: int
-    tokens: int  # verified per step, lookup branch included
+    # verified per step, lookup branch included
+    tokens: int
     medusa: RunRecord
     plain: RunRecord
-    acceptance: Acceptance | None = None  # the Medusa run's, as vLLM reports it (core/spec_metrics.py)
+    # the Medusa run's, as vLLM reports it (core/spec_metrics.py)
+    acceptance: Acceptance | None = None
 
 
 def measure_tree(
@@ -315,20 +324,20 @@ def measure_tree(
     ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``.
     ``stop``: as ``Playground.run``'s, asked between steps."""
     tree = editor_tree(pg, text)
-    settings = pg.settings(
-        max_new_tokens,
-        temperature if sample else 0.0,
-        Settings.posterior_threshold,
-        Settings.posterior_alpha,
-        pg.defaults.tree,
-        text,
-        chat_template,
-        lookup_on,
-        sample=sample,
-        seed=seed,
-        numerics=numerics,
-        drafter="medusa",
-    )  # the edited tree is the Medusa heads'
+    # the edited tree is the Medusa heads'
+    settings = pg.settings_of(
+        Request(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature if sample else 0.0,
+            custom_tree=text,
+            chat_template=chat_template,
+            lookup_branch=lookup_on,
+            sample=sample,
+            seed=seed,
+            numerics=numerics,
+            drafter=pg.drafters.tree_drafter,
+        )
+    )
     ids, decoders = pg.prepare(prompt, settings)
     plain_view, medusa_view = settings.views[:2]
     records = {

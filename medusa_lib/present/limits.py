@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..core.lookup import MAX_LOOKUP
+from ..core.config import MAX_LOOKUP
 from ..core.model import device_name, input_device, model_info
 from .settings import MAX_TREE_NODES
 
@@ -46,7 +46,8 @@ def any_of(*checks: StopCheck | None) -> StopCheck:
 
 # the longest prompt a server on this kind of device takes, unless its operator sets one; others: the model's context
 PROMPT_TOKENS = {"cpu": 2048}
-SHARED_PROMPT_TOKENS = 2048  # prompts the shared static cache holds; a longer prompt's run gets a cache of its own
+# prompts the shared static cache holds; a longer prompt's run gets a cache of its own
+SHARED_PROMPT_TOKENS = 2048
 
 
 def default_prompt_tokens(model) -> tuple[int | None, str]:

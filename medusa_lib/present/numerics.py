@@ -47,12 +47,13 @@ def default_numerics(names) -> str:
 def decode_speeds(variants: Mapping[str, tuple], *, tokens: int = 12, repeats: int = 3) -> dict[str, float]:
     """Plain greedy decode tokens/s of each loaded copy, on one fixed 32-token prompt: a 2-token
     warm-up each, then ``repeats`` runs of ``tokens`` new tokens, the copies taking turns (so a
-    change of load hits both); the median per copy. Takes about 2 s on 2 CPU cores for SmolLM2-135M."""
+    change of load hits both); the median per copy. Short enough for every start-up with SmolLM2-135M."""
     runs: dict[str, list[float]] = {name: [] for name in variants}
     decoders = {}
     for name, (model, _) in variants.items():
         vocab = int(model.get_input_embeddings().weight.shape[0])
-        ids = [(97 * i + 13) % (vocab - 3) + 3 for i in range(32)]  # fixed ids, no special tokens
+        # fixed ids, no special tokens
+        ids = [(97 * i + 13) % (vocab - 3) + 3 for i in range(32)]
         decoders[name] = (
             Decoder(model, config=DecodeConfig(max_new_tokens=tokens, stop_on_eos=False, record_detail=False)),
             ids,

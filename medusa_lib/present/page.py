@@ -16,18 +16,12 @@ import numpy as np
 import torch
 
 from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of_entropy
+from ..core.drafters import REGISTRY
 from .records import RunRecord
 
-DRAFTER_NAMES = {
-    "medusa": "Medusa heads",
-    "eagle": "EAGLE head",
-    "lookup": "Prompt lookup",
-}
-DRAFTED_BY = {
-    "medusa": "the Medusa heads",
-    "eagle": "the EAGLE head",
-    "lookup": "prompt lookup",
-}  # "drafted by ..."  # how the page names each drafter (Step.drafter)
+# how the page names each drafter of a record (Step.drafter), and "drafted by ..."
+DRAFTER_NAMES = {name: cls.label for name, cls in REGISTRY.items()}
+DRAFTED_BY = {name: cls.drafted_by for name, cls in REGISTRY.items()}
 LABELS = {
     "plain": "Plain (greedy)",
     "medusa-greedy": "Medusa greedy",
@@ -37,24 +31,28 @@ LABELS = {
 }
 # The reference of the speed-ups: plain greedy, or plain sampling in the sampled comparison.
 PLAIN_VIEWS = ("plain", "plain-sample")
-REFERENCE_NAMES = {"plain": "plain greedy", "plain-sample": "plain sampling"}  # how a sentence names the reference
+# how a sentence names the reference
+REFERENCE_NAMES = {"plain": "plain greedy", "plain-sample": "plain sampling"}
 
 
 @dataclass(frozen=True)
 class GreedyCheck:
     equal: bool
-    first_diff: int | None  # first token position (0-based) where the two outputs differ
+    # first token position (0-based) where the two outputs differ
+    first_diff: int | None
     plain_tokens: int
     medusa_tokens: int
     # At first_diff: greedy, top-1 minus top-2 logit; sampled, the two tokens' race scores x T
     # (set by Playground.exact_check).
     logit_gap: float | None = None
-    tie: bool = False  # the gap is within floating-point noise of a tree forward vs a one-token forward
-    sampled: bool = False  # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
-    numerics: str = (
-        ""  # the dtype the run used ("bfloat16", "float32"): only float32 keeps both identities through near-ties
-    )
-    exact_available: bool = False  # a float32 copy is loaded, so a 16-bit tie can point to it
+    # the gap is within floating-point noise of a tree forward vs a one-token forward
+    tie: bool = False
+    # Medusa exact sampling against plain sampling (same seed), not greedy against greedy
+    sampled: bool = False
+    # the dtype the run used ("bfloat16", "float32"): only float32 keeps both identities through near-ties
+    numerics: str = ""
+    # a float32 copy is loaded, so a 16-bit tie can point to it
+    exact_available: bool = False
 
     @property
     def names(self) -> tuple[str, str]:
@@ -81,7 +79,8 @@ class GreedyCheck:
             why += f": {self.numerics} rounding" + (
                 ". Switch Numerics to float32 for the exact result" if self.exact_available else ""
             )
-        if self.sampled:  # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
+        # the draw is argmax(p / E): two tokens whose log p - log E nearly tie can swap
+        if self.sampled:
             return (
                 f"There the draw's two best candidates were {self.logit_gap:.4f} apart "
                 f"(log p - log E, times T, in logit units): {why}."
@@ -126,6 +125,7 @@ def greedy_check(plain: Sequence[int], medusa: Sequence[int], *, sampled: bool =
     return GreedyCheck(first is None, first, len(plain), len(medusa), sampled=sampled)
 
 
+# speedup: tokens/s over plain's
 SUMMARY_COLUMNS = [
     "method",
     "drafter",
@@ -136,10 +136,11 @@ SUMMARY_COLUMNS = [
     "tokens/step",
     "steps",
     "speedup",
-]  # speedup: tokens/s over plain's
+]
 
 
-NOT_TIMED = "\u2014"  # how the page shows a rate summary_rows could not measure (None)
+# how the page shows a rate summary_rows could not measure (None)
+NOT_TIMED = "\u2014"
 
 
 def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
@@ -156,7 +157,8 @@ def summary_rows(records: Mapping[str, RunRecord]) -> list[dict]:
         rows.append(
             {
                 "method": LABELS[method],
-                "drafter": DRAFTER_NAMES.get(rec.drafter or "", ""),  # who drafted the trees ('' for plain decoding)
+                # who drafted the trees ('' for plain decoding)
+                "drafter": DRAFTER_NAMES.get(rec.drafter or "", ""),
                 "tokens": len(r.tokens),
                 "wall (s)": round(rec.elapsed, 3),
                 "prefill (s)": round(r.prefill_seconds, 3),

@@ -31,7 +31,7 @@ from ..core.heads import MedusaHeads
 from ..core.kv import StaticKV, describe_engine, prepare_engine
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
 from .checks import ExactnessChecks
-from .drafter import SHIPPED_HEADS, find_eagle, load_eagle_for, load_medusa, make_drafters, untrained_heads
+from .drafter import DRAFTERS, SHIPPED_HEADS, check_options, load_drafters, load_medusa, make_drafters, untrained_heads
 from .inputs import RequestInputs
 from .limits import PROMPT_TOKENS, StopCheck, any_of, deadline, default_prompt_tokens, static_length
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
@@ -47,7 +47,8 @@ from .settings import (
     Settings,
 )
 
-LONG_RUN_TOKENS = 1024  # after a run whose prompt + budget reach this, freed memory goes back to the system
+# after a run whose prompt + budget reach this, freed memory goes back to the system
+LONG_RUN_TOKENS = 1024
 
 
 def release_memory(model, *, tokens: int, keep_device_cache: bool = False) -> None:
@@ -60,9 +61,8 @@ def release_memory(model, *, tokens: int, keep_device_cache: bool = False) -> No
     if tokens < LONG_RUN_TOKENS:
         return
     gc.collect()
-    if (
-        input_device(model).type == "cuda" and not keep_device_cache
-    ):  # with a captured engine, an emptied allocator would make the next run pay cudaMalloc
+    # with a captured engine, an emptied allocator would make the next run pay cudaMalloc
+    if input_device(model).type == "cuda" and not keep_device_cache:
         torch.cuda.empty_cache()
     elif _malloc_trim is not None:
         _malloc_trim(0)
@@ -70,7 +70,8 @@ def release_memory(model, *, tokens: int, keep_device_cache: bool = False) -> No
 
 def _libc_malloc_trim():
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc only (Linux); elsewhere freed memory stays with the process
+        # glibc only (Linux); elsewhere freed memory stays with the process
+        return ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):
         return None
 
@@ -84,6 +85,14 @@ def _short_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def heads_folder(heads: str | Path | None, *, model: str) -> str | Path | None:
+    """The Medusa heads ``Playground.load`` reads for ``model``: ``heads``, where "auto" means the shipped heads
+    for the default model and none (untrained heads) for another."""
+    if heads == "auto":
+        return SHIPPED_HEADS if model == "default" else None
+    return heads
 
 
 class Playground(RequestInputs, ExactnessChecks):
@@ -105,27 +114,27 @@ class Playground(RequestInputs, ExactnessChecks):
         static_kv: StaticKV | None = None,
         engine: str | None = None,
         numerics_speeds: Mapping[str, float] | None = None,
-        eagles: Mapping | None = None,
-        eagle_note: str = "",
+        drafters: Mapping | None = None,
+        drafter_notes: Mapping | None = None,
         variant_kv: Mapping | None = None,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
-        self.cache = cache  # "dynamic" | "static": the KV cache every run uses (core/kv.py)
-        self.static_kv = static_kv  # the loaded model's captured static cache, shared by runs one at a time
-        self.variant_kv = dict(
-            variant_kv or {}
-        )  # numerics -> the captured static cache of that copy (a float32 copy gets its own)
+        # "dynamic" | "static": the KV cache every run uses (core/kv.py)
+        self.cache = cache
+        # the loaded model's captured static cache, shared by runs one at a time
+        self.static_kv = static_kv
+        # numerics -> the captured static cache of that copy (a float32 copy gets its own)
+        self.variant_kv = dict(variant_kv or {})
         self.engine = engine or (static_kv.describe() if static_kv else describe_engine(cache, "none"))
         self.heads_note = heads_note
         self.max_new_tokens_limit = max_new_tokens_limit
         self.max_prompt_chars = max_prompt_chars
-        self.max_prompt_tokens = (
-            max_prompt_tokens  # None: only the model's context limits the prompt (see default_prompt_tokens)
-        )
-        self.prompt_limit_why = prompt_limit_why  # said in the message of a prompt over max_prompt_tokens
-        self.tree_presets: dict = dict(
-            getattr(heads, "tree_presets", None) or {}
-        )  # trees calibrated for these heads (load_heads)
+        # None: only the model's context limits the prompt (see default_prompt_tokens)
+        self.max_prompt_tokens = max_prompt_tokens
+        # said in the message of a prompt over max_prompt_tokens
+        self.prompt_limit_why = prompt_limit_why
+        # trees calibrated for these heads (load_heads)
+        self.tree_presets: dict = dict(getattr(heads, "tree_presets", None) or {})
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = str(input_device(model))
         self.dtype = dtype_name(model)
@@ -135,27 +144,28 @@ class Playground(RequestInputs, ExactnessChecks):
             self.dtype: (model, heads),
             **{k: v for k, v in (variants or {}).items() if k != self.dtype},
         }
-        self.default_numerics = default_numerics(
-            self.variants
-        )  # what a run that names none uses: float32 where loaded (exact), numerics.py
-        self.defaults = self.defaults_for(
-            None
-        )  # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
-        self.numerics_speeds = dict(numerics_speeds or {})  # plain decode tokens/s of each copy, measured at load
-        self.numerics_note = numerics_note(
-            self.numerics_speeds, device=device_name(input_device(model))
-        )  # the line under the page's choice
-        self._warm: set[tuple] = set()  # (numerics, drafter) already warmed up
-        # the Drafter choice: the EAGLE head per numerics ({}: the Medusa heads only), the default and the line that
-        # says why (drafter.py)
+        # what a run that names none uses: float32 where loaded (exact), numerics.py
+        self.default_numerics = default_numerics(self.variants)
+        # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
+        self.defaults = self.defaults_for(None)
+        # plain decode tokens/s of each copy, measured at load
+        self.numerics_speeds = dict(numerics_speeds or {})
+        # the line under the page's choice
+        self.numerics_note = numerics_note(self.numerics_speeds, device=device_name(input_device(model)))
+        # (numerics, drafter) already warmed up
+        self._warm: set[tuple] = set()
+        # the Drafter choice: what each drafter loaded per numerics ({name: {numerics: state}}; those that
+        # need nothing are always there), the default and the line that says why (drafter.py)
+        loaded, missing = load_drafters(self.variants, folder=None)
+        loaded.update(drafters or {})
+        missing = {n: why for n, why in {**missing, **(drafter_notes or {})}.items() if n not in loaded}
         self.drafters = make_drafters(
-            dict(eagles or {}),
+            loaded,
             defaults=self.defaults,
             device=input_device(model),
             device_label=device_name(input_device(model)),
+            missing=missing,
         )
-        if eagle_note and not self.drafters.eagles:
-            self.drafters = replace(self.drafters, note=eagle_note)
 
     @classmethod
     def load(
@@ -172,7 +182,7 @@ class Playground(RequestInputs, ExactnessChecks):
         numerics_copy: bool = True,
         cache: str = "auto",
         capture: str = "auto",
-        eagle: str | Path | None = "auto",
+        options: Mapping[str, str | Path | None] | None = None,
         **kwargs,
     ) -> "Playground":
         """Load model + heads, by default what the page loads: the default model with the shipped heads
@@ -185,26 +195,23 @@ class Playground(RequestInputs, ExactnessChecks):
         allows, because only float32 keeps Medusa greedy == plain greedy through near-ties.
         ``cache``/``capture``: the engine (``auto``: ``kv.default_engine`` of the device); a capture
         is compiled or recorded here, at load, for the default tree's step shapes, never in a run.
-        ``eagle``: the EAGLE head's folder, "auto" (the one beside the Medusa heads, if any) or "none";
-        a named folder is checked before the model loads and must load (EagleError)."""
+        ``options`` (or a keyword named after a drafter, e.g. ``eagle="none"``): what the operator
+        named for a drafter that takes an option (``Drafter.option``: the app's ``--<name>`` flag),
+        e.g. the EAGLE head's folder, "auto" (the one beside the Medusa heads, if any) or "none"; it
+        is checked before the model loads, and a named folder must load (EagleError). The drafters
+        offered are the core's registry, each loaded for every copy (``drafter.load_drafters``)."""
         say = progress or (lambda msg: None)
-        if heads == "auto":
-            heads = SHIPPED_HEADS if model == "default" else None
-        eagle_folder, eagle_named = find_eagle(eagle, heads=heads)
+        options = {**(options or {}), **{n: kwargs.pop(n) for n in list(kwargs) if n in DRAFTERS}}
+        heads = heads_folder(heads, model=model)
+        check_options(options, folder=heads)
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
         h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
         say(f"Medusa: {h.num_heads} {note}")
-        e, kwargs["eagle_note"] = load_eagle_for(eagle_folder, m, named=eagle_named)
-        say(
-            f"EAGLE: the head from {_short_path(eagle_folder)}"
-            if e is not None
-            else f"{'note' if eagle_folder is not None else 'EAGLE'}: {kwargs['eagle_note']}"  # one left out: a note
-        )
-        eagles = {dtype_name(m): e} if e is not None else {}
         loaded = dtype_name(m)
         if numerics_copy and loaded != "float32":
-            need = 2 * sum(p.numel() for p in m.parameters()) * 4  # float32 weights, twice over for headroom
+            # float32 weights, twice over for headroom
+            need = 2 * sum(p.numel() for p in m.parameters()) * 4
             if free_memory(input_device(m)) > need:
                 m32, _ = load_model(
                     model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code
@@ -215,7 +222,6 @@ class Playground(RequestInputs, ExactnessChecks):
                     else untrained_heads(m32)
                 )
                 kwargs["variants"] = {"float32": (m32, h32)}
-                eagles.update({"float32": load_eagle_for(eagle_folder, m32, named=True)[0]} if e is not None else {})
                 kwargs["numerics_speeds"] = speeds = decode_speeds({loaded: (m, h), "float32": (m32, h32)})
                 say(
                     f"Numerics: float32 (exact, the comparison's default) and {loaded} "
@@ -223,6 +229,8 @@ class Playground(RequestInputs, ExactnessChecks):
                 )
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
+        copies = {loaded: (m, h), **kwargs.get("variants", {})}
+        kwargs["drafters"], kwargs["drafter_notes"] = load_drafters(copies, folder=heads, options=options, say=say)
         if max_prompt_tokens == "auto":
             max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
         say(
@@ -239,21 +247,21 @@ class Playground(RequestInputs, ExactnessChecks):
             say("ZeroGPU: each decode step is recorded in one CUDA graph of eager kernels, nothing compiled.")
         engine = prepare_engine(m, cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
-        if (
-            engine.static_kv is not None and "variants" in kwargs
-        ):  # the float32 copy gets a captured engine of its own: both numerics time the same engine
+        # the float32 copy gets a captured engine of its own: both numerics time the same engine
+        if engine.static_kv is not None and "variants" in kwargs:
             kwargs["variant_kv"] = {
                 k: prepare_engine(
                     mv, cache=engine.cache, capture=engine.static_kv.capture, max_len=static_len
                 ).static_kv
                 for k, (mv, hv) in kwargs["variants"].items()
             }
-        pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, eagles=eagles, **kwargs)
+        pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
+        # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
         if (
             engine.static_kv is not None
             and engine.static_kv.capture != "none"
             and not os.environ.get("SPACES_ZERO_GPU")
-        ):  # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
+        ):
             say(
                 "Compiling the decode steps of the page's first view (Inductor's on-disk cache makes later starts "
                 "shorter)..."
@@ -261,7 +269,8 @@ class Playground(RequestInputs, ExactnessChecks):
                 else "Capturing the decode steps of the page's first view..."
             )
             for numerics in pg.variants:
-                ids, decoders = pg.prepare("Hello", replace(Settings(), numerics=numerics, max_new_tokens=8))
+                first_view = replace(pg.starting_request(), numerics=numerics, max_new_tokens=8)
+                ids, decoders = pg.prepare("Hello", pg.settings_of(first_view))
                 pg.warmup(ids, decoders.values(), say=say)
             kv = engine.static_kv
             pg.engine = kv.describe()
@@ -332,7 +341,8 @@ class Playground(RequestInputs, ExactnessChecks):
             for d in decoders
             if d.static and d.static_kv is not None and d.static_kv.capture != "none"
         }.values():
-            if kv.claim():  # never while another run holds it
+            # never while another run holds it
+            if kv.claim():
                 try:
                     with torch.inference_mode():
                         for d in decoders:
@@ -359,9 +369,8 @@ class Playground(RequestInputs, ExactnessChecks):
         record = RunRecord(view, tuple(ids), note=note, drafter=decoder.drafter_name)
         yield Event("start", view, record)
         elapsed, committed = 0.0, 0
-        with closing(
-            decoder.steps(ids)
-        ) as steps:  # closed at once when this run stops early: a shared static cache is free again
+        # closed at once when this run stops early: a shared static cache is free again
+        with closing(decoder.steps(ids)) as steps:
             for step in steps:
                 if stop is not None and (why := stop()):
                     raise RunStopped(why)
@@ -383,7 +392,8 @@ class Playground(RequestInputs, ExactnessChecks):
         goes back to the system (``release_memory``)."""
         try:
             self.warmup(ids, decoders.values())
-            reference = next(iter(decoders))  # plain greedy or plain sampling: the speed-ups' reference
+            # plain greedy or plain sampling: the speed-ups' reference
+            reference = next(iter(decoders))
             for view, decoder in decoders.items():
                 yield from self.run_method(
                     view, decoder, ids, note=column_note(view, decoder.config, reference=reference), stop=stop
@@ -408,12 +418,14 @@ class Playground(RequestInputs, ExactnessChecks):
         plain, medusa, _ = settings.views
         check = self.greedy_check(records[plain], records[medusa], settings)
         drafter = self.drafters.resolve(settings.drafter)
-        tree = self.drafters.tree_label(
+        model, heads = self.pair(settings)
+        tree = self.drafters.make(
             drafter,
-            medusa=lambda: self.resolve_tree(settings).name,
+            numerics=dtype_name(model),
+            heads=heads,
+            tree=lambda: self.resolve_tree(settings),
             lookup=self.defaults.lookup,
-            numerics=dtype_name(self.pair(settings)[0]),
-        )
+        ).tree_label()
         out = {
             "prompt": prompt,
             "drafter": drafter,
@@ -451,6 +463,7 @@ __all__ = [
     "default_prompt_tokens",
     "Playground",
     "device_name",
+    "heads_folder",
     "release_memory",
     "untrained_heads",
 ]

@@ -16,7 +16,8 @@ class Piece:
     """One generated token as the page shows it."""
 
     token_id: int
-    text: str  # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
+    # decoded text this token adds ('' for special tokens or a partial UTF-8 byte)
+    text: str
     # "base": the model's own token (prefill, plain step, Medusa root/bonus); "head": an accepted head
     # proposal; "lookup": an accepted lookup-branch token
     origin: str
@@ -29,8 +30,10 @@ class StepView:
 
     step: Step
     pieces: tuple[Piece, ...]
-    elapsed: float  # device-synchronised seconds from the start of the prefill to the end of this step
-    prefix_len: int  # tokens in the KV cache before this step's tree (prompt + committed - root)
+    # device-synchronised seconds from the start of the prefill to the end of this step
+    elapsed: float
+    # tokens in the KV cache before this step's tree (prompt + committed - root)
+    prefix_len: int
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,10 @@ class RunRecord:
     prompt_ids: tuple[int, ...]
     views: tuple[StepView, ...] = ()
     done: bool = False
-    drafter: str | None = None  # who drafted its trees: "medusa" (heads), "eagle" (EAGLE head), None (plain decoding)
-    note: str = (
-        ""  # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
-    )
+    # who drafted its trees: "medusa" (heads), "eagle" (EAGLE head), None (plain decoding)
+    drafter: str | None = None
+    # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
+    note: str = ""
 
     @property
     def prompt_len(self) -> int:
@@ -77,9 +80,8 @@ class RunRecord:
             "wall_seconds": round(self.elapsed, 4),
             "prefill_seconds": round(r.prefill_seconds, 4),
             "decode_seconds": round(r.decode_seconds, 4),
-            "tokens_per_second": round(r.tokens_per_second, 2)
-            if r.decode_steps
-            else None,  # null: only the prefill ran, nothing to time
+            # null: only the prefill ran, nothing to time
+            "tokens_per_second": round(r.tokens_per_second, 2) if r.decode_steps else None,
             "tokens_per_step": round(r.tokens_per_step, 3) if r.decode_steps else None,
             "steps": r.decode_steps,
             "lookup_tokens": r.lookup_tokens,
@@ -89,7 +91,8 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "start" | "step" | "end"
+    # "start" | "step" | "end"
+    kind: str
     method: str
     record: RunRecord
 
@@ -103,7 +106,8 @@ class Detokenizer:
     def push(self, token_id: int) -> str:
         self.ids.append(int(token_id))
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
+        # an incomplete UTF-8 sequence: wait for its next byte
+        if text.endswith("\ufffd"):
             return ""
         common = len(self.text) if text.startswith(self.text) else len(_common_prefix(self.text, text))
         piece, self.text = text[common:], text
@@ -118,8 +122,8 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def origins(step: Step) -> list[str]:
-    """Per token of a step: its accepted candidates first (head proposals, or the lookup branch's
-    tokens when that path won), then the base model's bonus token."""
+    """Per token of a step: its accepted candidates first ("draft": the drafter's proposals, or
+    "lookup": the lookup branch's tokens when that path won), then the base model's bonus token."""
     n = len(step.tokens)
     accepted = min(step.accept_length, n)
-    return ["lookup" if step.lookup_accepted else "head"] * accepted + ["base"] * (n - accepted)
+    return ["lookup" if step.lookup_accepted else "draft"] * accepted + ["base"] * (n - accepted)

