@@ -84,7 +84,7 @@ SHARE = env_switch("MEDUSA_SHARE")
 # Run a Hub model's own Python code: the operator's call, never the page's.
 TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")
 # The defaults below are medusa_lib.present.settings' (a test checks they agree; spelled out so --help
-# imports nothing heavy).
+# needs neither gradio nor the page's modules; the drafters' flags come from the core's registry).
 # Longer prompts are refused before tokenising.
 MAX_PROMPT_CHARS = env_number("MEDUSA_MAX_PROMPT_CHARS", "32000", low=1, also=())
 # auto = a fixed figure per kind of device: 2,048 on a CPU, the context on a GPU
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     check_serving(args, argv)
     from medusa_lib.present import load_examples
 
-    # imported here: --help needs nothing heavy
+    # imported here: --help needs no gradio
     from ui import DeviceTurn, build_demo, serve
 
     pg = load_playground(args, argv)

@@ -80,6 +80,42 @@ def test_rest_runs_with_the_dynamic_cache_and_says_so(llama, store):
     assert not dec.static and "REST drafter runs with the dynamic cache only" in dec.note
 
 
+def test_beside_rest_the_lookup_chain_stands_alone_where_the_datastore_has_nothing(llama):
+    """A step where REST retrieves nothing still verifies the lookup chain under the root."""
+    empty = Datastore(torch.tensor([300, 301, 302]), vocab_size=320)
+    loop = [5, 6, 7, 8, 9] * 4
+    cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, lookup=3)
+    run = Decoder(llama, method="medusa-greedy", drafter=RestDrafter(empty), config=cfg).run(loop)
+    assert run.tokens == plain(llama, loop, 30) and run.lookup_tokens > 0
+    assert all(s.tree.num_nodes == 1 + s.tree.lookup for s in run.steps[1:] if s.draft_depth)
+
+
+def test_a_damaged_datastore_is_left_out_with_one_sentence(tmp_path, llama):
+    random_heads(4).save(tmp_path / "heads")
+    write_datastore(tmp_path / "heads-rest", [[5, 6, 7]], vocab_size=320)
+    got = RestDrafter.load(llama, folder=tmp_path / "heads")
+    assert got.state is not None
+    (tmp_path / "heads-rest" / "datastore.safetensors").write_bytes(b"\x00" * 40)
+    read_datastore.cache_clear()
+    got = RestDrafter.load(llama, folder=tmp_path / "heads")
+    assert got.state is None and got.note.startswith("The REST datastore beside the Medusa heads could not be read (")
+    write_datastore(tmp_path / "heads-rest", [[5, 6, 999]], vocab_size=320)
+    read_datastore.cache_clear()
+    assert RestDrafter.load(llama, folder=tmp_path / "heads").note == (
+        "The REST datastore beside the Medusa heads is left out: its tokens are not ids of this vocabulary "
+        "(0 to 319, -1 between answers)."
+    )
+
+
+def test_an_option_for_a_drafter_that_takes_none_is_refused():
+    from medusa_lib.present.drafter import check_options
+
+    with pytest.raises(
+        ValueError, match=r"^The REST \(retrieval\) drafter takes no option \(got 'x'\); only eagle takes one\.$"
+    ):
+        check_options({"rest": "x"}, folder=None)
+
+
 def test_a_bad_tree_size_gets_one_sentence(store):
     with pytest.raises(ValueError, match=r"^REST drafts 1 to 64 nodes, 1 to 8 deep \(got 0 nodes, depth 4\)\.$"):
         RestDrafter(store, nodes=0)

@@ -40,7 +40,7 @@ class Step:
     finish_reason: str | None = None
     # on the prefill: the cache and capture the run used, e.g. "static, cuda-graph"
     engine: str | None = None
-    # who proposed the tree: "medusa" (heads) or "eagle" (EAGLE head, a dynamic tree); None for plain steps
+    # who proposed the tree: its drafter's name (drafters.REGISTRY); None for plain steps
     drafter: str | None = None
     # deepest drafted position the step verified (0: the root alone, no draft; spec_metrics.py)
     draft_depth: int = 0

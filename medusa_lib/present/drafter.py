@@ -91,6 +91,12 @@ def check_options(options: Mapping[str, Any], *, folder) -> None:
     for name, option in options.items():
         if name not in REGISTRY:
             raise PlaygroundError(f"Unknown drafter {shown(name)}; the drafters are: {', '.join(REGISTRY)}.")
+        takes = [n for n, cls in REGISTRY.items() if cls.option]
+        if not REGISTRY[name].option and option not in (None, "", "auto"):
+            raise PlaygroundError(
+                f"The {REGISTRY[name].label} drafter takes no option (got {shown(option)}); "
+                f"only {', '.join(takes) or 'none'} take{'s' if len(takes) == 1 else ''} one."
+            )
         REGISTRY[name].check_option(option, folder=folder)
 
 
@@ -110,6 +116,9 @@ def load_drafters(
                 if not states:
                     notes[name] = got.note
                     break
+                # offered for the first copy only: runs in this numerics say so (Drafters.state)
+                if say:
+                    say(f"note: {cls.label} in {numerics}: {got.note}")
                 continue
             states[numerics] = got.state
             if say and len(states) == 1 and got.note:
@@ -241,11 +250,20 @@ class Drafters:
         return REGISTRY[drafter].about(self.loaded.get(drafter, {}))
 
 
-def make_drafters(loaded: Mapping, *, defaults, device, device_label: str, missing: Mapping | None = None) -> Drafters:
+def make_drafters(
+    loaded: Mapping,
+    *,
+    defaults,
+    device,
+    device_label: str,
+    missing: Mapping | None = None,
+    numerics: str | None = None,
+) -> Drafters:
     """The Drafters of a Playground: the default by ``default_drafter`` from the recorded figures,
-    those of one bench run where a record carries several."""
+    those of one bench run where a record carries several, among the drafters loaded for the
+    default ``numerics`` (None: any) so a run that names none can take it."""
     figures, sources, together = {}, [], None
-    for name in (n for n in REGISTRY if n in loaded):
+    for name in (n for n in REGISTRY if n in loaded and (numerics is None or numerics in loaded[n])):
         first = next(iter(loaded[name].values()))
         speedup, peers, source = REGISTRY[name].recorded(first, defaults=defaults, device=device)
         figures[name] = speedup
@@ -254,7 +272,7 @@ def make_drafters(loaded: Mapping, *, defaults, device, device_label: str, missi
         if peers and speedup is not None and together is None:
             together = ({name: speedup, **peers}, source)
     if together is not None:
-        figures, source = {**figures, **together[0]}, together[1]
+        figures, source = {**figures, **{n: f for n, f in together[0].items() if n in figures}}, together[1]
     elif len(sources) > 1:
         source = f"recorded separately ({' and '.join(sources)}, perhaps on other machines)"
     else:

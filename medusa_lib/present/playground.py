@@ -165,6 +165,7 @@ class Playground(RequestInputs, ExactnessChecks):
             device=input_device(model),
             device_label=device_name(input_device(model)),
             missing=missing,
+            numerics=self.default_numerics,
         )
 
     @classmethod

@@ -44,7 +44,7 @@ class RunRecord:
     prompt_ids: tuple[int, ...]
     views: tuple[StepView, ...] = ()
     done: bool = False
-    # who drafted its trees: "medusa" (heads), "eagle" (EAGLE head), None (plain decoding)
+    # who drafted its trees: a registered drafter's name ("medusa", "eagle", ...), None (plain decoding)
     drafter: str | None = None
     # what the column runs, in one line (page.column_note): shown under its title, in the run and the replay
     note: str = ""

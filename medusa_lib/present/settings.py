@@ -88,7 +88,7 @@ class Request:
     seed: int = 0
     # which loaded copy runs, "bfloat16" or "float32"
     numerics: str | None = None
-    # who drafts the Medusa columns' trees: "medusa", "eagle" or "lookup" (drafter.py)
+    # who drafts the Medusa columns' trees: a registered drafter's name ("medusa", "eagle", "lookup", "rest")
     drafter: str | None = None
 
     @classmethod

@@ -17,7 +17,7 @@ import torch
 
 from ..config import MAX_LOOKUP
 from ..lookup import lookup_chain, ngram_proposal
-from ..tree import with_lookup
+from ..tree import root_only_tree, with_lookup
 from .base import Draft, Drafter, DrafterError, DraftRun, StaticDraft
 
 
@@ -33,13 +33,14 @@ class _BranchRun(DraftRun):
 
     def propose(self, root, *, history, seq_len):
         d, draft = self.d, self.inner.propose(root, history=history, seq_len=seq_len)
-        if draft is None:
-            return None
         # the chain's last node must fit in the context too
         chain = ngram_proposal(history[:seq_len], length=d.length)[: max(0, d.limit - seq_len - 1)]
         c = chain.numel()
         if not c:
             return draft
+        if draft is None:
+            # the drafter proposed nothing (REST found no match): the chain under the root alone
+            draft = Draft(root_only_tree(), root.view(1).to(chain.device))
         tokens = torch.cat([draft.tokens, chain.to(draft.tokens.device)])
         if d.trees:
             return Draft(d.trees[c].cpu, tokens, d.trees[c], c, c)
@@ -53,7 +54,7 @@ class LookupBranch(Drafter):
     branch = False
 
     def __init__(self, inner: Drafter, length: int):
-        if not (isinstance(length, int) and 1 <= length <= MAX_LOOKUP):
+        if not (isinstance(length, int) and not isinstance(length, bool) and 1 <= length <= MAX_LOOKUP):
             raise DrafterError(f"A lookup chain copies 1 to {MAX_LOOKUP} tokens a step (got {length}).")
         self.inner, self.length = inner, length
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..messages import cause
 from ..tree import build_tree
 from .base import Draft, Drafter, DrafterError, DraftRun, Loaded
 
@@ -152,21 +153,26 @@ class RestDrafter(Drafter):
 
     def __init__(self, store: Datastore, *, nodes: int | None = None, depth: int | None = None):
         nodes, depth = NODES if nodes is None else nodes, DEPTH if depth is None else depth
-        if not (isinstance(nodes, int) and 1 <= nodes <= 64 and isinstance(depth, int) and 1 <= depth <= 8):
+        whole = lambda n, high: isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= high  # noqa: E731
+        if not (whole(nodes, 64) and whole(depth, 8)):
             raise DrafterError(f"REST drafts 1 to 64 nodes, 1 to 8 deep (got {nodes} nodes, depth {depth}).")
         self.store, self.nodes, self.depth = store, nodes, depth
 
     @classmethod
     def load(cls, model, *, heads=None, folder=None, option=None) -> Loaded:
         """The datastore beside the Medusa heads' ``folder``, if it is there and fits the model's vocabulary."""
-        where = Path(folder).expanduser().with_name(Path(folder).name + SUFFIX) if folder else None
+        heads = Path(folder).expanduser().resolve() if folder else None
+        where = heads.with_name(heads.name + SUFFIX) if heads is not None else None
         if where is None or not (where / FILE).is_file():
             return Loaded(None, "No REST datastore was found beside the Medusa heads, so REST is not offered.")
         vocab = int(model.get_output_embeddings().weight.shape[0])
         try:
             return Loaded(read_datastore(str(where), vocab))
-        except (DrafterError, OSError, ValueError, KeyError) as e:
-            return Loaded(None, f"The REST datastore beside the Medusa heads is left out: {e}")
+        except DrafterError as e:
+            return Loaded(None, f"The REST datastore beside the Medusa heads is left out: {e}.")
+        except Exception as e:  # noqa: BLE001
+            # a damaged file (safetensors' own errors derive from Exception): left out, said in one sentence
+            return Loaded(None, f"The REST datastore beside the Medusa heads could not be read ({cause(e, 160)}).")
 
     @classmethod
     def for_run(cls, state, *, heads, tree, lookup):
@@ -199,11 +205,18 @@ def read_datastore(folder: str, vocab_size: int) -> Datastore:
     from safetensors.torch import load_file
 
     config = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8"))
-    if int(config["vocab_size"]) != vocab_size:
+    built = int(config["vocab_size"]) if isinstance(config, dict) and "vocab_size" in config else None
+    if built != vocab_size:
         raise DrafterError(
-            f"it was built for a vocabulary of {config['vocab_size']:,} tokens, this model has {vocab_size:,}"
+            f"it was built for a vocabulary of {built:,} tokens, this model has {vocab_size:,}"
+            if built is not None
+            else f"its {CONFIG} names no vocab_size"
         )
-    return Datastore(load_file(str(Path(folder) / FILE))["tokens"], vocab_size=vocab_size)
+    tokens = load_file(str(Path(folder) / FILE))["tokens"]
+    # -1 between sequences, else token ids of this vocabulary: a damaged file never drafts an impossible id
+    if tokens.dim() != 1 or (tokens.numel() and (int(tokens.min()) < -1 or int(tokens.max()) >= vocab_size)):
+        raise DrafterError(f"its tokens are not ids of this vocabulary (0 to {vocab_size - 1}, -1 between answers)")
+    return Datastore(tokens, vocab_size=vocab_size)
 
 
 def write_datastore(folder: Path, seqs: list[list[int]], *, vocab_size: int, **about) -> Path:
