@@ -249,6 +249,17 @@ def main(argv: list[str] | None = None) -> None:
             "medusa-typical", replace(sample_cfg, sample_root=True, lookup=lookup), heads=heads, tree=tree
         )
         decoders["medusa-sample"] = ours("medusa-sample", replace(sample_cfg, lookup=lookup), heads=heads, tree=tree)
+
+    def rules(prefix: str, drafter) -> dict[str, Decoder]:
+        """``drafter`` under greedy, exact sampling and typical acceptance: <prefix>-greedy, -sample, -typical."""
+        return {
+            f"{prefix}-greedy": ours(
+                "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=drafter
+            ),
+            f"{prefix}-sample": ours("medusa-sample", sample_cfg, drafter=drafter),
+            f"{prefix}-typical": ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=drafter),
+        }
+
     eagle_tree = None
     if any(m.startswith("eagle") for m in methods):
         try:
@@ -260,19 +271,13 @@ def main(argv: list[str] | None = None) -> None:
         except (InputError, ValueError, TypeError) as e:
             hint = "write the tree as three whole numbers, top_k,depth,nodes (e.g. 8,5,24)"
             raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else hint}") from None
-        decoders["eagle-greedy"] = ours(
-            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=EagleDrafter(eagle, eagle_tree)
-        )
+        decoders |= rules("eagle", EagleDrafter(eagle, eagle_tree))
         # eagle-lookup's branch: the medusa methods' length, else --lookup, never 0 (that is eagle-greedy)
         branch = (lookup if tree is not None else args.lookup) or DEFAULT_LOOKUP
         decoders["eagle-lookup"] = ours(
             "medusa-greedy",
             DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=branch),
             drafter=EagleDrafter(eagle, eagle_tree),
-        )
-        decoders["eagle-sample"] = ours("medusa-sample", sample_cfg, drafter=EagleDrafter(eagle, eagle_tree))
-        decoders["eagle-typical"] = ours(
-            "medusa-typical", replace(sample_cfg, sample_root=True), drafter=EagleDrafter(eagle, eagle_tree)
         )
     # every other registered drafter, from what it loads beside --heads (prompt lookup: nothing)
     for name in dict.fromkeys(DRAFTER_METHODS[m] for m in methods if m in DRAFTER_METHODS):
@@ -284,11 +289,7 @@ def main(argv: list[str] | None = None) -> None:
             made = cls.for_run(got.state, heads=heads, tree=lambda: tree, lookup=args.lookup or DEFAULT_LOOKUP)
         except InputError as e:
             fail(f"{name}: {e}")
-        decoders[f"{name}-greedy"] = ours(
-            "medusa-greedy", DecodeConfig(max_new_tokens=args.max_new_tokens), drafter=made
-        )
-        decoders[f"{name}-sample"] = ours("medusa-sample", sample_cfg, drafter=made)
-        decoders[f"{name}-typical"] = ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=made)
+        decoders |= rules(name, made)
     decoders["baseline"] = ours("plain", DecodeConfig(max_new_tokens=args.max_new_tokens))
     decoders["plain-sample"] = ours("plain", sample_cfg)
 

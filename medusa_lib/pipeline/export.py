@@ -36,7 +36,7 @@ from ..core.messages import InputError
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, default_model_folder, load_model
 from ..core.vllm_format import EXPORTED_BY, VLLM_WEIGHTS, to_vllm_medusa, vllm_refusal
 from .cli import check_writable, fail
-from .export_eagle import eagle_readme, eagle_vllm_refusal, to_vllm_eagle, vllm_json
+from .export_eagle import eagle_readme, eagle_vllm_refusal, serve_calls, to_vllm_eagle, vllm_json
 
 TARGETS = ("vllm",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -46,35 +46,17 @@ VLLM_JSON = "vllm.json"
 
 def vllm_readme(*, heads: str, model: str, num_heads: int, out: Path) -> str:
     """The README of an exported folder: the calls that serve it."""
+    spec = f'{{"method": "medusa", "model": "{out.resolve()}", "num_speculative_tokens": {num_heads}}}'
+    # a vLLM 0.32 loader defect, said below
+    cli = " \\\n    --model-loader-extra-config '{\"enable_weights_track\": false}'"
+    python = '\n        model_loader_extra_config={"enable_weights_track": False},  # vLLM 0.32 defect, see below'
     return f"""# Medusa heads for vLLM
 
 Exported from `{heads}` by `python -m medusa_lib.pipeline.export --heads {heads} --to vllm --out {out}`
 (Medusa Playground). vLLM's Medusa drafter proposes one top-1 chain of {num_heads} tokens per step;
 the playground's tree, its lookup branch and typical acceptance do not carry over.
 
-Target model: `{model}`. Serve it (one GPU; add `--tensor-parallel-size N` for N GPUs):
-
-```bash
-vllm serve {model} \\
-    --speculative-config '{{"method": "medusa", "model": "{out.resolve()}", "num_speculative_tokens": {num_heads}}}' \\
-    --model-loader-extra-config '{{"enable_weights_track": false}}'
-```
-
-or from Python (vLLM starts workers with spawn: keep the `if __name__ == "__main__":` guard):
-
-```python
-from vllm import LLM, SamplingParams
-
-if __name__ == "__main__":
-    llm = LLM(
-        model="{model}",
-        speculative_config={{"method": "medusa", "model": "{out.resolve()}", "num_speculative_tokens": {num_heads}}},
-        model_loader_extra_config={{"enable_weights_track": False}},  # vLLM 0.32 defect, see below
-        # tensor_parallel_size=2,  # on 2 GPUs
-    )
-    print(llm.generate(["Why is the sky blue?"], SamplingParams(temperature=0, max_tokens=128))[0].outputs[0].text)
-```
-
+{serve_calls(model, spec, cli=cli, python=python)}
 `enable_weights_track: false` works around a vLLM 0.32 loader defect: it loads `token_map` but does
 not report it as loaded, so its strict check fails with "Following weights were not initialized
 from checkpoint: {{'token_map'}}". The switch turns that check off (for the target model too).

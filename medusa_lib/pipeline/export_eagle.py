@@ -129,6 +129,32 @@ def vllm_json(head: EagleHead) -> dict:
     }
 
 
+def serve_calls(model: str, spec: str, *, cli: str = "", python: str = "") -> str:
+    """The README's calls that serve an exported drafter in vLLM beside ``model`` with the speculative
+    config ``spec`` (JSON text): the CLI, then Python; ``cli``/``python`` add a line to each."""
+    return f"""Target model: `{model}`. Serve it (one GPU; add `--tensor-parallel-size N` for N GPUs):
+
+```bash
+vllm serve {model} \\
+    --speculative-config '{spec}'{cli}
+```
+
+or from Python (vLLM starts workers with spawn: keep the `if __name__ == "__main__":` guard):
+
+```python
+from vllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(
+        model="{model}",
+        speculative_config={spec},{python}
+        # tensor_parallel_size=2,  # on 2 GPUs
+    )
+    print(llm.generate(["Why is the sky blue?"], SamplingParams(temperature=0, max_tokens=128))[0].outputs[0].text)
+```
+"""
+
+
 def eagle_readme(*, heads: str, model: str, out, note: str | None, dtype: str) -> str:
     """The README of an exported EAGLE folder: the calls that serve it."""
     k = NUM_SPECULATIVE_TOKENS
@@ -140,27 +166,7 @@ Exported from `{heads}` by `python -m medusa_lib.pipeline.export --heads {heads}
 (Medusa Playground), {dtype}. vLLM's EAGLE drafter proposes one top-1 chain of {k} tokens per step; the
 playground's dynamic tree and its lookup branch do not carry over.
 
-Target model: `{model}`. Serve it (one GPU; add `--tensor-parallel-size N` for N GPUs):
-
-```bash
-vllm serve {model} \\
-    --speculative-config '{spec}'
-```
-
-or from Python (vLLM starts workers with spawn: keep the `if __name__ == "__main__":` guard):
-
-```python
-from vllm import LLM, SamplingParams
-
-if __name__ == "__main__":
-    llm = LLM(
-        model="{model}",
-        speculative_config={spec},
-        # tensor_parallel_size=2,  # on 2 GPUs
-    )
-    print(llm.generate(["Why is the sky blue?"], SamplingParams(temperature=0, max_tokens=128))[0].outputs[0].text)
-```
-
+{serve_calls(model, spec)}
 **The layout.** vLLM's EAGLE-1 for Llama (`EagleLlamaForCausalLM`) has an `fc` without bias and a first
 decoder layer without its input RMSNorm; this head has both. They are written exactly as two layers:
 `layers.0` passes its input through and adds `fc`'s bias (all its weights zero, `o_proj`'s bias = the bias;

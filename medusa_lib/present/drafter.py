@@ -162,6 +162,12 @@ def default_reason(chosen: str, figures: Mapping[str, float | None], *, device: 
     return f"{start}: {'they are' if cls.plural else 'it is'} the faster drafter here ({listed})."
 
 
+def either(names) -> str:
+    """Drafter names as a sentence offers them: '"a"', '"a" or "b"', '"a", "b" or "c"'."""
+    quoted = [f'"{n}"' for n in names]
+    return ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+
+
 # ---------------------------------------------------------------------- a run's drafter
 @dataclass(frozen=True)
 class Drafters:
@@ -205,17 +211,15 @@ class Drafters:
         """A run's drafter: ``drafter`` checked, None or "" meaning the default. One sentence on bad input."""
         if drafter is None or drafter == "":
             return self.default
-        quoted = [f'"{n}"' for n in REGISTRY]
-        names = ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
+        names = either(REGISTRY)
         if not isinstance(drafter, str):
             raise PlaygroundError(f"The drafter must be {names}, not {kind(drafter)} (got {shown(drafter)}).")
         if drafter not in REGISTRY:
             raise PlaygroundError(f"The drafter must be {names} (got {shown(drafter)}).")
         if drafter not in self.available:
-            offered = [f'"{n}"' for n in self.available]
-            choose = ", ".join(offered[:-1]) + f" or {offered[-1]}" if len(offered) > 1 else offered[0]
             raise PlaygroundError(
-                f"This server has no {REGISTRY[drafter].label} for its model, so the drafter must be {choose} "
+                f"This server has no {REGISTRY[drafter].label} for its model, so the drafter must be "
+                f"{either(self.available)} "
                 "(or left empty)."
             )
         return drafter

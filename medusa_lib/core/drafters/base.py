@@ -13,6 +13,7 @@ step holds of it (None: the dynamic cache only, said by ``static_note``).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
@@ -169,10 +170,21 @@ class Drafter:
         return None
 
 
+def beside(heads, suffix: str) -> Path | None:
+    """The folder a drafter ships in beside a Medusa heads folder: the heads folder's name + ``suffix``
+    (``<heads>-eagle``, ``<heads>-rest``); None without a heads folder."""
+    if not heads:
+        return None
+    path = Path(heads).expanduser()
+    # "." or "..": name the folder itself
+    path = path if path.name else path.resolve()
+    return path.with_name(path.name + suffix)
+
+
 def no_context(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
     """A static draft's result with no node copied from the context and none dead: (tokens,
     matched [1] = 0, None)."""
     return tokens, torch.zeros(1, dtype=torch.long, device=tokens.device), None
 
 
-__all__ = ["Draft", "DraftRun", "Drafter", "DrafterError", "Loaded", "StaticDraft", "no_context"]
+__all__ = ["Draft", "DraftRun", "Drafter", "DrafterError", "Loaded", "StaticDraft", "beside", "no_context"]

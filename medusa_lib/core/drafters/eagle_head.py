@@ -25,7 +25,7 @@ from ..eagle import (
 )
 from ..eagle_run import EagleRun
 from ..messages import cause
-from .base import Draft, Drafter, DraftRun, Loaded
+from .base import Draft, Drafter, DraftRun, Loaded, beside
 
 # the EAGLE head of heads folder X lives in X-eagle
 SUFFIX = "-eagle"
@@ -33,10 +33,7 @@ SUFFIX = "-eagle"
 
 def eagle_beside(heads: str | Path | None) -> Path | None:
     """Where the EAGLE head of a Medusa heads folder lives: the folder's name + ``-eagle``, beside it."""
-    if not heads:
-        return None
-    path = Path(heads).expanduser()
-    return path.with_name(path.name + SUFFIX)
+    return beside(heads, SUFFIX)
 
 
 def check_eagle_folder(folder: str | Path, *, flag: str = "--eagle") -> None:

@@ -24,7 +24,7 @@ import torch
 
 from ..messages import cause
 from ..tree import build_tree
-from .base import Draft, Drafter, DrafterError, DraftRun, Loaded
+from .base import Draft, Drafter, DrafterError, DraftRun, Loaded, beside
 
 # the datastore of heads folder X lives in X-rest
 SUFFIX = "-rest"
@@ -161,8 +161,7 @@ class RestDrafter(Drafter):
     @classmethod
     def load(cls, model, *, heads=None, folder=None, option=None) -> Loaded:
         """The datastore beside the Medusa heads' ``folder``, if it is there and fits the model's vocabulary."""
-        heads = Path(folder).expanduser().resolve() if folder else None
-        where = heads.with_name(heads.name + SUFFIX) if heads is not None else None
+        where = beside(folder, SUFFIX)
         if where is None or not (where / FILE).is_file():
             return Loaded(None, "No REST datastore was found beside the Medusa heads, so REST is not offered.")
         vocab = int(model.get_output_embeddings().weight.shape[0])
