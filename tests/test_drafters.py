@@ -123,7 +123,7 @@ def test_a_static_lookup_drafter_step_is_one_program_and_matches_the_dynamic_tok
     kv = StaticKV(model, max_len=256)
     dec = Decoder(model, method="medusa-greedy", config=DecodeConfig(max_new_tokens=N_NEW, cache="static"),
                   static_kv=kv, drafter=LookupDrafter(4))  # fmt: skip
-    assert dec.static and dec.static_draft.lookup == 4 and dec.step_trees[1].num_nodes == 5
+    assert dec.static and dec.static_draft.lookup == 4 and dec.step_sizes[1] == 5
     assert dec.run(LOOP).tokens == tokens(model, "plain").tokens
     assert len(kv.programs) == 2  # the chain step and the root-only step
 

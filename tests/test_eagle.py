@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import make_model
+from eagle_helpers import ARCHS, N_NEW, PROMPT, TREE, eagle_setups, plain, sampling
 
 from medusa_lib import DecodeConfig, DecodeError, Decoder, run_method
 from medusa_lib.core.dynamic_tree import (
@@ -14,13 +15,6 @@ from medusa_lib.core.dynamic_tree import (
     select_tree,
 )
 from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
-from medusa_lib.pipeline.eagle_loss import eagle_loss
-from medusa_lib.pipeline.feature_cache import FeatureCache
-
-PROMPT = [1, 17, 33, 250, 99, 4, 61]
-N_NEW = 32
-TREE = DynamicTreeConfig(top_k=2, depth=4, num_nodes=8)
-ARCHS = ["llama", "qwen2"]
 
 
 # ------------------------------------------------------------------ the dynamic tree, by hand
@@ -76,47 +70,9 @@ def test_bad_dynamic_trees_are_refused_with_one_sentence():
         DynamicTreeConfig(top_k=0).check()
 
 
-# ------------------------------------------------------------------ a drafter that knows the model
-def trained_head(model, sequences: list[list[int]], steps: int = 120):
-    """A tiny EAGLE head over-fitted to the model's own continuations, so long paths get accepted."""
-    with torch.no_grad():
-        records = [{"prompt_ids": s[: len(PROMPT)], "answer_ids": s[len(PROMPT) :]} for s in sequences]
-        cache = FeatureCache.build(model, records, desc="test features")
-    head = new_eagle_head(model, tree=TREE)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    proj = head.projection_weight().detach().float()
-    for _ in range(steps):
-        loss, _ = eagle_loss(head, proj, cache, list(range(len(records))), noise=0.0)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval().requires_grad_(False)
-
-
 @pytest.fixture(scope="module")
 def setups():
-    out = {}
-    for arch in ARCHS:
-        model = make_model(arch)
-        greedy = plain(model, N_NEW + 16)
-        sampled = [run_method(model, PROMPT, method="plain", config=sampling(s, N_NEW + 16)).tokens for s in (0, 5)]
-        out[arch] = (
-            model,
-            trained_head(model, [PROMPT + greedy, *(PROMPT + s for s in sampled)]),
-            new_eagle_head(model, tree=TREE).eval(),
-        )
-    return out
-
-
-def plain(model, n, *, prompt=PROMPT):
-    return run_method(model, prompt, method="plain", config=DecodeConfig(max_new_tokens=n, stop_on_eos=False)).tokens
-
-
-def sampling(seed, n, temperature=0.9, top_p=1.0, lookup=0):
-    return DecodeConfig(
-        max_new_tokens=n, stop_on_eos=False, temperature=temperature, seed=seed, top_p=top_p, lookup=lookup
-    )
+    return eagle_setups()
 
 
 # ------------------------------------------------------------------ exactness
@@ -216,22 +172,6 @@ def test_budget_and_context_cut_exactly_as_plain_decoding(setups):
         assert res.tokens == ref[: ref.index(eos) + 1] and res.finish_reason == "eos"
     finally:
         model.generation_config.eos_token_id = None
-
-
-def test_a_static_cache_falls_back_to_the_dynamic_one_with_a_sentence(setups):
-    model, trained, _ = setups["llama"]
-    dec = Decoder(
-        model,
-        method="medusa-greedy",
-        eagle=trained,
-        config=DecodeConfig(max_new_tokens=20, stop_on_eos=False, cache="static"),
-    )
-    assert (
-        dec.note == "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); "
-        "this run uses the dynamic cache."
-    )
-    res = dec.run(PROMPT)
-    assert res.engine == "dynamic" and res.tokens == plain(model, 20)
 
 
 def test_saved_heads_load_back_and_draft_the_same(setups, tmp_path):

@@ -32,7 +32,8 @@ def run_static(model, heads, ids, kv, method="medusa-greedy", n=16):
 @pytest.mark.parametrize("length", [1, 15, 16, 17, 64, 70, 300])
 def test_a_chunked_prefill_gives_generates_tokens_at_every_prompt_length(llama, heads, length):
     """Whole chunks of the longest size, then the shortest size that holds the rest, padded (eagerly
-    here: the chunk maths alone); the first token and the hidden state match the one-shot prefill."""
+    here: the chunk maths alone); the first token and every prompt row's hidden state (what a drafter with
+    a state of its own reads) match the one-shot prefill."""
     ids = prompt(length)
     ref = run_method(llama, ids, method="plain", config=DecodeConfig(max_new_tokens=16, stop_on_eos=False)).tokens
     kv = StaticKV(llama, max_len=length + 16 + 32)
@@ -41,22 +42,22 @@ def test_a_chunked_prefill_gives_generates_tokens_at_every_prompt_length(llama, 
     res = run_static(llama, heads, ids, kv)
     assert res.tokens == ref
     kv.start()
-    hidden, logits = kv.prefill.run(torch.tensor([ids]))
-    one_shot = kv.body(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0, -1]
-    torch.testing.assert_close(hidden, one_shot, rtol=1e-5, atol=1e-5)
-    assert int(logits.argmax()) == int(kv.lm_head(one_shot).argmax())
+    features, logits = kv.prefill.run(torch.tensor([ids]))
+    one_shot = kv.body(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0]
+    torch.testing.assert_close(features, one_shot, rtol=1e-5, atol=1e-5)
+    assert int(logits.argmax()) == int(kv.lm_head(one_shot[-1]).argmax())
 
 
 @torch.inference_mode()
 def test_the_chunks_a_prompt_takes_and_one_whose_padding_would_not_fit(llama, monkeypatch):
     """40 tokens in a 64-slot cache: one 64-token chunk, padded; with 16-token chunks only: 16, 16, then
     8 padded to 16; where no padded size fits the room left, the rest runs at its own length. Each way
-    gives the one-shot prefill's last hidden state."""
+    gives the one-shot prefill's hidden states."""
     ids = torch.tensor([prompt(40)])
     kv = StaticKV(llama, max_len=64)
     kv.bind()
     pf = Prefill(kv)
-    one_shot = kv.body(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
+    one_shot = kv.body(input_ids=ids, use_cache=False).last_hidden_state[0]
     lengths, real = [], Prefill.chunk
     monkeypatch.setattr(Prefill, "chunk", lambda self, c: (lengths.append(c.shape[1]), real(self, c))[1])
 

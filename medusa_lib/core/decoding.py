@@ -139,9 +139,9 @@ class Decoder:
         return self.drafter.name if self.drafter is not None else None
 
     @property
-    def step_trees(self) -> list[TreeBuffers]:
-        """Every tree a static step of this decoder may verify (the fixed shapes of the static path)."""
-        return [self.root_tree] + ([self.static_draft.buffers] if self.static_draft is not None else [])
+    def step_sizes(self) -> list[int]:
+        """The tree tokens of every step shape a static step of this decoder may verify."""
+        return [self.root_tree.num_nodes] + ([self.static_draft.num_nodes] if self.static_draft is not None else [])
 
     # ------------------------------------------------------------------ helpers
     def _prompt_tensor(self, prompt_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -179,9 +179,7 @@ class Decoder:
         dynamic one: eager static steps cost more there than dynamic ones)."""
         if not self.static:
             return DynamicKV(self.model)
-        need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(
-            b.num_nodes for b in self.step_trees
-        )
+        need = min(prompt_len + self.config.max_new_tokens, self.info.context_limit) + max(self.step_sizes)
         shared = self.static_kv
         if (
             shared is not None
@@ -206,7 +204,7 @@ class Decoder:
             t1 - t0,
             MappingProxyType({"prefill": t1 - t0}),
             finish_reason=reason,
-            engine=engine or kv.engine(b.num_nodes for b in self.step_trees),
+            engine=engine or kv.engine(self.step_sizes),
         )
 
     # ------------------------------------------------------------------ entry
@@ -290,10 +288,10 @@ class Decoder:
     def prefill(self, ids: torch.Tensor, kv) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt ``ids`` [1, n] into ``kv``'s cache, in the recorded chunks where ``kv`` has them
         (``prefill.Prefill``), else in one forward: (the base model's features [m, d] whose last row is
-        the prompt's last position (m = n; 1 from recorded chunks), the first new token [1])."""
+        the prompt's last position (m = n), the first new token [1])."""
         if getattr(kv, "prefill", None) is not None:
-            hidden, logits = kv.prefill.run(ids)
-            return hidden.view(1, -1), self.pick_root(logits, ids.shape[1])
+            features, logits = kv.prefill.run(ids)
+            return features, self.pick_root(logits, ids.shape[1])
         n = ids.shape[1]
         features = self.body(
             input_ids=ids,

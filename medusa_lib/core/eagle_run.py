@@ -31,9 +31,6 @@ class EagleRun:
         self.min = torch.finfo(self.dtype).min
         k = tree.top_k
         self.eye = torch.eye(k, dtype=torch.bool, device=dev)
-        self.level_depths = torch.cat(
-            [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)]
-        )
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
@@ -60,33 +57,48 @@ class EagleRun:
         self.last, self.next_pos = g[-1], start + n
 
     def draft(self, root: torch.Tensor) -> DynamicTree:
-        """EAGLE-2's dynamic tree under ``root`` (reference ``topK_genrate``): level 1 from the newest
-        verified entry, then depth - 1 batched draft forwards of the k frontier nodes each, every
-        one seeing the prefix, its drafted ancestors and itself. No host reads."""
-        head, cfg, k = self.head, self.tree, self.tree.top_k
-        logp = torch.log_softmax(head.logits(self.last).float(), -1)
-        top = torch.topk(logp, k)
-        tokens, scores = [head.token_ids(top.indices)], [top.values]
-        parents = [torch.full((k,), -1, dtype=torch.long, device=self.device)]
-        frontier_tok, frontier_val = tokens[0], top.values
-        frontier_g = self.last.expand(k, -1)
-        frontier_idx = torch.arange(k, device=self.device)
-        # each frontier node's drafted ancestors
-        seen = torch.zeros(k, 0, dtype=torch.bool, device=self.device)
-        offset = k
-        for level in range(1, cfg.depth):
-            # ... and each node itself
-            seen = torch.cat([seen, self.eye], dim=1)
-            pos = torch.full((1, k), self.next_pos + level - 1, device=self.device)
-            g = head(frontier_g[None], frontier_tok[None], pos, attention_mask=self._mask(seen), cache=self.cache)[0]
-            columns, values, chosen, rows = expand_level(frontier_val, torch.log_softmax(head.logits(g).float(), -1), k)
-            ids = head.token_ids(columns)
-            tokens.append(ids), scores.append(values), parents.append(frontier_idx.repeat_interleave(k))
-            frontier_tok, frontier_val, frontier_g, seen = ids[chosen], values[chosen], g[rows], seen[rows]
-            frontier_idx = offset + chosen
-            offset += k * k
-        cand = Candidates(torch.cat(tokens), torch.cat(scores), torch.cat(parents), self.level_depths)
-        return select_tree(root, cand, num_nodes=cfg.num_nodes, depth=cfg.depth)
+        """EAGLE-2's dynamic tree under ``root`` from the newest verified entry (``grow_tree``); each
+        level's k frontier nodes are appended to the draft cache after the verified entries."""
+        k = self.tree.top_k
+
+        def level(g, tokens, depth, seen):
+            pos = torch.full((1, k), self.next_pos + depth - 1, device=self.device)
+            return self.head(g[None], tokens[None], pos, attention_mask=self._mask(seen), cache=self.cache)[0]
+
+        return grow_tree(self.head.logits, self.head.token_ids, self.tree, self.last, root, level, eye=self.eye)
 
 
-__all__ = ["EagleRun"]
+def grow_tree(logits, token_ids, tree: DynamicTreeConfig, last, root, level, *, eye) -> DynamicTree:
+    """EAGLE-2's dynamic tree under ``root`` (reference ``topK_genrate``): level 1 is the top-k of the
+    head's ``logits`` after ``last`` (g at the newest verified entry), then depth - 1 batched draft
+    forwards of the k frontier nodes each, ``level(g [k, d], tokens [k], depth, seen [k, k * depth])``
+    -> g [k, d], every node seeing the prefix, its drafted ancestors and itself (``seen``: over the
+    entries the levels before it and this one wrote, in that order). Written once for the dynamic
+    run and the captured one (``eagle_static.StaticEagle``); no host reads."""
+    k, dev = tree.top_k, last.device
+    logp = torch.log_softmax(logits(last).float(), -1)
+    top = torch.topk(logp, k)
+    tokens, scores = [token_ids(top.indices)], [top.values]
+    parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]
+    frontier_tok, frontier_val = tokens[0], top.values
+    frontier_g = last.expand(k, -1)
+    frontier_idx = torch.arange(k, device=dev)
+    # each frontier node's drafted ancestors
+    seen = torch.zeros(k, 0, dtype=torch.bool, device=dev)
+    offset = k
+    for depth in range(1, tree.depth):
+        # ... and each node itself
+        seen = torch.cat([seen, eye], dim=1)
+        g = level(frontier_g, frontier_tok, depth, seen)
+        columns, values, chosen, rows = expand_level(frontier_val, torch.log_softmax(logits(g).float(), -1), k)
+        ids = token_ids(columns)
+        tokens.append(ids), scores.append(values), parents.append(frontier_idx.repeat_interleave(k))
+        frontier_tok, frontier_val, frontier_g, seen = ids[chosen], values[chosen], g[rows], seen[rows]
+        frontier_idx = offset + chosen
+        offset += k * k
+    depths = torch.cat([torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, tree.depth + 1)])
+    cand = Candidates(torch.cat(tokens), torch.cat(scores), torch.cat(parents), depths)
+    return select_tree(root, cand, num_nodes=tree.num_nodes, depth=tree.depth)
+
+
+__all__ = ["EagleRun", "grow_tree"]

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from .dynamic_tree import ancestry, children_of, tree_of_parents
 from .kv import COMPILE_MODE
 from .messages import cause
 from .prefill import Prefill
@@ -27,7 +28,8 @@ from .tree import TreeBuffers
 WIDTH = 16
 # tree tokens one step may verify
 MAX_NODES = 512
-# result row: count, accept length, finish reason, lookup match, best path row
+# result row: count, accept length, finish reason, lookup match, best path row; then the emitted tokens
+# [WIDTH], the accepted nodes [WIDTH], the tree's tokens [L] and, for a new tree every step, its parents [L]
 META = 5
 
 
@@ -51,7 +53,7 @@ class FusedState:
         self.eos = torch.full((8,), -1, dtype=torch.long, device=dev)
         # the nodes of the next tree that may be accepted (a draft may leave some dead: StaticDraft.dead)
         self.live = torch.ones(MAX_NODES, dtype=torch.bool, device=dev)
-        self.result = torch.zeros(META + 2 * WIDTH + MAX_NODES, dtype=torch.long, device=dev)
+        self.result = torch.zeros(META + 2 * WIDTH + 2 * MAX_NODES, dtype=torch.long, device=dev)
         # the one read per step lands here
         self.host = torch.zeros_like(self.result, device="cpu", pin_memory=dev.type == "cuda")
 
@@ -88,22 +90,34 @@ class Program:
     """One step of one tree shape under one ``Rule``, as a function of ``FusedState`` only.
     ``drafter`` (a ``drafters.StaticDraft``; None: a root-only step, nothing drafted) fills the next
     tree from the last accepted node's hidden state, the root and the history; its ``lookup``
-    trailing nodes hold tokens copied from the context (how many hold a match: ``state.matched``)."""
+    trailing nodes hold tokens copied from the context (how many hold a match: ``state.matched``).
+    The tree is ``bufs``, the same every step, or one the draft writes every step as parents
+    (``StaticDraft.parents``, bufs None: an EAGLE head's dynamic tree), of a fixed size and depth."""
 
-    def __init__(self, kv, state: FusedState, bufs: TreeBuffers, *, rule: Rule, drafter=None):
-        if bufs.num_nodes > MAX_NODES or bufs.depth + 1 > WIDTH:
-            raise ValueError(
-                f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} "
-                f"(got {bufs.num_nodes}, {bufs.depth})."
-            )
+    def __init__(self, kv, state: FusedState, bufs: TreeBuffers | None, *, rule: Rule, drafter=None):
         self.kv, self.s, self.bufs, self.rule = kv, state, bufs, rule
         self.draft = drafter.draft if drafter is not None else None
         self.lookup = drafter.lookup if drafter is not None else 0
         self.dead = drafter is not None and drafter.dead
+        # a draft with a state of its own, told the accepted path and the prompt
+        self.verified = drafter.verified if drafter is not None else None
+        self.opening = drafter.start if drafter is not None else None
+        # a new tree every step: its parents
+        self.parents = drafter.parents if drafter is not None else None
         dev = kv.device
-        # cached properties (a lock inside) read now, never inside a captured or compiled step
-        self.depth, self.num_nodes, self.paths, self.valid = bufs.depth, bufs.num_nodes, bufs.paths, bufs.valid
-        self.children = bufs.children if rule.name == "sample" else None
+        if self.parents is not None:
+            self.depth, self.num_nodes, self.top_k = drafter.depth, self.parents.numel(), drafter.top_k
+        else:
+            # cached properties (a lock inside) read now, never inside a captured or compiled step
+            self.depth, self.num_nodes, self.paths, self.valid = bufs.depth, bufs.num_nodes, bufs.paths, bufs.valid
+            self.children = bufs.children if rule.name == "sample" else None
+        if self.num_nodes > MAX_NODES or self.depth + 1 > WIDTH:
+            raise ValueError(
+                f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} "
+                f"(got {self.num_nodes}, {self.depth})."
+            )
+        if drafter is not None and drafter.allocate is not None:
+            drafter.allocate(kv.max_len)
         self.j = torch.arange(self.depth + 1, device=dev)
         # a CUDA graph of ``step`` (``capture``)
         self.graph = None
@@ -123,27 +137,25 @@ class Program:
         seq_len = s.seq_len.view(1)
         prefix = seq_len - 1
         toks = s.tokens[:L]
+        bias, position_ids, paths, valid, children = self.tree()
         # verify: the stock forward of the tree after the prefix, mask and positions built on the device
         kv.set_lengths(s.seq_len - 1)
         h = kv.body(
             input_ids=toks[None],
-            attention_mask=kv.tree_mask(self.bufs.bias, prefix),
-            position_ids=(self.bufs.tree.position_ids + prefix)[None],
+            attention_mask=kv.tree_mask(bias, prefix),
+            position_ids=(position_ids + prefix)[None],
             past_key_values=kv.cache,
             use_cache=True,
         ).last_hidden_state[0]
         logits = kv.lm_head(h)  # [L, V]
         # accept: the rule, and the bonus token; nodes the draft left dead are never accepted
-        valid, children = self.valid, self.children
         if self.dead:
             live = s.live[:L]
-            valid = valid & live[self.paths]
+            valid = valid & live[paths]
             if children is not None:
                 children = torch.where(live[children.clamp(min=0)], children, -1)
         knobs = Knobs(s.temperature, s.top_p, s.seed, s.epsilon, s.delta)
-        n, nodes, best, bonus = accept(
-            self.rule, logits, toks, self.paths, valid, children, knobs=knobs, seq_len=seq_len
-        )
+        n, nodes, best, bonus = accept(self.rule, logits, toks, paths, valid, children, knobs=knobs, seq_len=seq_len)
         last = nodes.gather(0, n)
         # cut at the budget, the context and EOS
         accepted = toks.gather(0, torch.cat([nodes[1:], nodes[:1]]))
@@ -155,14 +167,46 @@ class Program:
         r[META : META + D + 1].copy_(emitted)
         r[META + WIDTH : META + WIDTH + D + 1].copy_(nodes)
         r[META + 2 * WIDTH : META + 2 * WIDTH + L].copy_(toks)
+        if self.parents is not None:
+            r[META + 2 * WIDTH + L : META + 2 * WIDTH + 2 * L].copy_(self.parents)
         # commit: K/V of root + accepted behind the prefix, tokens into the history, the counters
         kv.compact(prefix, nodes)
         kept = torch.where(self.j < count, emitted, s.history.gather(0, seq_len + self.j))
         s.history.index_copy_(0, seq_len + self.j, kept)
         s.seq_len.add_(count[0])
         s.produced.add_(count[0])
+        # a draft with a state of its own reads the accepted path first: (f, the token after it) per node
+        if self.verified is not None:
+            self.verified(h.index_select(0, nodes), emitted, prefix, n)
         # draft: the next tree from the last accepted node's hidden state
         self.write_draft(h.index_select(0, last)[0], bonus)
+
+    def tree(self) -> tuple:
+        """The tree this step verifies: (bias [L, L], position ids [L], paths [P, D+1] with padding
+        clamped to 0, valid [P, D+1], children [L, W] or None when the rule does not walk). A new tree
+        every step is built here from its parents (``dynamic_tree.ancestry``: one path per node)."""
+        if self.parents is None:
+            return self.bufs.bias, self.bufs.tree.position_ids, self.paths, self.valid, self.children
+        kv = self.kv
+        seen, position_ids, retrieve = ancestry(self.parents, self.depth)
+        bias = torch.zeros(seen.shape, dtype=kv.dtype, device=kv.device).masked_fill(~seen.to(kv.device), kv.min)
+        children = children_of(self.parents) if self.rule.name == "sample" else None
+        return bias, position_ids.to(kv.device), retrieve.clamp(min=0), retrieve >= 0, children
+
+    def open(self, features: torch.Tensor, ids: torch.Tensor, root: torch.Tensor) -> None:
+        """A run's first draft after its prefill: a draft with a state of its own reads the prompt
+        (``features`` [n, d] of the prompt ``ids`` [n], each beside the token after it), then the tree
+        under ``root`` [1] is drafted."""
+        if self.opening is not None:
+            self.opening(features, torch.cat([ids[1:], root.view(1).to(ids.device)]))
+        self.write_draft(features[-1], root.view(1))
+
+    def record_tree(self, row: list[int]):
+        """The tree a step verified, on the CPU (for the records), from its result ``row``."""
+        if self.parents is None:
+            return self.bufs.cpu
+        at, L = META + 2 * WIDTH + self.num_nodes, self.num_nodes
+        return tree_of_parents(tuple(row[at : at + L]), width=self.depth + 1, top_k=self.top_k, lookup=self.lookup)
 
     def write_draft(self, hidden: torch.Tensor, root: torch.Tensor) -> None:
         """The next step's tree tokens, in place: the drafter's tree from ``hidden`` [d] under
@@ -270,14 +314,17 @@ class Program:
 
     def _snapshot(self) -> dict:
         """What a step leaves: the state's buffers (result, next tokens, history, counters) and the lengths."""
-        return {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"} | {
-            "lengths": self.kv.lens.clone()
-        }
+        saved = {k: v.clone() for k, v in vars(self.s).items() if isinstance(v, torch.Tensor) and k != "host"}
+        saved["lengths"] = self.kv.lens.clone()
+        if self.parents is not None:
+            saved["parents"] = self.parents.clone()
+        return saved
 
     def _restore(self, saved: dict) -> None:
         """Put a ``_snapshot`` back."""
+        own = {"lengths": self.kv.lens, "parents": self.parents}
         for k, v in saved.items():
-            (self.kv.lens if k == "lengths" else getattr(self.s, k)).copy_(v)
+            (own[k] if k in own else getattr(self.s, k)).copy_(v)
 
     @property
     def captured(self) -> bool:
@@ -303,9 +350,10 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
         kv.state = FusedState(kv, vocab=decoder.lm_head.weight.shape[0])
     rule = decoder.rule
 
-    def get(bufs: TreeBuffers, drafter) -> tuple[tuple, Program]:
+    def get(bufs: TreeBuffers | None, drafter) -> tuple[tuple, Program]:
         # (rule, nucleus, sample_root, tree, lookup length, what the drafter's program holds)
-        key = (*rule, bufs.cpu.choices, drafter.lookup, drafter.key) if drafter else (*rule, bufs.cpu.choices, 0, ())
+        tree = bufs.cpu.choices if bufs is not None else ("new tree", drafter.num_nodes, drafter.depth)
+        key = (*rule, tree, drafter.lookup, drafter.key) if drafter else (*rule, tree, 0, ())
         if key not in kv.programs:
             kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, drafter=drafter)
         # most recently used last
@@ -388,18 +436,19 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
     new, reason = d.finish([int(root)], 0, n)
     state.start(ids[0], root=root, config=cfg, eos=tuple(d.info.eos_token_ids or ()), context=limit)
     if tree is not None and reason is None:
-        tree.write_draft(features[-1], root.view(1))
+        tree.open(features, ids[0], root)
     captured = kv.capture != "none" and all(p.captured for p in (tree, root_prog) if p is not None)
     yield d.prefill_step(new, reason, t0, kv, engine=f"static, {kv.capture}" if captured else "static")
     seq_len, index = n + len(new), 1
-    reach = tree.bufs.depth if tree is not None else 0
+    reach = tree.depth if tree is not None else 0
     # near the context limit: root-only steps
     while reason is None:
         prog = tree if tree is not None and seq_len + reach + 1 <= limit else root_prog
-        L = prog.bufs.num_nodes
+        L = prog.num_nodes
         t0 = time.perf_counter()
         prog.run()
-        row = state.read(META + 2 * WIDTH + (L if detail else 0))
+        # a new tree every step: its parents too, which the record needs
+        row = state.read(META + 2 * WIDTH + (2 * L if prog.parents is not None else L if detail else 0))
         seconds = time.perf_counter() - t0
         count, accepted, code, matched, best = row[:META]
         new, reason = row[META : META + count], REASONS[code]
@@ -408,7 +457,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
             new,
             seconds,
             MappingProxyType({"step": seconds}),
-            tree=prog.bufs.cpu,
+            tree=prog.record_tree(row),
             tree_tokens=torch.tensor(row[META + 2 * WIDTH : META + 2 * WIDTH + L]) if detail else None,
             nodes=row[META + WIDTH : META + WIDTH + accepted + 1],
             accepted=accepted,

@@ -93,6 +93,8 @@ class PackedLinear(nn.Module):
             or x.dtype != self.packed.dtype
             or w.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            # Inductor cannot lower a packed weight: a compiled step reads the original one
+            or torch.compiler.is_compiling()
         ):
             return nn.functional.linear(x, w, self.bias)
         if self.mkl_rows and x.numel() // self.in_features in self.mkl_rows:

@@ -31,6 +31,8 @@ class Prefill:
         # the chunk's last prompt row
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(weight.shape[1], dtype=kv.dtype, device=dev)
+        # every prompt row's hidden state (a drafter with a state of its own reads them all)
+        self.features = torch.zeros(kv.max_len, weight.shape[1], dtype=kv.dtype, device=dev)
         self.logits = torch.zeros(weight.shape[0], dtype=kv.dtype, device=dev)
         self.ids = {c: torch.zeros(1, c, dtype=torch.long, device=dev) for c in LADDER if c <= kv.max_len}
         self.rows = {c: torch.arange(c, device=dev) for c in self.ids}
@@ -64,11 +66,14 @@ class Prefill:
             use_cache=True,
         ).last_hidden_state[0]
         last = h.index_select(0, self.last.clamp(max=c - 1))[0]
+        # padding rows too: still inside the cache, past the prompt, overwritten by a longer prompt
+        self.features.index_copy_(0, pos, h)
         self.hidden.copy_(last)
         self.logits.copy_(kv.lm_head(last))
 
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompt ``ids`` [1, n] into the (empty) cache; returns (last hidden state [d], its logits [V])."""
+        """The prompt ``ids`` [1, n] into the (empty) cache; returns (every prompt row's hidden state [n, d],
+        the last one's logits [V])."""
         n, done, longest = ids.shape[1], 0, max(self.ids)
         while done < n:
             left = n - done
@@ -91,7 +96,7 @@ class Prefill:
                     with self.cuda.device(self.kv.device):
                         graph.replay()
             done += take
-        return self.hidden, self.logits
+        return self.features[:n], self.logits
 
     def record(self, *, graphs=None) -> float:
         """Record every size as one CUDA graph (``StaticKV.record``) over a stand-in chunk at the cache's

@@ -264,7 +264,7 @@ PARTS = (
          graph_jobs, fig.graph_read, fig.graph_words),
     Part("eagle", "EAGLE heads trained here on every answer (EAGLE-1; EAGLE-3 fused + training-time test)", 300, 600,
          eagle_jobs, fig.eagle_read, fig.eagle_words, side=True),
-    Part("bench-eager", "the bench's eager methods: hf-generate, each other drafter; same prompts, 1 repeat", 150, 300,
+    Part("bench-eager", "hf-generate and each other drafter (EAGLE in its step's graph); 1 repeat", 150, 300,
          lambda ctx: bench_jobs(ctx, "bench-eager", ctx.eager_methods(), repeats=1), fig.bench_read, fig.bench_words),
     Part("calibrate", "calibrate on this device (into a copy of the heads); a tree step's cost by tree size", 180, 400,
          calibrate_jobs, fig.calibrate_read, fig.calibrate_words),

@@ -44,8 +44,8 @@ class Draft(NamedTuple):
 class StaticDraft(NamedTuple):
     """What a captured, fixed-shape step holds of a drafter (``fused.Program``)."""
 
-    # the one tree every step verifies
-    buffers: TreeBuffers
+    # the one tree every step verifies (None: a new tree every step, given by ``parents``)
+    buffers: TreeBuffers | None
     # (hidden [d], root [1], history [H], seq_len [1]) -> (tokens [L], matched [1], live [L] or None),
     # no host read
     draft: Callable
@@ -55,6 +55,25 @@ class StaticDraft(NamedTuple):
     key: tuple
     # its draft may leave nodes dead this step (``live`` False: never accepted, as if absent)
     dead: bool = False
+    # a new tree every step: the draft writes each node's parent here ([L] tree positions, the root's
+    # 0, parents first; ``dynamic_tree.ancestry``), at most ``depth`` levels deep
+    parents: torch.Tensor | None = None
+    depth: int = 0
+    # the width of its parents' rows: each node's children (a top-k), for the step records
+    top_k: int = 0
+    # a draft with a state of its own: the step tells it the accepted path before the draft,
+    # (features [W, d] of the path's nodes from the root, the token after each [W], the root's position
+    # [1], accepted n [1]: the first n + 1 are real), and the run's start tells it the prompt,
+    # eagerly (features [n, d], the token after each [n]); ``allocate(max_len)``: its buffers, once,
+    # by the program that keeps it
+    verified: Callable | None = None
+    start: Callable | None = None
+    allocate: Callable | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        """L, tree tokens verified per step."""
+        return self.buffers.num_nodes if self.buffers is not None else self.parents.numel()
 
 
 class Loaded(NamedTuple):

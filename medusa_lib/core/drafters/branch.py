@@ -81,24 +81,39 @@ class LookupBranch(Drafter):
             self.trees = {c: dec.build(with_lookup(fixed.cpu, c)) for c in range(1, self.length + 1)}
         # the shape a captured step verifies; a chain that would pass the context limit: root-only steps
         self.buffers = self.trees.get(self.length)
-        self.depth = self.buffers.depth if self.buffers is not None else self.inner.depth
+        self.depth = self.buffers.depth if self.buffers is not None else max(self.inner.depth, self.length)
 
     def open(self) -> DraftRun:
         return _BranchRun(self, self.inner.open())
 
     def static(self, dec) -> StaticDraft | None:
         inner = self.inner.static(dec)
-        if inner is None or self.buffers is None:
+        if inner is None:
             return None
-        length, drafted = self.length, torch.ones(self.inner.buffers.num_nodes, dtype=torch.bool, device=dec.device)
+        length, L = self.length, inner.num_nodes
+        drafted = torch.ones(L, dtype=torch.bool, device=dec.device)
         j = torch.arange(length, device=dec.device)
+        key = ("lookup", length, inner.key)
+        if inner.parents is None:
 
-        def draft(hidden, root, history, seq_len):
+            def draft(hidden, root, history, seq_len):
+                tokens, _, _ = inner.draft(hidden, root, history, seq_len)
+                chain, matched = lookup_chain(history, seq_len, length)
+                return torch.cat([tokens, chain]), matched, torch.cat([drafted, j < matched])
+
+            return StaticDraft(self.buffers, draft, length, key, dead=True)
+        # beside a new tree every step: its parents, then the chain's (under the root, each node under
+        # the one before), one path per node
+        chain = torch.tensor([0, *range(L, L + length - 1)], dtype=torch.long, device=inner.parents.device)
+        parents = torch.cat([inner.parents, chain])
+
+        def drafts(hidden, root, history, seq_len):
             tokens, _, _ = inner.draft(hidden, root, history, seq_len)
+            parents[:L].copy_(inner.parents)
             chain, matched = lookup_chain(history, seq_len, length)
             return torch.cat([tokens, chain]), matched, torch.cat([drafted, j < matched])
 
-        return StaticDraft(self.buffers, draft, length, ("lookup", length, inner.key), dead=True)
+        return inner._replace(draft=drafts, lookup=length, key=key, dead=True, parents=parents, depth=self.depth)
 
 
 __all__ = ["LookupBranch"]

@@ -24,8 +24,9 @@ from ..eagle import (
     read_eagle_config,
 )
 from ..eagle_run import EagleRun
+from ..eagle_static import StaticEagle
 from ..messages import cause
-from .base import Draft, Drafter, DraftRun, Loaded, beside
+from .base import Draft, Drafter, DraftRun, Loaded, StaticDraft, beside, no_context
 
 # the EAGLE head of heads folder X lives in X-eagle
 SUFFIX = "-eagle"
@@ -172,10 +173,6 @@ class EagleDrafter(Drafter):
         "EAGLE head folder for the page's Drafter choice, 'auto' (the one beside the Medusa heads, "
         "<heads>-eagle, if any; default) or 'none' (no EAGLE head)"
     )
-    static_note = (
-        "The EAGLE drafter runs with the dynamic cache only (its tree changes every step); "
-        "this run uses the dynamic cache."
-    )
 
     def __init__(self, head: EagleHead, tree: DynamicTreeConfig | None = None):
         self.head, self.tree = head, tree if isinstance(tree, DynamicTreeConfig) else head.config.tree
@@ -241,6 +238,34 @@ class EagleDrafter(Drafter):
 
     def open(self) -> DraftRun:
         return _EagleRun(self)
+
+    @property
+    def static_note(self) -> str:
+        return (
+            "An EAGLE-3 head (it reads the inputs of several layers) runs with the dynamic cache only; "
+            "this run uses the dynamic cache."
+        )
+
+    def static(self, dec) -> StaticDraft | None:
+        """The head's draft inside the step's program (``eagle_static.StaticEagle``): a new tree of
+        the same size every step, written as parents. An EAGLE-3 head reads other layers' inputs
+        through hooks, which a captured step does not run: dynamic cache only (``static_note``)."""
+        if self.head.config.fuse_layers:
+            return None
+        eagle = StaticEagle(self.head, self.tree)
+        draft = lambda hidden, root, history, seq_len: no_context(eagle.draft(root))  # noqa: E731
+        return StaticDraft(
+            None,
+            draft,
+            0,
+            ("eagle", self.head, self.tree),
+            parents=eagle.parents,
+            depth=self.tree.depth,
+            top_k=self.tree.top_k,
+            verified=eagle.verified,
+            start=eagle.start,
+            allocate=eagle.allocate,
+        )
 
 
 __all__ = ["EagleDrafter", "check_eagle_folder", "eagle_beside", "find_eagle", "load_eagle_for", "tree_note"]
