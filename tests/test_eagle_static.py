@@ -215,6 +215,18 @@ def test_the_program_is_captured_checked_and_shared_by_later_decoders(setups):
     assert records(first) == records(second)
 
 
+def test_each_program_drafts_with_its_own_state_whatever_cache_a_run_gets(setups):
+    """A decoder without a shared cache gets a static cache of its own size every run: each of those
+    programs gets its own draft state, so a long prompt after a short one still drafts the dynamic run's
+    trees (one state across caches would put verified pairs in the draft slots, or past the cache)."""
+    model, trained, _ = setups["qwen2"]
+    dec = static_decoder(model, trained)
+    for length in (4, 70, 120):
+        prompt = (PROMPT * 20)[:length]
+        dynamic = run_method(model, prompt, method="medusa-greedy", eagle=trained, config=config("dynamic"))
+        assert records(dec.run(prompt)) == records(dynamic)
+
+
 @pytest.mark.slow
 @torch.inference_mode()
 @pytest.mark.parametrize("lookup", [0, 3])

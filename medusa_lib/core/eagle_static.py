@@ -48,9 +48,10 @@ class StaticEagle:
     @torch.inference_mode()
     def allocate(self, max_len: int) -> None:
         """The head's cache (``max_len`` verified slots, then the draft levels' slots) and the buffers the
-        draft reads, allocated once, eagerly (never inside a compile or a capture)."""
+        draft reads, allocated eagerly (never inside a compile or a capture), by the one program that
+        keeps this state (``EagleDrafter.static``'s ``fresh``)."""
         if self.cache is not None:
-            return
+            raise RuntimeError("a StaticEagle belongs to one program: allocate it once")
         k, depth, head = self.tree.top_k, self.tree.depth, self.head
         self.base = max_len
         self.size = -(-(max_len + k * (depth - 1)) // ALIGN) * ALIGN
@@ -62,9 +63,12 @@ class StaticEagle:
         # one pair at slot 0 makes transformers allocate the layer (it marks its tensors static)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         self._forward(self.last[None], zero, zero, self.cols[None] < 1, at=0)
-        # the projection the dynamic run uses, built now (its first call gathers the proposal rows)
+        # the projection the dynamic run uses, built now (its first call gathers the proposal rows); a
+        # traced step calls it without the data-pointer check (a change of the proposal vocabulary or the
+        # numerics is another program: ``EagleDrafter.static``'s key)
         head.logits(self.last)
-        self.logits = head._proj
+        proj, dtype = head._proj, head._lm_head.weight.dtype
+        self.logits = lambda g: proj(g.to(dtype))
         self.stable.zero_()
 
     def _forward(self, x, tokens, pos, visible, *, at) -> torch.Tensor:
@@ -94,9 +98,15 @@ class StaticEagle:
         """A step's accepted path: pairs (f at its node, the token after it) from the root, at positions
         ``start`` [1] on (``features`` [W, d], ``tokens`` [W]); the first n + 1 (``n`` [1]) are real, the
         rest fill the fixed width (hidden, then overwritten)."""
-        pos = start + torch.arange(tokens.numel(), device=self.device)
+        dev = self.device
+        start, n = start.to(dev), n.to(dev)
+        pos = start + torch.arange(tokens.numel(), device=dev)
         g = self._forward(
-            self.head.draft_input(features), tokens.clamp(min=0), pos, self.cols[None] <= pos[:, None], at=start
+            self.head.draft_input(features.to(dev)),
+            tokens.to(dev).clamp(min=0),
+            pos,
+            self.cols[None] <= pos[:, None],
+            at=start,
         )
         self.last.copy_(g.index_select(0, n)[0])
         self.stable.copy_((start + n + 1).view(()))

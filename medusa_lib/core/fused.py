@@ -96,6 +96,9 @@ class Program:
 
     def __init__(self, kv, state: FusedState, bufs: TreeBuffers | None, *, rule: Rule, drafter=None):
         self.kv, self.s, self.bufs, self.rule = kv, state, bufs, rule
+        # a draft with a state of its own gets one for this program (never shared with another)
+        if drafter is not None and drafter.fresh is not None:
+            drafter = drafter.fresh(kv.max_len)
         self.draft = drafter.draft if drafter is not None else None
         self.lookup = drafter.lookup if drafter is not None else 0
         self.dead = drafter is not None and drafter.dead
@@ -116,8 +119,6 @@ class Program:
                 f"A fused step holds at most {MAX_NODES} nodes and depth {WIDTH - 1} "
                 f"(got {self.num_nodes}, {self.depth})."
             )
-        if drafter is not None and drafter.allocate is not None:
-            drafter.allocate(kv.max_len)
         self.j = torch.arange(self.depth + 1, device=dev)
         # a CUDA graph of ``step`` (``capture``)
         self.graph = None

@@ -213,11 +213,28 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"--tree: {e}")
         lookup = args.lookup if args.lookup is not None else defaults.lookup_length
         tree_name = f"{tree_name} + lookup-{lookup}" if lookup else tree_name
+    eagle, eagle_tree = None, None
+    if any(m.startswith("eagle") for m in methods):
+        try:
+            eagle = load_eagle(args.eagle, model=model, int8=False if args.float_draft else None)
+            eagle_tree = (
+                DynamicTreeConfig(*map(int, args.eagle_tree.split(","))) if args.eagle_tree else eagle.config.tree
+            )
+            eagle_tree.check()
+        except (InputError, ValueError, TypeError) as e:
+            hint = "write the tree as three whole numbers, top_k,depth,nodes (e.g. 8,5,24)"
+            raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else hint}") from None
+    # eagle-lookup's branch: the medusa methods' length, else --lookup, never 0 (that is eagle-greedy)
+    branch = (lookup if tree is not None else args.lookup) or DEFAULT_LOOKUP
     # Our methods' engine: the cache, and with a capture the shared static cache, long enough for the
-    # widest step the methods below verify (the tree + its lookup branch); the warm-up captures their steps.
+    # widest step the methods below verify (a tree + its lookup branch); the warm-up captures their steps.
     shapes = [tree, with_lookup(tree, lookup)] if tree is not None else []
-    # the trees, or a prompt lookup chain if it is longer
-    widest = max([t.num_nodes for t in shapes] + [1 + (args.lookup or DEFAULT_LOOKUP)])
+    # the trees, EAGLE's with its branch, or a prompt lookup chain if it is longer
+    widest = max(
+        [t.num_nodes for t in shapes]
+        + [1 + (args.lookup or DEFAULT_LOOKUP)]
+        + ([eagle_tree.num_nodes + 1 + branch] if eagle_tree is not None else [])
+    )
     try:
         engine = prepare_engine(
             model,
@@ -260,20 +277,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{prefix}-typical": ours("medusa-typical", replace(sample_cfg, sample_root=True), drafter=drafter),
         }
 
-    eagle_tree = None
-    if any(m.startswith("eagle") for m in methods):
-        try:
-            eagle = load_eagle(args.eagle, model=model, int8=False if args.float_draft else None)
-            eagle_tree = (
-                DynamicTreeConfig(*map(int, args.eagle_tree.split(","))) if args.eagle_tree else eagle.config.tree
-            )
-            eagle_tree.check()
-        except (InputError, ValueError, TypeError) as e:
-            hint = "write the tree as three whole numbers, top_k,depth,nodes (e.g. 8,5,24)"
-            raise SystemExit(f"--eagle / --eagle-tree: {e if isinstance(e, InputError) else hint}") from None
+    if eagle is not None:
         decoders |= rules("eagle", EagleDrafter(eagle, eagle_tree))
-        # eagle-lookup's branch: the medusa methods' length, else --lookup, never 0 (that is eagle-greedy)
-        branch = (lookup if tree is not None else args.lookup) or DEFAULT_LOOKUP
         decoders["eagle-lookup"] = ours(
             "medusa-greedy",
             DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=branch),

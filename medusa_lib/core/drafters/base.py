@@ -64,11 +64,12 @@ class StaticDraft(NamedTuple):
     # a draft with a state of its own: the step tells it the accepted path before the draft,
     # (features [W, d] of the path's nodes from the root, the token after each [W], the root's position
     # [1], accepted n [1]: the first n + 1 are real), and the run's start tells it the prompt,
-    # eagerly (features [n, d], the token after each [n]); ``allocate(max_len)``: its buffers, once,
-    # by the program that keeps it
+    # eagerly (features [n, d], the token after each [n])
     verified: Callable | None = None
     start: Callable | None = None
-    allocate: Callable | None = None
+    # such a state belongs to one program: ``fresh(max_len)`` gives a program its own (allocated for
+    # a cache of ``max_len`` slots, before any compile or capture); None: nothing of its own
+    fresh: Callable[[int], "StaticDraft"] | None = None
 
     @property
     def num_nodes(self) -> int:

@@ -103,17 +103,26 @@ class LookupBranch(Drafter):
 
             return StaticDraft(self.buffers, draft, length, key, dead=True)
         # beside a new tree every step: its parents, then the chain's (under the root, each node under
-        # the one before), one path per node
-        chain = torch.tensor([0, *range(L, L + length - 1)], dtype=torch.long, device=inner.parents.device)
-        parents = torch.cat([inner.parents, chain])
+        # the one before), one path per node; a program's own inner draft gets its own branch
+        depth = self.depth
 
-        def drafts(hidden, root, history, seq_len):
-            tokens, _, _ = inner.draft(hidden, root, history, seq_len)
-            parents[:L].copy_(inner.parents)
-            chain, matched = lookup_chain(history, seq_len, length)
-            return torch.cat([tokens, chain]), matched, torch.cat([drafted, j < matched])
+        def around(inner: StaticDraft) -> StaticDraft:
+            dev = inner.parents.device
+            parents = torch.cat([inner.parents, torch.tensor([0, *range(L, L + length - 1)], device=dev)])
 
-        return inner._replace(draft=drafts, lookup=length, key=key, dead=True, parents=parents, depth=self.depth)
+            def drafts(hidden, root, history, seq_len):
+                tokens, _, _ = inner.draft(hidden, root, history, seq_len)
+                parents[:L].copy_(inner.parents)
+                chain, matched = lookup_chain(history, seq_len, length)
+                live = torch.cat([drafted, j < matched]).to(dev)
+                return torch.cat([tokens, chain.to(tokens.device)]), matched, live
+
+            fresh = (lambda max_len: around(inner.fresh(max_len))) if inner.fresh is not None else None
+            return inner._replace(
+                draft=drafts, lookup=length, key=key, dead=True, parents=parents, depth=depth, fresh=fresh
+            )
+
+        return around(inner)
 
 
 __all__ = ["LookupBranch"]

@@ -252,20 +252,32 @@ class EagleDrafter(Drafter):
         through hooks, which a captured step does not run: dynamic cache only (``static_note``)."""
         if self.head.config.fuse_layers:
             return None
-        eagle = StaticEagle(self.head, self.tree)
-        draft = lambda hidden, root, history, seq_len: no_context(eagle.draft(root))  # noqa: E731
-        return StaticDraft(
-            None,
-            draft,
-            0,
-            ("eagle", self.head, self.tree),
-            parents=eagle.parents,
-            depth=self.tree.depth,
-            top_k=self.tree.top_k,
-            verified=eagle.verified,
-            start=eagle.start,
-            allocate=eagle.allocate,
-        )
+        head, tree = self.head, self.tree
+        # its projection onto the proposal vocabulary, gathered now (a traced step reads it as it is)
+        head.logits(torch.zeros(head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.fc.weight.device))
+
+        def made(eagle: StaticEagle, fresh=None) -> StaticDraft:
+            return StaticDraft(
+                None,
+                lambda hidden, root, history, seq_len: no_context(eagle.draft(root)),
+                0,
+                # the head, its tree and its projection (proposal vocabulary, numerics): what the program holds
+                ("eagle", head, tree, head._proj),
+                parents=eagle.parents,
+                depth=tree.depth,
+                top_k=tree.top_k,
+                verified=eagle.verified,
+                start=eagle.start,
+                fresh=fresh,
+            )
+
+        def fresh(max_len: int) -> StaticDraft:
+            eagle = StaticEagle(head, tree)
+            eagle.allocate(max_len)
+            return made(eagle)
+
+        # what keys and sizes the program; each program drafts with a fresh one
+        return made(StaticEagle(head, tree), fresh)
 
 
 __all__ = ["EagleDrafter", "check_eagle_folder", "eagle_beside", "find_eagle", "load_eagle_for", "tree_note"]
