@@ -298,7 +298,7 @@ def load_model(
     allow_remote: bool = True,
     trust_remote_code: bool = False,
     prepack: bool = True,
-    packed_gqa: bool = True,
+    packed_gqa: bool | str = True,
     progress: Callable[[str], None] | None = None,
 ):
     """Load (model, tokenizer) for decoding: the embedded default, a local folder, or a Hub id.
@@ -307,7 +307,8 @@ def load_model(
     ``prepack``: on CPU, reorder the linear weights once for oneDNN (:class:`packing.PackedLinear`),
     and route the few-row products that MKL ran faster here to it (``packing.choose_few_row_kernels``).
     ``packed_gqa``: on CPU, run grouped-query attention without copying the KV cache
-    (``medusa_lib.core.attention``; same results, every method benefits).
+    (``medusa_lib.core.attention``; same results, every method benefits); ``"always"``: on any device
+    (a GPU's figure is what the GPU check's ``fold`` part measures).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -412,7 +413,7 @@ def load_model(
             rows = choose_few_row_kernels(model)
             if rows:
                 say(f"Products of {', '.join(map(str, rows))} rows run through MKL (timed faster here).")
-    if packed_gqa and not device_map and dev.type == "cpu" and use_packed_gqa(model):
+    if packed_gqa and not device_map and (dev.type == "cpu" or packed_gqa == "always") and use_packed_gqa(model):
         say("Grouped-query attention folds query heads onto the KV heads (no KV cache copies).")
     check_supported(model)
     say(f"Model ready in {time.perf_counter() - t0:.1f} s.")

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             device=args.device,
             dtype=args.dtype,
             prepack=not args.no_prepack,
-            packed_gqa=not args.stock_attention,
+            packed_gqa="always" if args.fold_gqa else not args.stock_attention,
             progress=lambda m: print(m, flush=True),
         )
     except InputError as e:

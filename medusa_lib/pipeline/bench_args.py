@@ -131,6 +131,12 @@ def parser(description: str) -> argparse.ArgumentParser:
         action="store_true",
         help="keep transformers' sdpa attention on CPU instead of the packed-GQA one (every method)",
     )
+    ap.add_argument(
+        "--fold-gqa",
+        action="store_true",
+        help="fold grouped-query heads onto the KV heads (no KV-head copies) on any device, a GPU too (a CPU "
+        "does by default); every method, hf-compiled's too (one model)",
+    )
     add_engine_arguments(
         ap,
         cache_help="KV cache of our methods (auto: static on CUDA, dynamic on a CPU; core/kv.py)",

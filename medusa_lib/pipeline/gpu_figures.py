@@ -300,6 +300,29 @@ def graph_words(f: dict) -> str:
     return "; ".join([*said, f"engine: {f.get('engine')}", *f.get("failed", [])[:1]]) if said else "not measured"
 
 
+def fold_read(ctx, jobs) -> dict:
+    """The bench with GQA folded onto the KV heads, beside the bench part's figures of the same methods
+    (``vs_bench``: this part's tok/s over the bench part's, per method; other processes, so a first read)."""
+    data = load(jobs[0].json)
+    out = bench_summary(data)
+    bench = (ctx.results.get("bench") or {}).get("methods") or {}
+    for method, row in (out.get("methods") or {}).items():
+        base = (bench.get(method) or {}).get("tok_s")
+        if base:
+            row["vs_bench"] = round(row["tok_s"] / base, 3)
+    return out
+
+
+def fold_words(f: dict) -> str:
+    rows = f.get("methods") or {}
+    said = [
+        f"{m} {r['tok_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
+        + (f", {r['vs_bench']:.2f}x the bench part's" if r.get("vs_bench") else "")
+        for m, r in rows.items()
+    ]
+    return "; ".join([*said, f"engine: {f.get('engine')}"]) if said else "not measured"
+
+
 def eagle_read(ctx, jobs) -> dict:
     """Each recipe's kept head: its simulated held-out tokens/step from training.json, or, for a run cut by
     the part's limit, from the history its last kept checkpoint wrote into config.json; the feature cache's

@@ -187,6 +187,13 @@ def graph_jobs(ctx: Context) -> list[Job]:
     return bench_jobs(ctx, "graph", ["baseline", "medusa-greedy"], repeats=1, engine=engine)
 
 
+def fold_jobs(ctx: Context) -> list[Job]:
+    """The bench's baseline and Medusa on the default engine with grouped-query heads folded onto the KV heads
+    (``--fold-gqa``: no copy of the KV heads in any step), 3 repeats: read against the bench part's figures
+    (the same prompts, sizes and engine, in another process)."""
+    return bench_jobs(ctx, "fold", ["baseline", "medusa-greedy"], repeats=3, engine=("--fold-gqa",))
+
+
 # The EAGLE recipes trained on the GPU: name -> train_eagle flags. All read one feature cache.
 EAGLE_RECIPES = {"eagle1": [], "eagle3": ["--fuse", "--ttt-steps", "3"]}
 # Then from a recipe's kept head: recipe -> (name, flags, its share of the recipe's time). On a CPU
@@ -262,6 +269,8 @@ PARTS = (
          240, 300, float32_compiled_jobs, fig.bench_read, fig.bench_words),
     Part("graph", "--capture cuda-graph: the eager kernels in one graph a step (the fallback), 1 repeat", 150, 300,
          graph_jobs, fig.graph_read, fig.graph_words),
+    Part("fold", "the bench's baseline and Medusa with GQA folded (no KV-head copies), 3 repeats", 240, 400,
+         fold_jobs, fig.fold_read, fig.fold_words),
     Part("eagle", "EAGLE heads trained here on every answer (EAGLE-1; EAGLE-3 fused + training-time test)", 300, 600,
          eagle_jobs, fig.eagle_read, fig.eagle_words, side=True),
     Part("bench-eager", "hf-generate and each other drafter (EAGLE in its step's graph); 1 repeat", 150, 300,
