@@ -192,6 +192,9 @@ def test_inspector_data(pg, events):
     table = path_rows(rec, pg.tokenizer)
     assert len(table) == len(rec.views) - 1 and table[0]["step"] == 1
     assert max(r["accept length"] for r in table) == v.step.accept_length
+    # every step's own time, on either engine (the static one has no verify phase to show)
+    assert [r["step (ms)"] for r in table] == [round(1000 * w.step.seconds, 1) for w in rec.views[1:]]
+    assert all(r["step (ms)"] > 0 for r in table)
     # prefix = prompt + tokens committed before the step - the root (which is not in the cache yet)
     assert v.prefix_len == rec.prompt_len + sum(len(w.step.tokens) for w in rec.views[: v.step.index]) - 1
 
