@@ -1,11 +1,21 @@
-"""What the static engine's tests share (test_fused.py, test_fused_capture.py, test_prefill.py): a prompt, a
-tree, a decoder on the static cache, and a stand-in for torch.cuda that records where a capture runs."""
+"""What the static engine's tests share (test_fused.py, test_fused_capture.py, test_prefill.py,
+test_eagle_static.py): a prompt, a tree, a decoder on the static cache, the aten ops a step runs inside and
+outside its program, and a stand-in for torch.cuda that records where a capture runs."""
 
 import contextlib
+from collections import Counter
 
 import torch
 
 from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices
+from medusa_lib.core import fused
+from medusa_lib.pipeline.profile_step import OpCounter
+
+HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
+# aten ops outside the program per decode step: the read of the result row (slice, .tolist())
+READ_BOUND = 3
+# CPU tensors the step records make from the row (Step.tree_tokens): host memory, no device op
+HOST_MADE = {"lift_fresh", "detach_"}
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61, 17, 33, 250]
 TREE = build_tree(cartesian_choices([3, 2, 2]))
@@ -30,6 +40,31 @@ def decoder(model, heads, method="medusa-greedy", *, lookup=3, temperature=0.0, 
         config=cfg,
         static_kv=kv,
     )
+
+
+def step_ops(monkeypatch, steps) -> tuple[set, Counter, int]:
+    """Run a decoder's ``steps()`` iterator past its prefill under a dispatch-mode counter: (the aten ops
+    run inside ``fused.Program.step``, those run outside it by name with HOST_MADE left out, the decode
+    steps)."""
+    log, step = OpCounter(), fused.Program.step
+
+    def watched(self):
+        log.inside = True
+        try:
+            step(self)
+        finally:
+            log.inside = False
+
+    monkeypatch.setattr(fused.Program, "step", watched)
+    # the prefill (eager, reads its first token)
+    next(steps)
+    with log:
+        n = len(list(steps))
+    inside = {name for (where, name) in log.counts if where == "inside"}
+    outside = Counter(
+        {name: k for (where, name), k in log.counts.items() if where == "outside" and name not in HOST_MADE}
+    )
+    return inside, outside, n
 
 
 class FakeCuda:

@@ -203,7 +203,7 @@ def test_plain_ignores_the_drafter_and_medusa_still_needs_heads(setups):
 def test_the_draft_loop_reads_nothing_back_to_the_host(setups):
     """EAGLE's depth loop and EAGLE-2's selection stay on the device (fixed shapes, device-side
     top-k), so a captured step can take them later: no host read inside ``EagleRun.draft``."""
-    from test_fused import HOST_READS
+    from fused_helpers import HOST_READS
 
     from medusa_lib.core.eagle_run import EagleRun
     from medusa_lib.pipeline.profile_step import OpCounter

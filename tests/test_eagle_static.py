@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 from eagle_helpers import ARCHS, N_NEW, PROMPT, TREE, eagle_setups, plain, sampling
-from fused_helpers import FakeCuda
-from test_fused import HOST_MADE, HOST_READS, READ_BOUND
+from fused_helpers import HOST_READS, READ_BOUND, FakeCuda, step_ops
 
 from medusa_lib import DecodeConfig, Decoder, run_method
 from medusa_lib.core import fused
@@ -18,7 +17,6 @@ from medusa_lib.core.eagle import new_eagle_head
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import Prefill
 from medusa_lib.core.tree import children_tensor
-from medusa_lib.pipeline.profile_step import OpCounter
 
 METHODS = {
     "medusa-greedy": {},
@@ -155,25 +153,10 @@ def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(setups, monk
     """The whole draft (the accepted path into the head's cache, every level, the tree's selection) runs
     inside the step: no host read there, and one read of the result row per step outside."""
     model, trained, _ = setups["qwen2"]
-    log, step = OpCounter(), fused.Program.step
-
-    def watched(self):
-        log.inside = True
-        try:
-            step(self)
-        finally:
-            log.inside = False
-
-    monkeypatch.setattr(fused.Program, "step", watched)
-    it = static_decoder(model, trained, method, lookup=lookup).steps(PROMPT)
-    next(it)
-    with log:
-        steps = list(it)
-    inside = {name for (where, name) in log.counts if where == "inside"}
-    outside = {name: n for (where, name), n in log.counts.items() if where == "outside" and name not in HOST_MADE}
+    inside, outside, steps = step_ops(monkeypatch, static_decoder(model, trained, method, lookup=lookup).steps(PROMPT))
     assert inside and not (inside & (HOST_READS | {"boolean-index"}))
-    assert sum(outside.values()) <= READ_BOUND * len(steps), sorted(outside)
-    assert outside["resolve_conj"] == len(steps)
+    assert sum(outside.values()) <= READ_BOUND * steps, sorted(outside)
+    assert outside["resolve_conj"] == steps
 
 
 @pytest.mark.parametrize("method,lookup", [("medusa-greedy", 0), ("medusa-sample", 3)])

@@ -8,25 +8,17 @@ with no break, the device lookup branch equals the host one, the keyed sampling 
 the profile tool's measures, and the bounded cache of programs. The capture's bookkeeping, device
 placement and failure path are in test_fused_capture.py."""
 
-from collections import Counter
 from dataclasses import replace
 
 import pytest
 import torch
-from fused_helpers import PROMPT, TREE, decoder
+from fused_helpers import HOST_READS, PROMPT, READ_BOUND, TREE, decoder, step_ops
 
 from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices, run_method
 from medusa_lib.core import fused
 from medusa_lib.core.acceptance import race_noise, sample_token
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.lookup import lookup_chain, ngram_proposal
-from medusa_lib.pipeline.profile_step import OpCounter
-
-HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
-# aten ops outside the program per decode step: the read of the result row (slice, .tolist())
-READ_BOUND = 3
-# CPU tensors the step records make from the row (Step.tree_tokens): host memory, no device op
-HOST_MADE = {"lift_fresh", "detach_"}
 
 
 @pytest.mark.parametrize(
@@ -42,32 +34,14 @@ HOST_MADE = {"lift_fresh", "detach_"}
 def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(
     llama, heads, monkeypatch, method, lookup, temperature
 ):
-    log = OpCounter()  # aten ops by (inside or outside the step, name)
-    step = fused.Program.step
-
-    def watched(self):
-        log.inside = True
-        try:
-            step(self)
-        finally:
-            log.inside = False
-
-    monkeypatch.setattr(fused.Program, "step", watched)
     dec = decoder(llama, heads, method, lookup=lookup, temperature=temperature)
-    it = dec.steps(PROMPT)
-    next(it)  # the prefill (eager, reads its first token)
-    with log:
-        steps = list(it)
-    inside = {name for (where, name) in log.counts if where == "inside"}
-    outside = Counter(
-        {name: n for (where, name), n in log.counts.items() if where == "outside" and name not in HOST_MADE}
-    )
+    inside, outside, steps = step_ops(monkeypatch, dec.steps(PROMPT))
     assert inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(inside & (HOST_READS | {"boolean-index"}))
-    assert sum(outside.values()) <= READ_BOUND * len(steps), (sum(outside.values()) / len(steps), sorted(outside))
+    assert sum(outside.values()) <= READ_BOUND * steps, (sum(outside.values()) / steps, sorted(outside))
     # one read (.tolist() of the result row) per step
-    assert outside["resolve_conj"] == len(steps)
+    assert outside["resolve_conj"] == steps
     # on CUDA: one device-to-host copy per step
-    assert outside["_to_copy"] + outside["copy_"] <= len(steps)
+    assert outside["_to_copy"] + outside["copy_"] <= steps
 
 
 @pytest.mark.parametrize(

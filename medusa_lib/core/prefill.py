@@ -6,8 +6,8 @@ from ``LADDER``: whole chunks of the longest size, then the shortest size that h
 Each size is one fixed-shape program recorded as one CUDA graph of the eager kernels (milliseconds to
 record, nothing compiled), so a prompt costs a few replays. A chunk after ``start`` cached tokens sees the
 cache and itself causally (mask built on the device from a device scalar); its padding rows write K/V slots
-past the prompt, which the decode steps after it overwrite or mask. The last prompt row's hidden state and
-logits land in fixed buffers. A size that would write past the cache runs eagerly at its exact length.
+past the prompt, which the decode steps after it overwrite or mask. Every prompt row's hidden state and the
+last one's logits land in fixed buffers. A size that would write past the cache runs eagerly at its exact length.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ class Prefill:
         self.start = torch.zeros((), dtype=torch.long, device=dev)
         # the chunk's last prompt row
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
-        self.hidden = torch.zeros(weight.shape[1], dtype=kv.dtype, device=dev)
         # every prompt row's hidden state (a drafter with a state of its own reads them all)
         self.features = torch.zeros(kv.max_len, weight.shape[1], dtype=kv.dtype, device=dev)
         self.logits = torch.zeros(weight.shape[0], dtype=kv.dtype, device=dev)
@@ -51,8 +50,8 @@ class Prefill:
         return torch.zeros(c, c, dtype=kv.dtype, device=kv.device).masked_fill(~seen, kv.min)
 
     def chunk(self, ids: torch.Tensor) -> None:
-        """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its ``last`` row's hidden
-        state and logits into the buffers."""
+        """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its rows' hidden states and
+        its ``last`` row's logits into the buffers."""
         kv, c = self.kv, ids.shape[1]
         # a ladder size; else the exact-length chunk, built now
         known = c in self.rows
@@ -68,7 +67,6 @@ class Prefill:
         last = h.index_select(0, self.last.clamp(max=c - 1))[0]
         # padding rows too: still inside the cache, past the prompt, overwritten by a longer prompt
         self.features.index_copy_(0, pos, h)
-        self.hidden.copy_(last)
         self.logits.copy_(kv.lm_head(last))
 
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +107,7 @@ class Prefill:
         def stand_in():
             self.start.zero_()
             self.last.zero_()
-            self.hidden.zero_()
+            self.features.zero_()
             self.logits.zero_()
 
         for size, buf in self.ids.items():
@@ -121,10 +119,10 @@ class Prefill:
             stand_in()
             with self.cuda.device(kv.device):
                 graph.replay()
-            replayed = (self.hidden.clone(), self.logits.clone())
+            replayed = (self.features.clone(), self.logits.clone())
             stand_in()
             self.chunk(buf)
-            if not (torch.equal(replayed[0], self.hidden) and torch.equal(replayed[1], self.logits)):
+            if not (torch.equal(replayed[0], self.features) and torch.equal(replayed[1], self.logits)):
                 raise RuntimeError(f"the replayed {size}-token prefill differs from the eager one")
             made[size] = graph
         self.recording, self.graphs = None, made

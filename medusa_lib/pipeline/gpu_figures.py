@@ -295,8 +295,14 @@ def graph_read(ctx, jobs) -> dict:
 
 
 def graph_words(f: dict) -> str:
+    """A bench of a few methods on one engine (the graph and fold parts), with the fold's ratio to the bench
+    part where it has one, and the first program that fell back."""
     rows = f.get("methods") or {}
-    said = [f"{m} {r['tok_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step" for m, r in rows.items()]
+    said = [
+        f"{m} {r['tok_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
+        + (f", {r['vs_bench']:.2f}x the bench part's" if r.get("vs_bench") else "")
+        for m, r in rows.items()
+    ]
     return "; ".join([*said, f"engine: {f.get('engine')}", *f.get("failed", [])[:1]]) if said else "not measured"
 
 
@@ -311,16 +317,6 @@ def fold_read(ctx, jobs) -> dict:
         if base:
             row["vs_bench"] = round(row["tok_s"] / base, 3)
     return out
-
-
-def fold_words(f: dict) -> str:
-    rows = f.get("methods") or {}
-    said = [
-        f"{m} {r['tok_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
-        + (f", {r['vs_bench']:.2f}x the bench part's" if r.get("vs_bench") else "")
-        for m, r in rows.items()
-    ]
-    return "; ".join([*said, f"engine: {f.get('engine')}"]) if said else "not measured"
 
 
 def eagle_read(ctx, jobs) -> dict:

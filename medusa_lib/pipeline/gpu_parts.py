@@ -270,7 +270,7 @@ PARTS = (
     Part("graph", "--capture cuda-graph: the eager kernels in one graph a step (the fallback), 1 repeat", 150, 300,
          graph_jobs, fig.graph_read, fig.graph_words),
     Part("fold", "the bench's baseline and Medusa with GQA folded (no KV-head copies), 3 repeats", 240, 400,
-         fold_jobs, fig.fold_read, fig.fold_words),
+         fold_jobs, fig.fold_read, fig.graph_words),
     Part("eagle", "EAGLE heads trained here on every answer (EAGLE-1; EAGLE-3 fused + training-time test)", 300, 600,
          eagle_jobs, fig.eagle_read, fig.eagle_words, side=True),
     Part("bench-eager", "hf-generate and each other drafter (EAGLE in its step's graph); 1 repeat", 150, 300,

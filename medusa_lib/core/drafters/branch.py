@@ -94,32 +94,29 @@ class LookupBranch(Drafter):
         drafted = torch.ones(L, dtype=torch.bool, device=dec.device)
         j = torch.arange(length, device=dec.device)
         key = ("lookup", length, inner.key)
-        if inner.parents is None:
+        depth = self.depth
+
+        # beside a new tree every step, its parents, then the chain's (under the root, each node under the
+        # one before), one path per node; a program's own inner draft (``fresh``) gets its own branch
+        def around(inner: StaticDraft) -> StaticDraft:
+            parents = None
+            if inner.parents is not None:
+                below = torch.tensor([0, *range(L, L + length - 1)], device=inner.parents.device)
+                parents = torch.cat([inner.parents, below])
 
             def draft(hidden, root, history, seq_len):
                 tokens, _, _ = inner.draft(hidden, root, history, seq_len)
+                if parents is not None:
+                    parents[:L].copy_(inner.parents)
                 chain, matched = lookup_chain(history, seq_len, length)
-                return torch.cat([tokens, chain]), matched, torch.cat([drafted, j < matched])
-
-            return StaticDraft(self.buffers, draft, length, key, dead=True)
-        # beside a new tree every step: its parents, then the chain's (under the root, each node under
-        # the one before), one path per node; a program's own inner draft gets its own branch
-        depth = self.depth
-
-        def around(inner: StaticDraft) -> StaticDraft:
-            dev = inner.parents.device
-            parents = torch.cat([inner.parents, torch.tensor([0, *range(L, L + length - 1)], device=dev)])
-
-            def drafts(hidden, root, history, seq_len):
-                tokens, _, _ = inner.draft(hidden, root, history, seq_len)
-                parents[:L].copy_(inner.parents)
-                chain, matched = lookup_chain(history, seq_len, length)
-                live = torch.cat([drafted, j < matched]).to(dev)
+                live = torch.cat([drafted, j < matched]).to(tokens.device)
                 return torch.cat([tokens, chain.to(tokens.device)]), matched, live
 
+            if parents is None:
+                return StaticDraft(self.buffers, draft, length, key, dead=True)
             fresh = (lambda max_len: around(inner.fresh(max_len))) if inner.fresh is not None else None
             return inner._replace(
-                draft=drafts, lookup=length, key=key, dead=True, parents=parents, depth=depth, fresh=fresh
+                draft=draft, lookup=length, key=key, dead=True, parents=parents, depth=depth, fresh=fresh
             )
 
         return around(inner)
