@@ -8,8 +8,7 @@ from collections import Counter
 import torch
 
 from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices
-from medusa_lib.core import fused
-from medusa_lib.pipeline.profile_step import OpCounter
+from medusa_lib.pipeline.profile_step import count_ops
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
 # aten ops outside the program per decode step: the read of the result row (slice, .tolist())
@@ -42,24 +41,11 @@ def decoder(model, heads, method="medusa-greedy", *, lookup=3, temperature=0.0, 
     )
 
 
-def step_ops(monkeypatch, steps) -> tuple[set, Counter, int]:
-    """Run a decoder's ``steps()`` iterator past its prefill under a dispatch-mode counter: (the aten ops
-    run inside ``fused.Program.step``, those run outside it by name with HOST_MADE left out, the decode
-    steps)."""
-    log, step = OpCounter(), fused.Program.step
-
-    def watched(self):
-        log.inside = True
-        try:
-            step(self)
-        finally:
-            log.inside = False
-
-    monkeypatch.setattr(fused.Program, "step", watched)
-    # the prefill (eager, reads its first token)
-    next(steps)
-    with log:
-        n = len(list(steps))
+def step_ops(steps) -> tuple[set, Counter, int]:
+    """Run a decoder's ``steps()`` iterator past its prefill (eager, it reads its first token) under a
+    dispatch-mode counter (``profile_step.count_ops``): (the aten ops run inside ``fused.Program.step``,
+    those run outside it by name with HOST_MADE left out, the decode steps)."""
+    log, n = count_ops(steps, skip=0)
     inside = {name for (where, name) in log.counts if where == "inside"}
     outside = Counter(
         {name: k for (where, name), k in log.counts.items() if where == "outside" and name not in HOST_MADE}

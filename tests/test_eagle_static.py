@@ -149,11 +149,11 @@ def test_an_eagle3_head_runs_on_the_dynamic_cache_and_says_so(setups):
 
 # ------------------------------------------------------------------ one program, no host read
 @pytest.mark.parametrize("method,lookup", [("medusa-greedy", 0), ("medusa-sample", 3), ("medusa-typical", 3)])
-def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(setups, monkeypatch, method, lookup):
+def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(setups, method, lookup):
     """The whole draft (the accepted path into the head's cache, every level, the tree's selection) runs
     inside the step: no host read there, and one read of the result row per step outside."""
     model, trained, _ = setups["qwen2"]
-    inside, outside, steps = step_ops(monkeypatch, static_decoder(model, trained, method, lookup=lookup).steps(PROMPT))
+    inside, outside, steps = step_ops(static_decoder(model, trained, method, lookup=lookup).steps(PROMPT))
     assert inside and not (inside & (HOST_READS | {"boolean-index"}))
     assert sum(outside.values()) <= READ_BOUND * steps, sorted(outside)
     assert outside["resolve_conj"] == steps

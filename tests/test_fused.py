@@ -31,11 +31,9 @@ from medusa_lib.core.lookup import lookup_chain, ngram_proposal
         ("plain", 0, 0.9),
     ],
 )
-def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(
-    llama, heads, monkeypatch, method, lookup, temperature
-):
+def test_a_step_reads_nothing_back_and_the_loop_reads_once_per_step(llama, heads, method, lookup, temperature):
     dec = decoder(llama, heads, method, lookup=lookup, temperature=temperature)
-    inside, outside, steps = step_ops(monkeypatch, dec.steps(PROMPT))
+    inside, outside, steps = step_ops(dec.steps(PROMPT))
     assert inside and not (inside & (HOST_READS | {"boolean-index"})), sorted(inside & (HOST_READS | {"boolean-index"}))
     assert sum(outside.values()) <= READ_BOUND * steps, (sum(outside.values()) / steps, sorted(outside))
     # one read (.tolist() of the result row) per step

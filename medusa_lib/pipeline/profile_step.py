@@ -64,11 +64,10 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
-    """Per decode step after the first ``skip``: aten ops outside the step program, and the host
-    reads inside it (a sorted list of op names; empty is the target)."""
-    ops = OpCounter()
-    original = fused.Program.step
+def count_ops(steps, *, skip: int) -> tuple[OpCounter, int]:
+    """Take a decoder's ``steps()`` iterator past its prefill and ``skip`` decode steps, then count the aten
+    ops of the rest, inside and outside the step program. Returns (the counter, the steps counted)."""
+    ops, original = OpCounter(), fused.Program.step
 
     def watched(self):
         ops.inside = True
@@ -79,13 +78,19 @@ def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict
 
     fused.Program.step = watched
     try:
-        it = decoder.steps(ids)
         for _ in range(skip + 1):
-            next(it)
+            next(steps)
         with ops:
-            steps = sum(1 for _ in it)
+            counted = sum(1 for _ in steps)
     finally:
         fused.Program.step = original
+    return ops, counted
+
+
+def dispatch_profile(decoder: Decoder, ids: list[int], *, skip: int = 3) -> dict:
+    """Per decode step after the first ``skip``: aten ops outside the step program, and the host
+    reads inside it (a sorted list of op names; empty is the target)."""
+    ops, steps = count_ops(decoder.steps(ids), skip=skip)
     outside = sum(
         n for (where, name), n in ops.counts.items() if where == "outside" and name not in ("lift_fresh", "detach_")
     )
