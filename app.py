@@ -53,9 +53,9 @@ def env_number(
     return value
 
 
-def env_switch(name: str) -> bool:
-    """An on/off override: 1 or 0 (unset: off), or exit with one sentence naming the variable."""
-    raw = os.environ.get(name, "0").strip()
+def env_switch(name: str, default: str = "0") -> bool:
+    """An on/off override: 1 or 0 (unset: ``default``, off), or exit with one sentence naming the variable."""
+    raw = os.environ.get(name, default).strip()
     if raw not in ("0", "1", ""):
         sys.exit(f"error: {name}={raw!r} must be 1 (on) or 0 (off); fix it or unset it.")
     return raw == "1"
@@ -97,9 +97,14 @@ MAX_NEW_TOKENS_LIMIT = env_number("MEDUSA_MAX_NEW_TOKENS_LIMIT", "512", low=1, a
 MAX_RUN_SECONDS = env_number("MEDUSA_MAX_RUN_SECONDS", "180", low=1, whole=False, also=())
 # Calls that may wait for the device at once, of them from one user (a browser session) and from one network
 # address (a class behind one school network): past any, "busy, try again".
-MAX_QUEUE = env_number("MEDUSA_MAX_QUEUE", "16", low=1, also=())
+MAX_QUEUE = env_number("MEDUSA_MAX_QUEUE", "64", low=1, also=())
 MAX_QUEUE_PER_CLIENT = env_number("MEDUSA_MAX_QUEUE_PER_CLIENT", "4", low=1, also=())
 MAX_QUEUE_PER_ADDRESS = env_number("MEDUSA_MAX_QUEUE_PER_ADDRESS", "40", low=1, also=())
+# Identical requests are computed once: finished runs kept to answer them (the least recently used goes first when
+# either bound is reached), and whether the page's examples are recorded in the background after start-up.
+SHARED_RESULTS = env_number("MEDUSA_SHARED_RESULTS", "64", low=0, also=())
+SHARED_MB = env_number("MEDUSA_SHARED_MB", "256", low=0, whole=False, also=())
+RECORD_EXAMPLES = env_switch("MEDUSA_RECORD_EXAMPLES", "1")
 # The proxies in front of the server (a Space's, a school's), comma-separated addresses or networks: only the entry
 # such a proxy appends to X-Forwarded-For names a caller's address. Empty: the header is ignored.
 TRUSTED_PROXIES = os.environ.get("MEDUSA_TRUSTED_PROXIES", "")
@@ -332,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens=MAX_NEW_TOKENS,
         max_run_seconds=MAX_RUN_SECONDS,
         device=device,
+        shared_results=SHARED_RESULTS,
+        shared_megabytes=SHARED_MB,
     )
     try:
         try:
@@ -344,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
                 per_client=MAX_QUEUE_PER_CLIENT,
                 per_address=MAX_QUEUE_PER_ADDRESS,
                 proxies=trusted,
+                record_examples=RECORD_EXAMPLES,
                 prevent_thread_lock=True,
             )
         except OSError as e:

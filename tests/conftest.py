@@ -340,8 +340,10 @@ API_DEFAULTS = {
 }
 
 
-def api_args(prompt: str, overrides: dict) -> list:
-    return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER)]
+def api_args(prompt: str, overrides: dict, *, live: bool = False) -> list:
+    """A raw /compare body: the prompt, the settings in their order, then run_live (``live``: a fresh run, never
+    one shared with an identical request)."""
+    return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER), live]
 
 
 def column_text(col_html: str) -> str:
@@ -389,7 +391,7 @@ def assert_refused_on_the_api_and_the_page(pg: Playground, client, prompt: str, 
     from ui.handlers import RUN_OUTPUTS, Handlers
 
     with pytest.raises(AppError) as err:
-        client.predict(prompt, 4, api_name="/compare")
+        client.predict(prompt, 4, run_live=True, api_name="/compare")
     assert str(err.value) == message
     with pytest.warns(UserWarning):
         outs = list(

@@ -96,6 +96,7 @@ def test_ui_run_streams_into_the_three_columns(server):
         "Medusa greedy / exact sampling",
         "greedy",
         "medusa",
+        True,
         api_name="/run",
     )
     updates = list(job)

@@ -60,7 +60,7 @@ def test_four_sessions_at_once_each_get_their_own_tokens_and_queue(engine, reque
     alone = [client.predict(p, 24, api_name="/compare") for p in prompts]
     stats = count_runs(monkeypatch, pg)
     clients = [Client(url, verbose=False) for _ in prompts]
-    jobs = [c.submit(p, 24, api_name="/compare") for c, p in zip(clients, prompts)]
+    jobs = [c.submit(p, 24, run_live=True, api_name="/compare") for c, p in zip(clients, prompts)]
     ranks = set()
     while not all(j.done() for j in jobs):
         for j in jobs:
@@ -102,6 +102,7 @@ def test_four_page_sessions_at_once_see_only_their_own_text(served):
             "Medusa greedy / exact sampling",
             "greedy",
             "medusa",
+            True,
             api_name="/run",
         )
         for p in prompts
@@ -135,6 +136,7 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
         "Medusa greedy / exact sampling",
         "greedy",
         "medusa",
+        True,
         api_name="/run",
     )
     for out in job:
@@ -186,7 +188,7 @@ def start_long_compare(url: str, *, open_stream: bool):
 
     from conftest import api_args
 
-    body = json.dumps({"data": api_args(PROMPT, {"max_new_tokens": LIMIT})}).encode()
+    body = json.dumps({"data": api_args(PROMPT, {"max_new_tokens": LIMIT}, live=True)}).encode()
     req = urllib.request.Request(
         f"{url}gradio_api/call/compare", data=body, headers={"Content-Type": "application/json"}
     )

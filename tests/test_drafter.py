@@ -255,7 +255,8 @@ def shown(names: list[str], frames) -> dict:
 
 
 def test_the_page_names_the_drafter_in_columns_summary_inspector_status_and_replay(pg):
-    from ui.handlers import REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers
+    from ui.handlers import Handlers
+    from ui.outputs import REPLAY_OUTPUTS, RUN_OUTPUTS
 
     h = Handlers(pg)
     final = shown(

@@ -98,19 +98,21 @@ def test_empty_figure_wraps_its_message_and_escapes_it():
 def test_the_replay_shows_each_step_when_its_recorded_time_comes(run, monkeypatch):
     """Handlers.replay on a fake clock: every frame shows exactly the steps finished by then, and it ends done."""
     import ui.handlers as handlers
+    from ui.outputs import REPLAY_OUTPUTS
+    from ui.replay import REPLAY_FPS
 
     pg, records = run
     clock = {"t": 0.0}
     monkeypatch.setattr(handlers.time, "perf_counter", lambda: clock["t"])
     monkeypatch.setattr(handlers.time, "sleep", lambda s: clock.update(t=clock["t"] + s))
     total = max(r.elapsed for r in records.values())
-    factor = total * handlers.REPLAY_FPS / 40  # a speed at which the (few-millisecond) tiny run takes ~40 frames
+    factor = total * REPLAY_FPS / 40  # a speed at which the (few-millisecond) tiny run takes ~40 frames
     frames = list(handlers.Handlers(pg).replay(records, f"{factor!r}x"))
-    assert len(frames) == pytest.approx(total / factor * handlers.REPLAY_FPS, abs=2) and len(frames) > 30
-    cols = [handlers.REPLAY_OUTPUTS.index(c) for c in ("col_plain", "col_greedy", "col_typical")]
+    assert len(frames) == pytest.approx(total / factor * REPLAY_FPS, abs=2) and len(frames) > 30
+    cols = [REPLAY_OUTPUTS.index(c) for c in ("col_plain", "col_greedy", "col_typical")]
     partial = 0
     for k, frame in enumerate(frames[:-1]):
-        t = factor * k / handlers.REPLAY_FPS
+        t = factor * k / REPLAY_FPS
         for c, rec in zip(cols, records.values()):
             shown = frame[c].count('class="tok ')
             finished = [v for v in rec.views if v.elapsed <= t]

@@ -36,6 +36,7 @@ VALID = {
     "seed": 0,
     "numerics": "float32",
     "drafter": "",
+    "run_live": False,
 }
 NAMED = {
     "prompt": "prompt",
@@ -51,6 +52,7 @@ NAMED = {
     "seed": "seed",
     "numerics": "numerics",
     "drafter": "drafter",
+    "run_live": "run live",
 }
 FUZZ = settings(
     derandomize=True,

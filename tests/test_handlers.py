@@ -31,7 +31,7 @@ def test_api_offers_no_model_or_heads_choice(served):
     api = client.view_api(print_info=False, return_format="dict")
     assert list(api["named_endpoints"]) == ["/compare"] and not api["unnamed_endpoints"]
     params = [p["parameter_name"] for p in api["named_endpoints"]["/compare"]["parameters"]]
-    assert params == ["prompt", *API_ORDER]
+    assert params == ["prompt", *API_ORDER, "run_live"]
     components = {c["id"]: c for c in client.config["components"]}
     for dep in client.config["dependencies"]:  # every event of the page, documented or not
         for i in dep["inputs"]:
@@ -78,6 +78,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
             "Medusa greedy / exact sampling",
             "greedy",
             "medusa",
+            True,
             api_name="/run",
         )
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
@@ -194,11 +195,15 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     the run has ended, and must show the run's last columns (not the older ones the click carried)."""
     from types import SimpleNamespace
 
+    from test_concurrency import count_runs
+
     from ui.handlers import RUN_OUTPUTS, Handlers
     from ui.render import stopped_column
 
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step is a frame
-    h = Handlers(tiny_playground(oracle=False))
+    pg = tiny_playground(oracle=False)
+    h = Handlers(pg)
+    count_runs(monkeypatch, pg, step_seconds=0.01)  # the run decodes on the device while the page renders
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
     theirs = list(
         h.run(
@@ -314,7 +319,8 @@ def test_the_mode_picks_the_sampled_or_the_greedy_comparison():
     """Sampling mode: plain sampling, Medusa exact sampling, typical, speed-ups against plain sampling,
     the cost panel and the exact-sampling badge; greedy mode (the default) at any T: plain greedy,
     Medusa greedy and typical sampling at T, speed-ups against plain greedy."""
-    from ui.handlers import INSPECT_CHOICES, RUN_OUTPUTS, Handlers
+    from ui.handlers import Handlers
+    from ui.outputs import INSPECT_CHOICES, RUN_OUTPUTS
 
     h = Handlers(tiny_playground())
     at = {n: RUN_OUTPUTS.index(n) for n in RUN_OUTPUTS}

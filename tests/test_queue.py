@@ -117,7 +117,8 @@ def test_the_page_s_run_stops_at_the_bound_with_its_sentence(monkeypatch):
 
 
 def test_the_race_replay_stops_at_the_bound():
-    from ui.handlers import REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers
+    from ui.handlers import Handlers
+    from ui.outputs import REPLAY_OUTPUTS, RUN_OUTPUTS
 
     pg = tiny_playground(oracle=False)
     records = list(Handlers(pg).run(*PAGE_ARGS[:1], 24, *PAGE_ARGS[2:]))[-1][RUN_OUTPUTS.index("session")]
@@ -210,7 +211,7 @@ def test_a_forged_forwarded_for_buys_no_place(served_small, monkeypatch):
     place of the queue. Calls in no session share one user per address; new sessions share the address's cap."""
     pg, url, client = served_small  # 4 places, 2 per user, 3 per address
     gate, stats = gate_runs(monkeypatch, pg)
-    body = {"data": api_args(PROMPT, {"max_new_tokens": 4})}
+    body = {"data": api_args(PROMPT, {"max_new_tokens": 4}, live=True)}
     try:
         assert call(url, body, forwarded="10.0.0.1")[0] == 200  # runs (held at the gate)
         assert wait_for(lambda: stats["started"] == 1, 30) < 30
@@ -247,7 +248,7 @@ def test_behind_a_trusted_proxy_only_its_own_entry_names_the_address(served_behi
     """The proxy appends the address it saw; what the client wrote before it (the left entries) never counts."""
     pg, url, _ = served_behind_a_proxy
     gate, stats = gate_runs(monkeypatch, pg)
-    body = {"data": api_args(PROMPT, {"max_new_tokens": 4})}
+    body = {"data": api_args(PROMPT, {"max_new_tokens": 4}, live=True)}
     try:
         assert call(url, body, session="run", forwarded="10.0.0.9")[0] == 200
         assert wait_for(lambda: stats["started"] == 1, 30) < 30
@@ -280,7 +281,7 @@ def test_a_class_behind_one_address_all_queue_and_each_user_has_a_share(monkeypa
     serve(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, queue_size=40)
     url = f"http://127.0.0.1:{port}/"
     gate, stats = gate_runs(monkeypatch, pg)
-    body = {"data": api_args(PROMPT, {"max_new_tokens": 2})}
+    body = {"data": api_args(PROMPT, {"max_new_tokens": 2}, live=True)}
     try:
         assert call(url, body, session="teacher")[0] == 200
         assert wait_for(lambda: stats["started"] == 1, 30) < 30
@@ -305,7 +306,7 @@ def test_an_unread_page_run_releases_the_device_at_the_bound(served_small, monke
     pg, url, client = served_small
     monkeypatch.setattr(ui.handlers, "deadline", lambda seconds: deadline(2.0))
     stats = count_runs(monkeypatch, pg, step_seconds=0.02)
-    page = PAGE_ARGS[:1] + [LIMIT] + PAGE_ARGS[2:] + ["greedy", "medusa"]
+    page = PAGE_ARGS[:1] + [LIMIT] + PAGE_ARGS[2:] + ["greedy", "medusa", True]
     assert post(url, "gradio_api/call/run", {"data": page})[0] == 200  # posted, its stream never opened
     assert wait_for(lambda: stats["steps"] >= 1, 60) < 60
     assert_stops_and_the_next_run_is_quick(pg, client, stats, within=6)
@@ -349,7 +350,7 @@ def test_nan_and_infinity_in_a_raw_body_get_one_sentence_for_every_number(served
     compare = api_args(PROMPT, {"max_new_tokens": 4})
     for at, sentence in COMPARE_NUMBERS.items():
         assert raw_call(url, "compare", compare, at, literal) == (200, sentence.format(literal)), at
-    page = PAGE_ARGS[:1] + [4] + PAGE_ARGS[2:] + ["greedy", "medusa"]
+    page = PAGE_ARGS[:1] + [4] + PAGE_ARGS[2:] + ["greedy", "medusa", True]
     for at, sentence in RUN_NUMBERS.items():
         assert raw_call(url, "run", page, at, literal) == (400, sentence.format(literal)), at
     assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4  # still serving

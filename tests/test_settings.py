@@ -350,10 +350,25 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         )
     assert str(warned[-1].message) == "The mode must be 'greedy' or 'sampling' (got 'both')."
     assert all(v == gr.skip() for out in outs for i, v in enumerate(out) if i != status)
-    outs = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
-    assert (
-        outs[1][RUN_OUTPUTS.index("session")] is None
-    )  # a run that starts clears the session: no half-run is kept for replay
+    outs = list(
+        h.run(
+            PROMPT,
+            4,
+            0.7,
+            0.09,
+            0.3,
+            "chain-2",
+            "",
+            True,
+            True,
+            0,
+            None,
+            "Medusa greedy / exact sampling",
+            run_live=True,
+        )
+    )
+    sessions = [o[RUN_OUTPUTS.index("session")] for o in outs if o[RUN_OUTPUTS.index("session")] != gr.skip()]
+    assert sessions[0] is None  # a run that starts clears the session: no half-run is kept for replay
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {
         "plain",
         "medusa-greedy",
@@ -442,7 +457,7 @@ def test_the_page_and_compare_start_from_the_playground_s_starting_request():
     )
     compare = next(f.fn for f in demo.fns.values() if f.api_name == "compare")
     defaults = {k: p.default for k, p in inspect.signature(compare).parameters.items() if k != "prompt"}
-    assert defaults == {name: getattr(start, name) for name in API_ORDER}
+    assert defaults == {**{name: getattr(start, name) for name in API_ORDER}, "run_live": False}
 
 
 def test_a_bad_value_is_quoted_as_the_json_it_came_in():

@@ -3,7 +3,7 @@
 A browser session's finished runs live in its gr.State (a dict method -> RunRecord); the
 Playground (model, tokenizer, heads) is shared read-only. The one thing kept between calls is,
 per session, the columns its run or replay last sent (``LiveColumns``), so that Stop can show them.
-Each handler yields tuples in the order of its *_OUTPUTS list; gr.skip() leaves a component as it is.
+Each handler yields tuples in the order of its *_OUTPUTS list (outputs.py); the race replay is replay.py's.
 Any exception ends as one sentence in the status line (and as the API's error), never a traceback.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import html
 import time
-from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 import pandas as pd
@@ -24,73 +23,43 @@ from medusa_lib.present import (
     DRAFTER_NAMES,
     LABELS,
     MAX_RUN_SECONDS,
-    NOT_TIMED,
     PATH_COLUMNS,
-    SUMMARY_COLUMNS,
     Playground,
     RunRecord,
-    RunStopped,
     any_of,
     deadline,
     mask_data,
     path_rows,
     sample_of_mode,
-    summary_rows,
     tree_nodes,
     untimed_note,
-    visible_steps,
     why_it_ended,
 )
-from medusa_lib.present.settings import REQUEST_NAMES
+from medusa_lib.present.report import compare_json
+from medusa_lib.present.settings import REQUEST_NAMES, Settings
+from medusa_lib.present.shared import SharedRuns
 
 from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
 from .live import COLUMN, DeviceTurn, LiveColumns, caller_gone, log
-from .render import badge_html, column_html, drafter_note_html, literal_markdown, sampling_html, stopped_column
-
-# The page's inputs of a run, by name, in the order ui.py wires their components and the undocumented /run takes
-# them: the prompt, the settings (``Request``'s names; the Mode choice stands for ``sample``), the inspector's choice.
-PAGE_INPUTS = (
-    "prompt",
-    "max_new_tokens",
-    "temperature",
-    "epsilon",
-    "delta",
-    "tree",
-    "custom_tree",
-    "chat_template",
-    "lookup_branch",
-    "seed",
-    "numerics",
-    "insp_label",
-    "mode",
-    "drafter",
+from .outputs import (
+    INSPECT_OUTPUTS,
+    PAGE_INPUTS,
+    RUN_OUTPUTS,
+    best_step,
+    by_name,
+    empty_paths,
+    empty_summary,
+    method_of,
+    pack,
+    reference_of,
+    summary_frame,
 )
-RUN_OUTPUTS = [
-    "status",
-    "col_plain",
-    "col_greedy",
-    "col_typical",
-    "timeline",
-    "badge",
-    "summary",
-    "sampling",
-    "session",
-    "insp_step",
-    "tree_plot",
-    "mask_plot",
-    "path_table",
-]
-REPLAY_OUTPUTS = ["status", "col_plain", "col_greedy", "col_typical", "timeline"]
-INSPECT_OUTPUTS = ["tree_plot", "mask_plot", "path_table"]
-# the inspector's choice -> the views it shows
-INSPECTED = {
-    "Medusa greedy / exact sampling": ("medusa-greedy", "medusa-sample"),
-    LABELS["medusa-typical"]: ("medusa-typical",),
-}
-INSPECT_CHOICES = list(INSPECTED)
+from .render import badge_html, column_html, drafter_note_html, literal_markdown, sampling_html, stopped_column
+from .replay import RaceReplay
+from .sharing import Sharing, run_live_of
+
 # seconds between page updates while decoding (each update costs CPU the decoder wants)
 STREAM_EVERY = 0.2
-REPLAY_FPS = 12
 OUT_OF_MEMORY = "The device ran out of memory; lower Max new tokens or pick a smaller tree, then run again."
 UNEXPECTED = (
     "The run failed unexpectedly ({name}); the server logged the details and keeps serving: "
@@ -119,52 +88,14 @@ def cannot_run(e: Exception) -> str:
     return UNEXPECTED.format(name=type(e).__name__)
 
 
-def by_name(names: Sequence[str], values: Sequence, named: dict[str, Any]) -> dict[str, Any]:
-    """Values sent in ``names``' order, then others by name, as one dict by name."""
-    if len(values) > len(names):
-        raise TypeError(f"{len(values)} values sent; at most {len(names)} are taken, in the order {', '.join(names)}.")
-    return {**dict(zip(names, values)), **named}
-
-
-def pack(names: list[str], **values: Any) -> tuple:
-    return tuple(values[n] if n in values else gr.skip() for n in names)
-
-
-def empty_summary() -> pd.DataFrame:
-    return pd.DataFrame(columns=SUMMARY_COLUMNS)
-
-
-def summary_frame(records: dict[str, RunRecord]) -> pd.DataFrame:
-    """The summary table; a rate that could not be measured (None: no decode step, or no plain run) shows as
-    NOT_TIMED."""
-    rows = [{k: NOT_TIMED if v is None else v for k, v in row.items()} for row in summary_rows(records)]
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-
-
-def empty_paths() -> pd.DataFrame:
-    return pd.DataFrame(columns=PATH_COLUMNS)
-
-
-def method_of(label: str, records: dict | None = None) -> str:
-    """The run the inspector's choice shows: the middle column's (greedy, or exact sampling) or typical's."""
-    views = INSPECTED.get(label, INSPECTED[INSPECT_CHOICES[0]])
-    return next((v for v in views if v in (records or {})), views[0])
-
-
-def best_step(record: RunRecord) -> int:
-    """The step to open the inspector on: the first with the longest accepted path."""
-    if len(record.views) < 2:
-        return 1
-    return max(range(1, len(record.views)), key=lambda i: (record.views[i].step.accept_length, -i))
-
-
-class Handlers:
+class Handlers(RaceReplay):
     def __init__(
         self,
         playground: Playground,
         *,
         max_run_seconds: float | None = MAX_RUN_SECONDS,
         device: DeviceTurn | None = None,
+        runs: SharedRuns | None = None,
     ):
         self.pg = playground
         self.live = LiveColumns()
@@ -172,6 +103,9 @@ class Handlers:
         self.device = device or DeviceTurn()
         # an API call's wall-time bound (None: none)
         self.max_run_seconds = max_run_seconds
+        # identical requests computed once: the runs running now and those recorded
+        self.sharing = Sharing(playground, self.device, max_run_seconds=max_run_seconds, runs=runs)
+        self.sharing.read_page = lambda data: self.read_page(by_name(PAGE_INPUTS, data, {}))[:3]
 
     def api_stop(self, **words: str) -> Callable[[], str | None]:
         """What ends a call's run between steps, whatever its route (the page's Run, the race replay, ``/run``,
@@ -243,105 +177,104 @@ class Handlers:
         ``values``: the page's inputs in ``PAGE_INPUTS``'s order; ``named``: any of them by name (those
         left out take their defaults: the greedy mode, ``Request``'s settings). They go on as one value, by name.
 
-        Everything is checked before anything changes on the page: a refused input gets its sentence
-        and the previous run's results stay (columns, summary, replay) until a new run really starts."""
+        A request identical to one running now joins it, one identical to a run finished recently is answered
+        from its records (``sharing.py``; Run live runs it afresh), and the status says which. Everything is
+        checked before anything changes on the page: a refused input gets its sentence and the previous run's
+        results stay (columns, summary, replay) until a new run really starts."""
         page = by_name(PAGE_INPUTS, values, named)
         # here, on gradio's thread for this call: it finds the call's task
         stop = self.api_stop()
-        yield from self.live.track(request, RUN_OUTPUTS, self.device.stream(self._run(page, stop)))
+        yield from self.live.track(request, RUN_OUTPUTS, self._watch(page, stop, since=time.perf_counter()))
 
     def run_event(self, request: gr.Request, *values: Any) -> Iterator[tuple]:
         """``run`` as the page's Run button and the prompt's Enter call it: gradio hands ``gr.Request`` only to a
         positional parameter annotated with it (never to ``*values``), so it comes first, the inputs after it."""
         yield from self.run(*values, request=request)
 
-    def _run(self, page: dict, stop: Callable[[], str | None] | None = None) -> Iterator[tuple]:
-        """A run of the page's inputs, by name, on the device's thread; ``stop`` ends it between two steps
-        (its caller cancelled or left, or the server's bound on one call's wall time)."""
+    def read_page(self, page: dict) -> tuple[str, Settings, bool, str]:
+        """The page's inputs by name as (prompt, settings, run live, the inspector's choice); a bad value raises
+        its sentence (PlaygroundError)."""
         page = {"mode": "greedy", **page}
         prompt, insp_label = page.pop("prompt", None), page.pop("insp_label", None)
+        live = run_live_of(page.pop("run_live", False))
+        page["sample"] = sample_of_mode(page.pop("mode"))
+        return prompt, self.pg.settings_of(page), live, insp_label
+
+    def _watch(self, page: dict, stop: Callable[[], str | None], *, since: float) -> Iterator[tuple]:
+        """A run of the page's inputs, by name, as page frames: the run is the device's (new, joined or recorded:
+        ``Sharing.take``); this only renders what it records. ``stop`` ends this caller's watching between two
+        frames (its caller cancelled or left, or the server's bound on one call's wall time); the run goes on
+        for anyone else watching it."""
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
         yield out(status="Checking the settings&hellip;")
         try:
-            page["sample"] = sample_of_mode(page.pop("mode"))
-            settings = self.pg.settings_of(page)
-            ids, decoders = self.pg.prepare(prompt, settings)
+            prompt, settings, live, insp_label = self.read_page(page)
+            run, how = self.sharing.take(prompt, settings, live=live, since=since)
         except Exception as e:
             # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
             return
-        records: dict[str, RunRecord] = {}
-        views = settings.views
-        yield out(
-            status="Starting&hellip;",
-            **{COLUMN[v]: column_html(v, None) for v in views},
-            timeline=timeline_figure({}),
-            badge=badge_html(None),
-            summary=empty_summary(),
-            sampling=sampling_html(None),
-            session=None,
-        )
+        shared = run.shared(how) if how != "new" else None
+        try:
+            yield from self._frames(run, settings, insp_label, stop, shared)
+        finally:
+            run.leave()
+
+    def _frames(
+        self, run, settings: Settings, insp_label: str, stop: Callable[[], str | None], shared: dict | None
+    ) -> Iterator[tuple]:
+        out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
+        views, records = settings.views, {}
+        joined = f" ({shared['note'][0].lower()}{shared['note'][1:-1]})" if shared else ""
+        if not run.ended:
+            yield out(status=f"Waiting for the device{joined}&hellip;" if joined else "Waiting for the device&hellip;")
         last = 0.0
         try:
-            for ev in self.pg.run(ids, decoders, stop=stop):
-                records[ev.method] = ev.record
-                now = time.perf_counter()
-                if ev.kind == "step" and now - last < STREAM_EVERY:
+            for batch in run.follow(stop):
+                if not batch.events:
                     continue
-                last = now
-                state = "done" if ev.kind == "end" else "running"
-                # plain runs first: it has finished by then
-                upd: dict[str, Any] = {
-                    COLUMN[ev.method]: column_html(
-                        ev.method, ev.record, state=state, reference=reference_of(records, ev.method)
-                    ),
-                    "timeline": timeline_figure(records),
-                }
-                if ev.kind == "start":
-                    by = f", drafted by {DRAFTED_BY[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
-                    upd["status"] = (
-                        f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
-                        "the three run one after another for fair timing)&hellip;"
+                upd: dict[str, Any] = {}
+                if not records:
+                    upd.update(
+                        {COLUMN[v]: column_html(v, None) for v in views},
+                        badge=badge_html(None),
+                        summary=empty_summary(),
+                        sampling=sampling_html(None),
+                        session=None,
                     )
-                if ev.kind == "end" and ev.method == method_of(insp_label, records):
-                    upd.update(self.inspector_update(records, insp_label))
+                for ev in batch.events:
+                    records[ev.method] = ev.record
+                    if ev.kind == "start":
+                        by = (
+                            f", drafted by {DRAFTED_BY[ev.record.drafter]}"
+                            if ev.record.drafter in DRAFTER_NAMES
+                            else ""
+                        )
+                        upd["status"] = (
+                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
+                            f"the three run one after another for fair timing){joined}&hellip;"
+                        )
+                    if ev.kind == "end" and ev.method == method_of(insp_label, records):
+                        upd.update(self.inspector_update(records, insp_label))
+                # plain runs first: it has finished by then
+                for m in {ev.method for ev in batch.events}:
+                    upd[COLUMN[m]] = column_html(
+                        m,
+                        records[m],
+                        state="done" if records[m].done else "running",
+                        reference=reference_of(records, m),
+                    )
+                upd["timeline"] = timeline_figure(records)
                 yield out(**upd)
-            plain, medusa = records[views[0]], records[views[1]]
-            # may run one more forward
-            check = self.pg.greedy_check(plain, medusa, settings)
-            # one forward per run when sampling
-            rows = self.pg.sample_fidelity(records, settings)
-            note = untimed_note(records)
-            t, seed = settings.temperature, settings.seed
-            done = (
-                f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
-                if settings.sample
-                else (
-                    f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; "
-                    "speedups are against plain greedy. "
-                )
-                if t > 0
-                else ""
-            )
-            # the server offers a choice: say which ran
-            if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:
-                done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
-            final = out(
-                status="Done. "
-                + done
-                + (
-                    note
-                    if note
-                    else "Press **Race replay** to watch the three runs side by side at their measured speed."
-                ),
-                badge=badge_html(check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
-                summary=summary_frame(records),
-                sampling=sampling_html(rows, temperature=float(settings.temperature)),
-                session=records,
-                **self.inspector_update(records, insp_label),
-            )
+                # each frame costs CPU the decoder wants: at most one every STREAM_EVERY seconds
+                now = time.perf_counter()
+                time.sleep(max(0.0, STREAM_EVERY - (now - last)))
+                last = time.perf_counter()
+            if run.error is not None:
+                raise run.error
         except Exception as e:
-            # out of memory mid-run, or a bug: the sentence, and the column that was running says it stopped
+            # out of memory mid-run, a caller gone, or a bug: the sentence, and the column that was running says
+            # it stopped
             cut = {
                 COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m))
                 for m, r in records.items()
@@ -349,7 +282,43 @@ class Handlers:
             }
             yield out(status=self.refuse(e), **cut)
             return
-        yield final
+        yield self._final(run.outcome, insp_label, shared)
+
+    def _final(self, outcome, insp_label: str, shared: dict | None) -> tuple:
+        """The last frame of a run: every column, the badge, the summary, the sampling panel, the inspector."""
+        records, settings = dict(outcome.records), outcome.settings
+        views = settings.views
+        plain, medusa = records[views[0]], records[views[1]]
+        note = untimed_note(records)
+        t, seed = settings.temperature, settings.seed
+        done = (
+            f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
+            if settings.sample
+            else (f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. ")
+            if t > 0
+            else ""
+        )
+        # the server offers a choice: say which ran
+        if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:
+            done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
+        told = f"**{shared['note']}** Tick **Run live** to measure it again. " if shared else ""
+        return pack(
+            RUN_OUTPUTS,
+            status="Done. "
+            + told
+            + done
+            + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
+            **{
+                COLUMN[m]: column_html(m, r, state="done", reference=reference_of(records, m))
+                for m, r in records.items()
+            },
+            timeline=timeline_figure(records),
+            badge=badge_html(outcome.check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
+            summary=summary_frame(records),
+            sampling=sampling_html(outcome.fidelity, temperature=float(t)),
+            session=records,
+            **self.inspector_update(records, insp_label),
+        )
 
     @staticmethod
     def refuse(e: Exception) -> str:
@@ -371,75 +340,31 @@ class Handlers:
             *(stopped_column(shown[n]) for n in ("col_plain", "col_greedy", "col_typical")),
         )
 
-    # ---------------------------------------------------------------- race replay
-    def replay(self, records: dict | None, speed: str, request: gr.Request = None) -> Iterator[tuple]:
-        """Replay the recorded runs together, each step appearing at its measured time."""
-        # here, on gradio's thread
-        stop = self.api_stop(what="replay", advice="pick a faster replay speed")
-        yield from self.live.track(request, REPLAY_OUTPUTS, self.device.stream(self._replay(records, speed, stop)))
-
-    def _replay(
-        self, records: dict | None, speed: str, stop: Callable[[], str | None] | None = None
-    ) -> Iterator[tuple]:
-        out = lambda **kw: pack(REPLAY_OUTPUTS, **kw)  # noqa: E731
-        if not records or len(records) < 3:
-            gr.Warning("Run the three methods first: the race replay uses their recorded step times.")
-            yield out(status="**Nothing to replay yet:** press Run first.")
-            return
-        try:
-            factor = float(str(speed).rstrip("x") or 1)
-            total = max(r.elapsed for r in records.values())
-            start, t = time.perf_counter(), 0.0
-            while True:
-                cols = {}
-                for m, rec in records.items():
-                    k = visible_steps(rec, t)
-                    part = replace(rec, views=rec.views[:k], done=k == len(rec.views))
-                    cols[COLUMN[m]] = column_html(
-                        m, part, state="done" if part.done else "replay", reference=reference_of(records, m)
-                    )
-                # The status is written on the first and the last frame only: a frame still in flight
-                # when Stop is pressed must not overwrite Stop's message (the timeline shows the clock).
-                status = {}
-                if t == 0 or t >= total:
-                    drafter = next((r.drafter for r in records.values() if r.drafter in DRAFTER_NAMES), None)
-                    by = (
-                        f" (Medusa columns drafted by {DRAFTED_BY[drafter]})"
-                        if drafter and len(self.pg.drafters.available) > 1
-                        else ""
-                    )
-                    status["status"] = f"Race replay at {speed}: {total:.2f} s of recorded runs{by}" + (
-                        " (done)." if t >= total else f", shown in {total / factor:.1f} s."
-                    )
-                yield out(timeline=timeline_figure(records, upto=min(t, total), x_max=total * 1.02), **status, **cols)
-                if t >= total:
-                    break
-                if stop is not None and (why := stop()):
-                    raise RunStopped(why)
-                time.sleep(1 / REPLAY_FPS)
-                t = (time.perf_counter() - start) * factor
-        except Exception as e:
-            # a bug: one sentence, the replay stops
-            yield out(status=self.refuse(e))
-
     # ---------------------------------------------------------------- API
     def compare(self, prompt, *values: Any, **named: Any) -> dict:
-        """The ``/compare`` API: the settings in its order (``REQUEST_NAMES``) or by name; the run's JSON, or one
-        sentence as the caller's error; the server keeps serving."""
-        request = by_name(REQUEST_NAMES, values, named)
+        """The ``/compare`` API: the settings in its order (``REQUEST_NAMES``, then ``run_live``) or by name; the
+        run's JSON, or one sentence as the caller's error; the server keeps serving. An identical request running now
+        is joined, one finished recently answers at once (the JSON's ``shared`` says so); ``run_live`` runs afresh."""
+        request = by_name((*REQUEST_NAMES, "run_live"), values, named)
+        run_live = request.pop("run_live", False)
         # first: the bound counts from the call's start
-        stop = self.api_stop()
+        since, stop = time.perf_counter(), self.api_stop()
         try:
             settings = self.pg.settings_of(request)
-            return self.device.call(self.pg.compare, prompt, settings, stop=stop)
+            run, how = self.sharing.take(prompt, settings, live=run_live_of(run_live), since=since)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
-
-
-def reference_of(records: dict[str, RunRecord], method: str) -> RunRecord | None:
-    """The run a column's speed-up is measured against: the first column's (plain), for every other column."""
-    first = next(iter(records), None)
-    return records[first] if first is not None and method != first else None
+        shared = run.shared(how) if how != "new" else None
+        try:
+            for _ in run.follow(stop):
+                pass
+            if run.error is not None:
+                raise run.error
+            return compare_json(run.outcome, shared=shared)
+        except Exception as e:
+            raise gr.Error(cannot_run(e), print_exception=False) from None
+        finally:
+            run.leave()
 
 
 def no_step_message(record: RunRecord) -> str:

@@ -43,9 +43,10 @@ from medusa_lib.present.lab import (
 
 from .eagle_lab import build_eagle_lab
 from .figures import empty_figure, mask_figure, tree_figure
-from .handlers import cannot_run, method_of, pack
+from .handlers import cannot_run
 from .lab_figures import acceptance_figure, cost_figure, gain_figure, speedup_figure
 from .live import DeviceTurn, caller_gone, on_gpu
+from .outputs import method_of, pack
 from .render import literal_markdown
 
 EDIT_OUTPUTS = ["lab_status", "lab_paths", "lab_leaf", "lab_tree", "lab_mask", "lab_cost", "lab_gain", "lab_speedup"]

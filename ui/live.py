@@ -97,6 +97,8 @@ class DeviceTurn:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        # a job is running on the device's thread
+        self._running = False
 
     def serve_forever(self) -> None:
         """Run the device's jobs on the calling thread, for ever (app.py's main thread, after launch)."""
@@ -113,7 +115,19 @@ class DeviceTurn:
                 job = self._jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
-            job.run()
+            self._running = True
+            try:
+                job.run()
+            finally:
+                self._running = False
+
+    def waiting(self) -> int:
+        """Runs handed to the device that have not started yet."""
+        return self._jobs.qsize()
+
+    def idle(self) -> bool:
+        """No run holds the device and none waits for it."""
+        return not self._running and self._jobs.empty()
 
     def _inline(self) -> bool:
         """Run on the calling thread: it is the device's (a run inside a run), or a fork that lacks it."""
@@ -132,6 +146,14 @@ class DeviceTurn:
         for _, value in self.stream(_once(fn, args, kwargs)):
             return value
         raise RuntimeError("the server stopped before the run ended")
+
+    def submit(self, fn: Callable[..., object], *args) -> None:
+        """``fn(*args)`` on the device's thread when its turn comes, with nobody waiting for it: a run that
+        several callers watch (``SharedRun``) lives as long as they do, not as long as the one that started it."""
+        if self._inline():
+            fn(*args)
+            return
+        self._jobs.put(_Job(_once(fn, args, {}), contextvars.copy_context()))
 
     def stream(self, frames: Iterator[T]) -> Iterator[T]:
         """``frames`` iterated on the device's thread when its turn comes, each handed on as it is made.

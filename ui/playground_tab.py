@@ -12,7 +12,8 @@ from medusa_lib.present import DRAFTER_NAMES, Playground, numerics_label
 from medusa_lib.present.settings import Request
 
 from .figures import empty_figure, timeline_figure
-from .handlers import INSPECT_CHOICES, Handlers, empty_paths, empty_summary
+from .handlers import Handlers
+from .outputs import INSPECT_CHOICES, empty_paths, empty_summary
 from .render import (
     LEGEND_HTML,
     badge_html,
@@ -56,6 +57,14 @@ def prompt_panel(pg: Playground, examples: Sequence[dict], c: Components) -> Non
         c["speed"] = gr.Radio(
             ["0.25x", "0.5x", "1x", "2x"], value="1x", label="Replay speed", scale=2, elem_id="replay-speed"
         )
+    # an identical request running now is joined, one run recently is answered from its records (ui/sharing.py)
+    c["run_live"] = gr.Checkbox(
+        value=False,
+        label="Run live",
+        info="Measure afresh: otherwise a request identical to one this server is running or ran recently "
+        "shares that run and its measured timings.",
+        elem_id="run-live",
+    )
     # no LaTeX: a quoted value's $$ shows as typed (Handlers.refuse)
     c["status"] = gr.Markdown(
         "Pick an example or type a prompt, then press **Run**.", elem_id="status", latex_delimiters=[]

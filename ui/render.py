@@ -214,7 +214,8 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
 def info_html(
     *, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = (), engine: str = ""
 ) -> str:
-    warn = "untrained" in heads_note
+    # untrained heads, or trained heads on weights they were not trained on (hub_gguf.weights_note)
+    warn = "untrained" in heads_note or "unmeasured" in heads_note
     note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
     more = [n for n in numerics if n != dtype]
     copies = f", and a {', '.join(map(html.escape, more))} copy (the Numerics choice)" if more else ""

@@ -21,8 +21,12 @@ from .ui import launch_options
 
 # the concurrency id of every event that runs the model (ui.py, lab.py)
 DEVICE = "device"
-# calls that may wait for the device at once (MEDUSA_MAX_QUEUE)
-QUEUE_SIZE = 16
+# the line of calls that watch a run already the device's (joined or recorded: sharing.py); no concurrency limit
+SHARED = "shared"
+# calls that may wait for the device at once (MEDUSA_MAX_QUEUE): a class of 30, each with a run and some a second
+QUEUE_SIZE = 64
+# gradio's worker threads (its default: 40): each watcher of a shared run holds one while it waits for frames
+MAX_THREADS = 160
 # of them from one user: a browser session, or a gradio_client (MEDUSA_MAX_QUEUE_PER_CLIENT)
 CLIENT_SHARE = 4
 # of them from one network address (MEDUSA_MAX_QUEUE_PER_ADDRESS): a class of 30 behind one school network
@@ -106,13 +110,38 @@ def not_a_number(fn, data) -> str | None:
     return None
 
 
+def move_to_shared_line(queue, accepted: tuple) -> None:
+    """Move a call gradio just queued (``push``'s answer) from the device's line to the shared one, which has no
+    concurrency limit: its handler starts at once and watches a run that is already the device's. Nothing awaits
+    between gradio's append and this, so the call has not started yet."""
+    ok, event_id, _ = accepted
+    event = queue.event_ids_to_events.get(event_id) if ok else None
+    line = queue.event_queue_per_concurrency_id.get(getattr(event, "concurrency_id", None))
+    if event is None or line is None or event not in line.queue:
+        return
+    line.queue.remove(event)
+    if SHARED not in queue.event_queue_per_concurrency_id:
+        from gradio.queueing import EventQueue
+
+        queue.event_queue_per_concurrency_id[SHARED] = EventQueue(SHARED, None)
+    event.concurrency_id = SHARED
+    queue.event_queue_per_concurrency_id[SHARED].queue.append(event)
+
+
 def guard_queue(
-    demo: gr.Blocks, *, size: int = QUEUE_SIZE, per_client: int = CLIENT_SHARE, per_address: int = ADDRESS_SHARE
+    demo: gr.Blocks,
+    *,
+    size: int = QUEUE_SIZE,
+    per_client: int = CLIENT_SHARE,
+    per_address: int = ADDRESS_SHARE,
+    door=None,
 ) -> None:
     """Refuse a run that would wait behind ``size`` others, or that one network address asks for while
     ``per_address`` of its runs wait, or one user (a browser session) while ``per_client`` of theirs wait: HTTP
     503 with one sentence (the page and gradio_client show it as "busy, try again"). Runs that are running do not
-    count: only those waiting for their turn. Any call with a NaN or an infinity for a number: HTTP 400."""
+    count: only those waiting for their turn. Any call with a NaN or an infinity for a number: HTTP 400.
+    ``door(fn, data)``: true for a call that an identical running or recorded run answers (``Sharing.door``); it
+    takes no place and starts at once (``move_to_shared_line``)."""
     # gradio's queue, made by demo.queue(); it has no per-client limit of its own
     queue = demo._queue
     push = queue.push
@@ -123,6 +152,11 @@ def guard_queue(
         if why is not None:
             return False, why, "error"
         line = queue.event_queue_per_concurrency_id.get(DEVICE)
+        # joined to a running run or answered from a recorded one: no place in the device's line
+        if fn is not None and door is not None and door(fn, body.data):
+            accepted = await push(body, request, username)
+            move_to_shared_line(queue, accepted)
+            return accepted
         if fn is not None and fn.concurrency_id == DEVICE and line is not None:
             waiting = list(line.queue)
             if len(waiting) >= size:
@@ -164,6 +198,7 @@ def serve(
     per_client: int = CLIENT_SHARE,
     per_address: int = ADDRESS_SHARE,
     proxies: tuple[str, ...] = (),
+    record_examples: bool = False,
     **launch,
 ) -> gr.Blocks:
     """Queue and launch ``demo``: one run at a time on the device (the events' concurrency limit of 1, and
@@ -175,18 +210,24 @@ def serve(
     demo.queue(default_concurrency_limit=1, api_open=False)
     demo._queue.sleep_when_free = QUEUE_POLL_SECONDS
     demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_SECONDS
-    guard_queue(demo, size=queue_size, per_client=per_client, per_address=per_address)
+    handlers = getattr(demo, "handlers", None)
+    door = handlers.sharing.door if handlers is not None else None
+    guard_queue(demo, size=queue_size, per_client=per_client, per_address=per_address, door=door)
     block = not launch.pop("prevent_thread_lock", False)
     with forwarded_for(trusted_proxies(",".join(proxies))):
         demo.launch(
             server_name=server_name,
             server_port=server_port,
             max_file_size=UPLOAD_LIMIT,
+            max_threads=MAX_THREADS,
             prevent_thread_lock=True,
             **launch_options(),
             **launch,
         )
     refuse_uploads(demo.app)
+    # the page's examples at its starting values, recorded while no run needs the device: never before the page
+    if record_examples and handlers is not None and getattr(demo, "examples", None):
+        handlers.sharing.record_in_background(demo.examples, demo.start, say=print)
     if block:
         demo.block_thread()
     return demo

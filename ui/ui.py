@@ -11,12 +11,15 @@ import gradio as gr
 
 from medusa_lib.present import MAX_RUN_SECONDS, Playground
 from medusa_lib.present.settings import Request
+from medusa_lib.present.shared import MAX_MEGABYTES, MAX_RESULTS, SharedRuns
 
-from .handlers import INSPECT_OUTPUTS, PAGE_INPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS, Handlers
+from .handlers import Handlers
 from .lab import LabHandlers, build_lab
 from .live import DeviceTurn, on_gpu
+from .outputs import INSPECT_OUTPUTS, PAGE_INPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS
 from .playground_tab import Components, playground_tab
 from .render import info_html
+from .sharing import COMPARE, PAGE
 from .text import HEADER
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
@@ -37,11 +40,15 @@ def build_demo(
     max_new_tokens: int = Request.max_new_tokens,
     max_run_seconds: float | None = MAX_RUN_SECONDS,
     device: DeviceTurn | None = None,
+    shared_results: int = MAX_RESULTS,
+    shared_megabytes: float = MAX_MEGABYTES,
 ) -> gr.Blocks:
     """The page around ``playground``. ``max_new_tokens``: the slider's start and ``/compare``'s default (within
     the playground's limit). ``device``: the line every run takes (app.py serves it on its main thread); by
-    default one of the page's own, served by a thread it starts at the first run."""
-    pg, h = playground, Handlers(playground, max_run_seconds=max_run_seconds, device=device)
+    default one of the page's own, served by a thread it starts at the first run. ``shared_results`` and
+    ``shared_megabytes``: the finished runs kept to answer identical requests (``SharedRuns``)."""
+    shared_runs = SharedRuns(max_results=shared_results, max_megabytes=shared_megabytes)
+    pg, h = playground, Handlers(playground, max_run_seconds=max_run_seconds, device=device, runs=shared_runs)
     # the page's starting values and /compare's defaults
     start = pg.starting_request(max_new_tokens)
     c: Components = {}
@@ -61,6 +68,15 @@ def build_demo(
         wire_settings(h, c)
         wire_inspector(h, c, runs=runs, lab=lab, lab_c=lab_c)
         compare_api(h, start, max_run_seconds=max_run_seconds)
+    # the queue's door reads these routes' inputs: a request a shared run answers takes no place (serve.py)
+    h.sharing.routes = {
+        **{f: PAGE for f in demo.fns.values() if f.fn == h.run_event},
+        **{f: COMPARE for f in demo.fns.values() if f.api_name == "compare"},
+    }
+    demo.handlers = h
+    # what app.py records in the background after start-up: the examples at the page's starting values
+    demo.examples = [e["prompt"] for e in examples]
+    demo.start = start
     return demo
 
 
@@ -221,6 +237,7 @@ def compare_api(h: Handlers, start: Request, *, max_run_seconds: float | None) -
         seed: int = start.seed,
         numerics: str = start.numerics,
         drafter: str = start.drafter,
+        run_live: bool = False,
     ) -> dict:
         """Run plain greedy, Medusa greedy and Medusa typical (sampling at `temperature` from `seed`) on the
         prompt, one after another (the page's Greedy mode); return the three texts, their statistics (tokens/s,
@@ -241,7 +258,11 @@ def compare_api(h: Handlers, start: Request, *, max_run_seconds: float | None) -
         "drafter" says which ran. tree, numerics and drafter: null or "" mean the default (the heads' default
         tree; float32 where loaded; the faster drafter on this device, by the figures recorded in the heads'
         config.json); any other value must name one. A cancelled call (gradio_client's job.cancel()) or one
-        whose client closes its event stream stops within a step."""
+        whose client closes its event stream stops within a step. A request identical to one this server is
+        running joins it, and one identical to a run it finished recently is answered at once from that run's
+        records: the JSON's "shared" then says so ({"how": "joined" or "recorded", "seconds_ago", "note"}; null
+        for a run measured for this call), and its timings are that run's measurements. run_live: true runs it
+        afresh, in the queue like any other call."""
         return h.compare(
             prompt,
             max_new_tokens=max_new_tokens,
@@ -256,6 +277,7 @@ def compare_api(h: Handlers, start: Request, *, max_run_seconds: float | None) -
             seed=seed,
             numerics=numerics,
             drafter=drafter,
+            run_live=run_live,
         )
 
     # said in the API's description: a call that never opens its event stream sends no signal when it leaves

