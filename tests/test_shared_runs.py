@@ -261,3 +261,27 @@ def test_examples_are_recorded_in_the_background_and_give_way_to_a_user(pg, monk
     h = Handlers(pg, device=device, runs=sharing.runs)
     out = h.compare(examples[0], max_new_tokens=24)
     assert out["shared"]["how"] == "recorded"
+
+
+def test_a_waiting_caller_s_estimate_comes_from_runs_that_ran_not_from_recorded_answers(monkeypatch):
+    """gradio estimates a waiting call's time from its event's average duration; answers from records take
+    milliseconds and must not pull it down."""
+    from conftest import launch
+
+    demo, url = launch(tiny_playground())
+    try:
+        from gradio_client import Client
+
+        client = Client(url, verbose=False)
+        h, queue = demo.handlers, demo._queue
+        compare = next(f for f in demo.fns.values() if f.api_name == "compare")
+        client.predict(PROMPT, 12, api_name="/compare")
+        ran = h.sharing.runs.typical_seconds()
+        assert ran > 0 and queue.process_time_per_fn[compare].avg_time == ran
+        for _ in range(5):
+            assert client.predict(PROMPT, 12, api_name="/compare")["shared"]["how"] == "recorded"
+        assert queue.process_time_per_fn[compare].avg_time == ran
+        page = [f for f in h.sharing.routes if h.sharing.routes[f] == "page"]
+        assert page and all(queue.process_time_per_fn[f].avg_time == ran for f in page)
+    finally:
+        demo.close()

@@ -59,6 +59,13 @@ class Sharing:
         self.routes: dict[Any, str] = {}
         # a function that turns the page's inputs (as sent) into (prompt, settings, live); set by the handlers
         self.read_page: Callable[[Sequence], tuple[str, Settings, bool]] | None = None
+        # told of every run that ended, after the registry (serve.measured_estimates)
+        self.on_end: list[Callable[[SharedRun], None]] = []
+
+    def ended(self, run: SharedRun) -> None:
+        self.runs.ended(run)
+        for listener in self.on_end:
+            listener(run)
 
     def identity(self) -> str:
         """What else decides a run: the model, the heads, the device and the engine this server loaded."""
@@ -91,7 +98,7 @@ class Sharing:
         run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live)
         if how == "new":
             bound = deadline(self.max_run_seconds, start=since)
-            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.runs.ended))
+            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.ended))
         return run, how
 
     # ---------------------------------------------------------------- the queue's door
@@ -143,7 +150,7 @@ class Sharing:
                 done = threading.Event()
 
                 def ended(r: SharedRun, done=done) -> None:
-                    self.runs.ended(r)
+                    self.ended(r)
                     done.set()
 
                 self.device.submit(

@@ -130,7 +130,9 @@ def wire_run(h: Handlers, c: Components) -> tuple:
         concurrency_limit=1,
         api_visibility="undocumented",
         api_name="run",
-        show_progress="minimal",
+        # a waiting user's place and estimate, in the status line (the columns keep the last run meanwhile)
+        show_progress="full",
+        show_progress_on=c["status"],
     )
     submit_ev = c["prompt"].submit(
         on_gpu(h.run_event),
@@ -139,7 +141,8 @@ def wire_run(h: Handlers, c: Components) -> tuple:
         concurrency_id="device",
         concurrency_limit=1,
         api_visibility="private",
-        show_progress="minimal",
+        show_progress="full",
+        show_progress_on=c["status"],
     )
     return run_ev, submit_ev
 

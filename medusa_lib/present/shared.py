@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Callable, Iterator
 
@@ -33,6 +33,8 @@ from .settings import RunStopped, Settings
 # (MEDUSA_SHARED_MB); the least recently used goes first
 MAX_RESULTS = 64
 MAX_MEGABYTES = 256.0
+# the finished runs whose mean wall time a waiting caller's estimate is
+RECENT_RUNS = 20
 ALL_LEFT = "Everyone watching this run left, so it stopped."
 GIVES_WAY = "A user's run needs the device, so the background recording gave way."
 
@@ -97,6 +99,8 @@ class SharedRun:
         self.started: float | None = None
         self.finished: float | None = None
         self.watchers = 0
+        # wall seconds its production took on the device (prepare, three decoders, checks), once it ended
+        self.seconds: float | None = None
         self._cond = threading.Condition()
 
     # ------------------------------------------------------------ the producer (the device's thread)
@@ -113,6 +117,7 @@ class SharedRun:
         (``stop_check``), e.g. the server's bound on one run's wall time; ``device_waiting``: how many runs
         wait for the device (a background run gives way to them). Any failure ends the run with its error,
         which each watcher says in its sentence; ``on_end`` then hears of it."""
+        t0 = time.perf_counter()
         try:
             check = self.stop_check(stop, device_waiting=device_waiting)
             # everyone left while it waited for the device
@@ -131,6 +136,7 @@ class SharedRun:
         except Exception as e:
             self._end(error=e)
         finally:
+            self.seconds = time.perf_counter() - t0
             if on_end is not None:
                 on_end(self)
 
@@ -217,6 +223,8 @@ class SharedRuns:
         self.max_results, self.max_bytes = max_results, int(max_megabytes * 2**20)
         self._running: dict[str, SharedRun] = {}
         self._done: OrderedDict[str, tuple[SharedRun, int]] = OrderedDict()
+        # the wall seconds of the latest runs that finished on the device (what a waiting caller's estimate uses)
+        self.durations: deque[float] = deque(maxlen=RECENT_RUNS)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -261,12 +269,19 @@ class SharedRuns:
                 del self._running[run.key]
             if run.outcome is None:
                 return
+            if run.seconds is not None:
+                self.durations.append(run.seconds)
             self._done.pop(run.key, None)
             self._done[run.key] = (run, size)
             while self._done and (
                 len(self._done) > self.max_results or sum(s for _, s in self._done.values()) > self.max_bytes
             ):
                 self._done.popitem(last=False)
+
+    def typical_seconds(self) -> float | None:
+        """The mean wall time of the latest runs that finished (None before the first): a waiting caller's estimate."""
+        with self._lock:
+            return sum(self.durations) / len(self.durations) if self.durations else None
 
     def recorded(self) -> list[SharedRun]:
         with self._lock:
