@@ -32,14 +32,13 @@ from medusa_lib.present import (
     path_rows,
     sample_of_mode,
     tree_nodes,
-    untimed_note,
     why_it_ended,
 )
 from medusa_lib.present.report import compare_json
 from medusa_lib.present.settings import REQUEST_NAMES, Settings
 from medusa_lib.present.shared import SharedRuns
 
-from .figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
+from .figures import empty_figure, mask_figure, threshold_figure, tree_figure
 from .live import COLUMN, DeviceTurn, LiveColumns, caller_gone, log
 from .outputs import (
     INSPECT_OUTPUTS,
@@ -48,14 +47,12 @@ from .outputs import (
     best_step,
     by_name,
     empty_paths,
-    empty_summary,
     method_of,
     pack,
-    reference_of,
-    summary_frame,
 )
-from .render import badge_html, column_html, drafter_note_html, literal_markdown, sampling_html, stopped_column
+from .render import drafter_note_html, literal_markdown, stopped_column
 from .replay import RaceReplay
+from .run_frames import FIRST_CHOICE, PageFrames, for_watcher
 from .sharing import Sharing, run_live_of
 
 # seconds between page updates while decoding (each update costs CPU the decoder wants)
@@ -106,6 +103,8 @@ class Handlers(RaceReplay):
         # identical requests computed once: the runs running now and those recorded
         self.sharing = Sharing(playground, self.device, max_run_seconds=max_run_seconds, runs=runs)
         self.sharing.read_page = lambda data: self.read_page(by_name(PAGE_INPUTS, data, {}))[:3]
+        # what a page shows of a run: rendered once, by its producer, on the device's thread
+        self.sharing.render_for = lambda settings: PageFrames(self, settings, every=STREAM_EVERY)
 
     def api_stop(self, **words: str) -> Callable[[], str | None]:
         """What ends a call's run between steps, whatever its route (the page's Run, the race replay, ``/run``,
@@ -223,102 +222,38 @@ class Handlers(RaceReplay):
     def _frames(
         self, run, settings: Settings, insp_label: str, stop: Callable[[], str | None], shared: dict | None
     ) -> Iterator[tuple]:
+        """The page updates of ``run`` for this session: what the run's producer rendered once (``run_frames``),
+        from the first (a late watcher catches up in one update) to the last, with this session's note."""
         out = lambda **kw: pack(RUN_OUTPUTS, **kw)  # noqa: E731
-        views, records = settings.views, {}
         joined = f" ({shared['note'][0].lower()}{shared['note'][1:-1]})" if shared else ""
         if not run.ended:
             yield out(status=f"Waiting for the device{joined}&hellip;" if joined else "Waiting for the device&hellip;")
-        last = 0.0
+        shown: dict[str, str] = {}
         try:
             for batch in run.follow(stop):
-                if not batch.events:
+                if not batch.frames:
                     continue
                 upd: dict[str, Any] = {}
-                if not records:
-                    upd.update(
-                        {COLUMN[v]: column_html(v, None) for v in views},
-                        badge=badge_html(None),
-                        summary=empty_summary(),
-                        sampling=sampling_html(None),
-                        session=None,
-                    )
-                for ev in batch.events:
-                    records[ev.method] = ev.record
-                    if ev.kind == "start":
-                        by = (
-                            f", drafted by {DRAFTED_BY[ev.record.drafter]}"
-                            if ev.record.drafter in DRAFTER_NAMES
-                            else ""
-                        )
-                        upd["status"] = (
-                            f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "
-                            f"the three run one after another for fair timing){joined}&hellip;"
-                        )
-                    if ev.kind == "end" and ev.method == method_of(insp_label, records):
-                        upd.update(self.inspector_update(records, insp_label))
-                # plain runs first: it has finished by then
-                for m in {ev.method for ev in batch.events}:
-                    upd[COLUMN[m]] = column_html(
-                        m,
-                        records[m],
-                        state="done" if records[m].done else "running",
-                        reference=reference_of(records, m),
-                    )
-                upd["timeline"] = timeline_figure(records)
+                for frame in batch.frames:
+                    upd.update(frame)
+                upd = for_watcher(upd, label=insp_label, joined=joined)
+                shown.update({k: v for k, v in upd.items() if k in COLUMN.values()})
                 yield out(**upd)
-                # each frame costs CPU the decoder wants: at most one every STREAM_EVERY seconds
-                now = time.perf_counter()
-                time.sleep(max(0.0, STREAM_EVERY - (now - last)))
-                last = time.perf_counter()
             if run.error is not None:
                 raise run.error
         except Exception as e:
             # out of memory mid-run, a caller gone, or a bug: the sentence, and the column that was running says
             # it stopped
-            cut = {
-                COLUMN[m]: column_html(m, r, state="stopped", reference=reference_of(records, m))
-                for m, r in records.items()
-                if not r.done
-            }
-            yield out(status=self.refuse(e), **cut)
+            yield out(status=self.refuse(e), **{k: stopped_column(v) for k, v in shown.items()})
             return
-        yield self._final(run.outcome, insp_label, shared)
-
-    def _final(self, outcome, insp_label: str, shared: dict | None) -> tuple:
-        """The last frame of a run: every column, the badge, the summary, the sampling panel, the inspector."""
-        records, settings = dict(outcome.records), outcome.settings
-        views = settings.views
-        plain, medusa = records[views[0]], records[views[1]]
-        note = untimed_note(records)
-        t, seed = settings.temperature, settings.seed
-        done = (
-            f"Sampled at T = {t:g}, seed {seed}; speedups are against plain sampling. "
-            if settings.sample
-            else (f"Greedy mode: Medusa typical sampled at T = {t:g}, seed {seed}; speedups are against plain greedy. ")
-            if t > 0
-            else ""
-        )
-        # the server offers a choice: say which ran
-        if medusa.drafter in DRAFTER_NAMES and len(self.pg.drafters.available) > 1:
-            done = f"Medusa columns drafted by {DRAFTED_BY[medusa.drafter]}. " + done
-        told = f"**{shared['note']}** Tick **Run live** to measure it again. " if shared else ""
-        return pack(
-            RUN_OUTPUTS,
-            status="Done. "
-            + told
-            + done
-            + (note if note else "Press **Race replay** to watch the three runs side by side at their measured speed."),
-            **{
-                COLUMN[m]: column_html(m, r, state="done", reference=reference_of(records, m))
-                for m, r in records.items()
-            },
-            timeline=timeline_figure(records),
-            badge=badge_html(outcome.check, plain=plain, medusa=medusa, tokenizer=self.pg.tokenizer),
-            summary=summary_frame(records),
-            sampling=sampling_html(outcome.fidelity, temperature=float(t)),
-            session=records,
-            **self.inspector_update(records, insp_label),
-        )
+        final = run.final
+        if final is None or insp_label != FIRST_CHOICE:
+            final = PageFrames(self, settings, every=STREAM_EVERY).final(run.outcome, insp_label)
+        final = for_watcher(final, label=FIRST_CHOICE)
+        if shared:
+            told = f"**{shared['note']}** Tick **Run live** to measure it again. "
+            final["status"] = final["status"].replace("Done. ", f"Done. {told}", 1)
+        yield out(**final)
 
     @staticmethod
     def refuse(e: Exception) -> str:

@@ -61,6 +61,15 @@ class Sharing:
         self.read_page: Callable[[Sequence], tuple[str, Settings, bool]] | None = None
         # told of every run that ended, after the registry (serve.measured_estimates)
         self.on_end: list[Callable[[SharedRun], None]] = []
+        # what renders a run's page frames on the device's thread (run_frames.PageFrames), from its settings
+        self.render_for: Callable[[Settings], Any] | None = None
+
+    def rendering(self, settings: Settings) -> dict:
+        """``produce``'s rendering arguments: a run's page frames, made once for every page that watches it."""
+        if self.render_for is None:
+            return {}
+        frames = self.render_for(settings)
+        return {"render": frames.on_event, "render_final": frames.final}
 
     def ended(self, run: SharedRun) -> None:
         self.runs.ended(run)
@@ -98,7 +107,7 @@ class Sharing:
         run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live)
         if how == "new":
             bound = deadline(self.max_run_seconds, start=since)
-            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.ended))
+            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.ended, **self.rendering(settings)))
         return run, how
 
     # ---------------------------------------------------------------- the queue's door
@@ -160,6 +169,7 @@ class Sharing:
                         stop=deadline(self.max_run_seconds),
                         device_waiting=self.device.waiting,
                         on_end=ended,
+                        **self.rendering(settings),
                     )
                 )
                 done.wait()

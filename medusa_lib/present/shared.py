@@ -82,6 +82,8 @@ class Batch:
     """What a watcher has not seen yet: the run's new events, and whether it has ended."""
 
     events: tuple[Event, ...]
+    # what the page made of them (``SharedRun.frames``)
+    frames: tuple
     ended: bool
 
 
@@ -91,6 +93,10 @@ class SharedRun:
     def __init__(self, key: str, prompt: str, settings: Settings, *, background: bool = False):
         self.key, self.prompt, self.settings, self.background = key, prompt, settings, background
         self.events: list[Event] = []
+        # what a page shows of it, made once on the device's thread by ``produce``'s ``render`` (an update after
+        # some events) and ``render_final`` (its last frame): every page watching it reads the same
+        self.frames: list = []
+        self.final = None
         # set when it ended: the finished comparison, or why it could not finish
         self.outcome: Outcome | None = None
         self.error: Exception | None = None
@@ -111,12 +117,16 @@ class SharedRun:
         stop: StopCheck | None = None,
         device_waiting: Callable[[], int] | None = None,
         on_end: Callable[["SharedRun"], None] | None = None,
+        render: Callable[[Event], object] | None = None,
+        render_final: Callable[[Outcome], object] | None = None,
     ) -> None:
         """Prepare and run the three decoders (``Playground.prepare``, ``run``), then check them
         (``outcome_of``): every event goes to the watchers as it is made. ``stop``: besides the watchers
         (``stop_check``), e.g. the server's bound on one run's wall time; ``device_waiting``: how many runs
-        wait for the device (a background run gives way to them). Any failure ends the run with its error,
-        which each watcher says in its sentence; ``on_end`` then hears of it."""
+        wait for the device (a background run gives way to them). ``render`` makes what a page shows after an
+        event (None: nothing new) and ``render_final`` its last frame, here, between two steps (outside their
+        timings). Any failure ends the run with its error, which each watcher says in its sentence; ``on_end``
+        then hears of it."""
         t0 = time.perf_counter()
         try:
             check = self.stop_check(stop, device_waiting=device_waiting)
@@ -127,12 +137,15 @@ class SharedRun:
             records = {}
             for ev in pg.run(ids, decoders, stop=check):
                 records[ev.method] = ev.record
+                frame = render(ev) if render is not None else None
                 with self._cond:
                     self.started = self.started or time.time()
                     self.events.append(ev)
+                    if frame is not None:
+                        self.frames.append(frame)
                     self._cond.notify_all()
             outcome = outcome_of(pg, self.prompt, self.settings, records)
-            self._end(outcome=outcome)
+            self._end(outcome=outcome, final=render_final(outcome) if render_final is not None else None)
         except Exception as e:
             self._end(error=e)
         finally:
@@ -140,11 +153,12 @@ class SharedRun:
             if on_end is not None:
                 on_end(self)
 
-    def _end(self, *, outcome: Outcome | None = None, error: Exception | None = None) -> None:
+    def _end(self, *, outcome: Outcome | None = None, error: Exception | None = None, final=None) -> None:
         with self._cond:
             self.outcome, self.error, self.ended, self.finished = outcome, error, True, time.time()
-            # the outcome holds the finished records: the steps' snapshots are not kept
-            self.events = []
+            self.final = final
+            # the outcome (and its last frame) hold the finished records: the snapshots are not kept
+            self.events, self.frames = [], []
             self._cond.notify_all()
 
     def stop_check(
@@ -177,14 +191,14 @@ class SharedRun:
         """The run's events in batches, from its first (a late watcher catches up in one batch) to its end.
         ``stop`` (this watcher's caller gone, its bound) is asked between batches: a reason raises RunStopped
         for this watcher only; it must ``leave`` (the run goes on for anyone else watching)."""
-        seen = 0
+        seen = shown = 0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: len(self.events) > seen or self.ended, timeout=poll)
-                new, ended = tuple(self.events[seen:]), self.ended
-            seen += len(new)
-            if new or ended:
-                yield Batch(new, ended)
+                new, frames, ended = tuple(self.events[seen:]), tuple(self.frames[shown:]), self.ended
+            seen, shown = seen + len(new), shown + len(frames)
+            if new or frames or ended:
+                yield Batch(new, frames, ended)
             if ended:
                 return
             if stop is not None and (why := stop()):
