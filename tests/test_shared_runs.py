@@ -288,3 +288,23 @@ def test_a_waiting_caller_s_estimate_comes_from_runs_that_ran_not_from_recorded_
         assert page and all(queue.process_time_per_fn[f].avg_time == ran for f in page)
     finally:
         demo.close()
+
+
+def test_a_page_that_joins_a_run_only_an_api_call_watched_catches_up_in_one_frame(pg, monkeypatch):
+    """A run only /compare callers watch renders no page frame (they read its records); a page joining it later
+    gets every column so far in its first update, then the rest, and the same last frame as anyone."""
+    h = Handlers(pg)
+    stats = count_runs(monkeypatch, pg, step_seconds=0.01)
+    api = {}
+    first = threading.Thread(target=lambda: api.setdefault("out", h.compare(PROMPT, max_new_tokens=40)))
+    first.start()
+    assert wait_for(lambda: stats["steps"] >= 50, 30) < 30  # plain has ended, Medusa greedy is running
+    run = h.sharing.runs._running[next(iter(h.sharing.runs._running))]
+    assert run.frames == []  # nobody showed it
+    outs = list(h.run(PROMPT, 40, *PAGE[2:5], "", "", True, None, 0, None, PAGE[11], "greedy", ""))
+    first.join(30)
+    assert stats["closed"] == 1
+    caught_up = next(o for o in outs if isinstance(o[COLUMNS[0]], str))
+    assert 'data-state="done"' in caught_up[COLUMNS[0]] and "Running **Medusa" in status_text(caught_up[STATUS])
+    assert "joined a run that an identical request started" in status_text(caught_up[STATUS])
+    assert [column_text(outs[-1][i]) for i in COLUMNS] == [r["text"] for r in api["out"]["methods"].values()]

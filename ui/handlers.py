@@ -208,7 +208,7 @@ class Handlers(RaceReplay):
         yield out(status="Checking the settings&hellip;")
         try:
             prompt, settings, live, insp_label = self.read_page(page)
-            run, how = self.sharing.take(prompt, settings, live=live, since=since)
+            run, how = self.sharing.take(prompt, settings, live=live, since=since, page=True)
         except Exception as e:
             # one sentence, the server keeps serving
             yield out(status=self.refuse(e))
@@ -217,7 +217,7 @@ class Handlers(RaceReplay):
         try:
             yield from self._frames(run, settings, insp_label, stop, shared)
         finally:
-            run.leave()
+            run.leave(page=True)
 
     def _frames(
         self, run, settings: Settings, insp_label: str, stop: Callable[[], str | None], shared: dict | None

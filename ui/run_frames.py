@@ -36,19 +36,24 @@ class PageFrames:
         self.h, self.settings, self.every = handlers, settings, every
         self.records: dict = {}
         self.last = 0.0
+        # an update has been made: the next ones carry what changed, the first carries everything
+        self.started = False
 
-    def on_event(self, ev: Event) -> dict | None:
-        """The update after ``ev``, or None: a step within ``every`` seconds of the last update (each update costs
-        time the run waits; a start or an end always makes one)."""
-        first = not self.records
+    def on_event(self, ev: Event, *, shown: bool = True) -> dict | None:
+        """The update after ``ev``, or None: nobody shows it (``shown`` false: a run only ``/compare`` callers
+        watch), or a step within ``every`` seconds of the last update (each update costs time the run waits; a
+        start or an end always makes one). The first update carries every column so far (a page that joins a
+        run ``/compare`` started catches up in it)."""
         self.records[ev.method] = ev.record
         now = time.perf_counter()
-        if ev.kind == "step" and now - self.last < self.every:
+        if not shown or (ev.kind == "step" and now - self.last < self.every and self.started):
             return None
         self.last = now
         views, records = self.settings.views, self.records
         upd: dict[str, Any] = {}
+        first = not self.started
         if first:
+            self.started = True
             upd.update(
                 {COLUMN[v]: column_html(v, None) for v in views},
                 badge=badge_html(None),
@@ -56,7 +61,12 @@ class PageFrames:
                 sampling=sampling_html(None),
                 session=None,
             )
-        if ev.kind == "start":
+            for m, r in records.items():
+                if m != ev.method:
+                    upd[COLUMN[m]] = column_html(m, r, state="done", reference=reference_of(records, m))
+                    if m == method_of(FIRST_CHOICE, records):
+                        upd.update(self.inspector(dict(records), FIRST_CHOICE))
+        if ev.kind == "start" or first:
             by = f", drafted by {DRAFTED_BY[ev.record.drafter]}" if ev.record.drafter in DRAFTER_NAMES else ""
             upd["status"] = (
                 f"Running **{LABELS[ev.method]}**{by} ({views.index(ev.method) + 1} of 3; "

@@ -100,11 +100,13 @@ class Sharing:
         self.pg.check_numerics(settings.numerics)
         self.pg.drafters.resolve(settings.drafter)
 
-    def take(self, prompt: str, settings: Settings, *, live: bool = False, since: float | None = None):
-        """The run this request watches and how it got it (``SharedRuns.take``); a new one goes to the device,
-        bounded in wall time from ``since`` (the call's start)."""
+    def take(
+        self, prompt: str, settings: Settings, *, live: bool = False, since: float | None = None, page: bool = False
+    ):
+        """The run this request watches and how it got it (``SharedRuns.take``; ``page``: a page watches, which
+        shows its frames); a new one goes to the device, bounded in wall time from ``since`` (the call's start)."""
         self.check(prompt, settings)
-        run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live)
+        run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live, page=page)
         if how == "new":
             bound = deadline(self.max_run_seconds, start=since)
             self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.ended, **self.rendering(settings)))

@@ -105,6 +105,8 @@ class SharedRun:
         self.started: float | None = None
         self.finished: float | None = None
         self.watchers = 0
+        # of them, pages: only while one watches (or it is recorded in the background) is a page frame rendered
+        self.pages = 0
         # wall seconds its production took on the device (prepare, three decoders, checks), once it ended
         self.seconds: float | None = None
         self._cond = threading.Condition()
@@ -117,15 +119,16 @@ class SharedRun:
         stop: StopCheck | None = None,
         device_waiting: Callable[[], int] | None = None,
         on_end: Callable[["SharedRun"], None] | None = None,
-        render: Callable[[Event], object] | None = None,
+        render: Callable[..., object] | None = None,
         render_final: Callable[[Outcome], object] | None = None,
     ) -> None:
         """Prepare and run the three decoders (``Playground.prepare``, ``run``), then check them
         (``outcome_of``): every event goes to the watchers as it is made. ``stop``: besides the watchers
         (``stop_check``), e.g. the server's bound on one run's wall time; ``device_waiting``: how many runs
-        wait for the device (a background run gives way to them). ``render`` makes what a page shows after an
-        event (None: nothing new) and ``render_final`` its last frame, here, between two steps (outside their
-        timings). Any failure ends the run with its error, which each watcher says in its sentence; ``on_end``
+        wait for the device (a background run gives way to them). ``render(event, shown=...)`` makes what a page
+        shows after an event (None: nothing new; ``shown``: a page watches, or the run is recorded in the
+        background) and ``render_final`` its last frame when a page will show it, here, between two steps (outside
+        their timings). Any failure ends the run with its error, which each watcher says in its sentence; ``on_end``
         then hears of it."""
         t0 = time.perf_counter()
         try:
@@ -137,7 +140,7 @@ class SharedRun:
             records = {}
             for ev in pg.run(ids, decoders, stop=check):
                 records[ev.method] = ev.record
-                frame = render(ev) if render is not None else None
+                frame = render(ev, shown=self.pages > 0 or self.background) if render is not None else None
                 with self._cond:
                     self.started = self.started or time.time()
                     self.events.append(ev)
@@ -145,7 +148,8 @@ class SharedRun:
                         self.frames.append(frame)
                     self._cond.notify_all()
             outcome = outcome_of(pg, self.prompt, self.settings, records)
-            self._end(outcome=outcome, final=render_final(outcome) if render_final is not None else None)
+            shown = self.pages > 0 or self.background
+            self._end(outcome=outcome, final=render_final(outcome) if render_final is not None and shown else None)
         except Exception as e:
             self._end(error=e)
         finally:
@@ -179,13 +183,15 @@ class SharedRun:
         return check
 
     # ------------------------------------------------------------ the watchers (any thread)
-    def watch(self) -> None:
+    def watch(self, *, page: bool = False) -> None:
         with self._cond:
             self.watchers += 1
+            self.pages += page
 
-    def leave(self) -> None:
+    def leave(self, *, page: bool = False) -> None:
         with self._cond:
             self.watchers -= 1
+            self.pages -= page
 
     def follow(self, stop: StopCheck | None = None, *, poll: float = 0.25) -> Iterator[Batch]:
         """The run's events in batches, from its first (a late watcher catches up in one batch) to its end.
@@ -252,25 +258,33 @@ class SharedRuns:
             return key in self._running or key in self._done
 
     def take(
-        self, key: str, prompt: str, settings: Settings, *, live: bool = False, background: bool = False
+        self,
+        key: str,
+        prompt: str,
+        settings: Settings,
+        *,
+        live: bool = False,
+        background: bool = False,
+        page: bool = False,
     ) -> tuple[SharedRun, str]:
         """The run a request watches, and how it got it: "joined" (running), "recorded" (finished), or "new" (a
         run to produce, registered now so that identical requests join it; ``live``: always new). The caller
-        watches it (``watch`` is done here, atomically with the look-up), except a ``background`` run."""
+        watches it (``watch`` is done here, atomically with the look-up; ``page``: a page, which shows its frames),
+        except a ``background`` run."""
         with self._lock:
             if not live and not background:
                 run = self._running.get(key)
                 if run is not None:
-                    run.watch()
+                    run.watch(page=page)
                     return run, "joined"
                 done = self._done.get(key)
                 if done is not None:
                     self._done.move_to_end(key)
-                    done[0].watch()
+                    done[0].watch(page=page)
                     return done[0], "recorded"
             run = SharedRun(key, prompt, settings, background=background)
             if not background:
-                run.watch()
+                run.watch(page=page)
             # a live run beside a running identical one: later requests join the newer one
             self._running[key] = run
             return run, "new"
