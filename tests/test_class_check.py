@@ -7,11 +7,13 @@ import os
 import re
 from types import SimpleNamespace
 
+import pytest
 from conftest import launch, tiny_playground
 
 from medusa_lib.pipeline.class_check import run_class
 
 
+@pytest.mark.slow  # a live server, 12 sessions and their solo runs: ~11 s on 2 cores
 def test_a_small_class_is_served_shared_and_checked_against_solo_runs(capsys):
     demo, url = launch(tiny_playground())
     try:
