@@ -71,6 +71,13 @@ def test_a_finished_run_answers_an_identical_request_and_no_other(pg, monkeypatc
     records = outs[-1][SESSION]
     assert {m: r.tokens for m, r in records.items()} == tokens(first)
     assert [column_text(outs[-1][i]) for i in COLUMNS] == [r["text"] for r in first["methods"].values()]
+    # the run only an API call watched got its last frame from the first page it answered; the next reuse it
+    run = h.sharing.runs.recorded()[-1]  # the most recently used
+    assert run.settings.max_new_tokens == 16 and run.settings.tree != "chain-3"
+    final = run.final
+    assert final is not None
+    list(h.run(PROMPT, 16, *PAGE[2:5], "", "", True, None, 0, None, PAGE[11], "greedy", ""))
+    assert run.final is final
 
 
 def test_run_live_measures_again_and_its_result_answers_the_next_request(pg, monkeypatch):

@@ -239,6 +239,9 @@ class Handlers(RaceReplay):
                 upd = for_watcher(upd, label=insp_label, joined=joined)
                 shown.update({k: v for k, v in upd.items() if k in COLUMN.values()})
                 yield out(**upd)
+                # Each update a session is sent costs the server CPU (gradio diffs and sends it) that the decode
+                # wants: however many pages watch, together they get about one update every STREAM_EVERY seconds.
+                time.sleep(STREAM_EVERY * max(run.pages - 1, 0))
             if run.error is not None:
                 raise run.error
         except Exception as e:
@@ -246,9 +249,12 @@ class Handlers(RaceReplay):
             # it stopped
             yield out(status=self.refuse(e), **{k: stopped_column(v) for k, v in shown.items()})
             return
-        final = run.final
-        if final is None or insp_label != FIRST_CHOICE:
+        final = run.final if insp_label == FIRST_CHOICE else None
+        if final is None:
             final = PageFrames(self, settings, every=STREAM_EVERY).final(run.outcome, insp_label)
+            # a run no page watched (an API call's): the next pages answered from it reuse this one
+            if insp_label == FIRST_CHOICE:
+                run.final = final
         final = for_watcher(final, label=FIRST_CHOICE)
         if shared:
             told = f"**{shared['note']}** Tick **Run live** to measure it again. "

@@ -9,7 +9,7 @@ The sessions all start within ``--within`` seconds (2), from this one address, e
 page does): two thirds click one of the page's examples at the page's starting values, the others send a prompt of
 their own (the bench prompts). Per group it reports served, refused, errors, the wait until the first token shows
 (p50 / p95 / max) and until the answer is complete, and how many answers were recorded, joined or run; then it runs
-every prompt alone (``/compare``, Run live, one at a time) and checks each answer against it: greedy float32 must
+every prompt alone on the page (Run live, one at a time) and checks each answer against it: greedy float32 must
 give the same text in every column. With ``--rounds`` it plays the class again with new prompts of their own and
 prints the server's resident memory after each round (a server it started). The server it starts has this machine's
 defaults (``MEDUSA_*`` variables apply) and records the examples in the background; the class starts once the
@@ -36,12 +36,14 @@ from .live_server import machine, rss_mb, start_server, wait_until_up
 ROOT = Path(__file__).resolve().parents[2]
 INSPECT = "Medusa greedy / exact sampling"
 COLUMNS = ("plain", "medusa-greedy", "medusa-typical")
-TOKEN = re.compile(r'<span class="tok[^"]*" title="[^"]*">(.*?)</span>')
+# a token's span in a column (ui/render.py): its id in the title, its text (newlines included) inside
+TOKEN = re.compile(r'<span class="tok[^"]*" title="[^"]*\(id (\d+)\)">(.*?)</span>', re.S)
 
 
-def column_text(col_html: str) -> str:
-    """The visible text of a method column: its token spans' contents, unescaped."""
-    return "".join(html.unescape(t) for t in TOKEN.findall(col_html))
+def column_tokens(col_html: str) -> tuple[tuple[int, ...], str]:
+    """What a method column shows: the ids of its tokens that have text, and that text, unescaped."""
+    found = TOKEN.findall(str(col_html))
+    return tuple(int(i) for i, _ in found), "".join(html.unescape(t) for _, t in found)
 
 
 @dataclass
@@ -53,7 +55,8 @@ class Student:
     sent: float = 0.0
     first_token: float | None = None
     done: float | None = None
-    texts: tuple[str, ...] = ()
+    # per column: its token ids and text
+    texts: tuple = ()
     how: str = "ran"
     failure: str = ""
     refused: bool = False
@@ -105,7 +108,7 @@ def attend(student: Student, client, defaults: dict, t0: float) -> None:
             student.failure = status[:200]
             return
         student.how = "recorded" if "Computed " in status else "joined" if "Joined " in status else "ran"
-        student.texts = tuple(column_text(c) for c in last[1:4])
+        student.texts = tuple(column_tokens(c) for c in last[1:4])
     except Exception as e:
         text = str(e)
         student.refused = "busy" in text.lower() or "queue is full" in text.lower()
@@ -130,16 +133,20 @@ def play(url: str, prompts: list[tuple[str, str]], *, within: float) -> list[Stu
     return students
 
 
-def alone(url: str, prompts: list[str]) -> dict[str, tuple[tuple[str, ...], float]]:
-    """Each prompt run alone, afresh (Run live), one after another: its three texts and the comparison's time."""
+def alone(url: str, prompts: list[str]) -> dict[str, tuple[tuple, float]]:
+    """Each prompt run alone and afresh (Run live) on the page, one after another, as a student would see it: its
+    three columns' tokens and texts, and the comparison's time until its last frame."""
     from gradio_client import Client
 
     client = Client(url, verbose=False)
+    defaults = compare_defaults(client)
     out = {}
     for prompt in tqdm(prompts, desc="each prompt alone", unit="run"):
+        inputs = page_inputs(defaults, prompt)
+        inputs[-1] = True
         t = time.perf_counter()
-        got = client.predict(prompt, run_live=True, api_name="/compare")
-        out[prompt] = (tuple(got["methods"][m]["text"] for m in COLUMNS), time.perf_counter() - t)
+        final = client.submit(*inputs, api_name="/run").result()
+        out[prompt] = (tuple(column_tokens(c) for c in final[1:4]), time.perf_counter() - t)
     return out
 
 
@@ -235,8 +242,8 @@ def run_class(args, url: str, server_pid: int | None, examples: list[str], bench
             if last_own is not None:
                 print(
                     f"the last own prompt was complete {last_own:.1f} s after the first session started; one "
-                    f"comparison alone takes {one:.1f} s (median), so the bound 10 x {one:.1f} + 30 = "
-                    f"{10 * one + 30:.1f} s is {'met' if last_own <= 10 * one + 30 else 'MISSED'}"
+                    f"comparison alone on the page takes {one:.1f} s (median over these prompts), so the bound "
+                    f"10 x {one:.1f} + 30 = {10 * one + 30:.1f} s is {'met' if last_own <= 10 * one + 30 else 'MISSED'}"
                 )
         if server_pid is not None:
             rss.append(((r + 1) * size, rss_mb(server_pid)))
@@ -244,7 +251,7 @@ def run_class(args, url: str, server_pid: int | None, examples: list[str], bench
         watched(url, examples[0], watchers=args.watchers)
     print(f"\nmachine: {machine()}")
     print(
-        f"answers identical to the same prompt alone (every column, greedy, the page's numerics): "
+        f"answers identical to the same prompt alone (every column's token ids and text, the page's numerics): "
         f"{checked - len(mismatches)}/{checked}"
     )
     for s in mismatches:
