@@ -163,6 +163,7 @@ def test_race_replay_then_stop(page):
 
 
 def test_stop_cancels_a_live_run(page):
+    page.check("#run-live input")  # the same request ran before: without Run live its record answers at once
     page.click("#run-btn")
     page.wait_for_selector("#out-plain .method-col[data-state='running']", timeout=60_000)
     page.click("#stop-btn")
@@ -174,6 +175,7 @@ def test_stop_cancels_a_live_run(page):
     assert page.get_attribute("#out-typical .method-col", "data-state") == "waiting"
     assert page.get_attribute("#out-plain .method-col", "data-state") == "stopped"  # not "running..." forever
     assert "stopped" in page.inner_text("#out-plain .method-state").lower()
+    page.uncheck("#run-live input")
 
 
 LAB_SCREENSHOT = ROOT / "assets" / "tree-lab.png"

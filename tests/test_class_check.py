@@ -31,7 +31,8 @@ def test_a_small_class_is_served_shared_and_checked_against_solo_runs(capsys):
     # the two examples each ran once at most: the other two example sessions shared a run (joined or recorded)
     shared = [tuple(map(int, m.groups())) for m in re.finditer(r"^all .* (\d+) +(\d+) +(\d+)$", out, re.M)]
     assert all(recorded + joined >= 2 for recorded, joined, _ in shared), out
-    assert "answers identical to the same prompt alone (every column's token ids and text, the page's numerics): 6/6" in out
+    identical = "answers identical to the same prompt alone (every column's token ids and text, the page's numerics)"
+    assert f"{identical}: 6/6" in out
     assert re.search(r"server memory \(RSS\): \d+ MB after 6 requests, \d+ MB after 12 requests", out)
     assert "the last own prompt was complete" in out and "is met" in out
     assert "with 3 page sessions watching it" in out
