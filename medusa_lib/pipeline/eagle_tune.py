@@ -53,7 +53,7 @@ from .eagle_loss import depth_rates, simulated_lengths
 from .feature_cache import read_cache
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
-from .server_check import machine
+from .live_server import machine
 from .train_eagle import HELDOUT_ANSWERS, TRAIN_ANSWERS
 
 

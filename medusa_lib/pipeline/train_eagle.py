@@ -41,7 +41,7 @@ from .eagle_loss import batches, depth_rates, eagle_loss, simulated_acceptance, 
 from .feature_cache import FeatureCache, build_cache, fused_layers
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
-from .server_check import machine
+from .live_server import machine
 from .train import read_train_state
 
 TRAIN_ANSWERS = [
