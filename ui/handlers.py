@@ -102,7 +102,6 @@ class Handlers(RaceReplay):
         self.max_run_seconds = max_run_seconds
         # identical requests computed once: the runs running now and those recorded
         self.sharing = Sharing(playground, self.device, max_run_seconds=max_run_seconds, runs=runs)
-        self.sharing.read_page = lambda data: self.read_page(by_name(PAGE_INPUTS, data, {}))[:3]
         # what a page shows of a run: rendered once, by its producer, on the device's thread
         self.sharing.render_for = lambda settings: PageFrames(self, settings, every=STREAM_EVERY)
 
@@ -199,6 +198,22 @@ class Handlers(RaceReplay):
         page["sample"] = sample_of_mode(page.pop("mode"))
         return prompt, self.pg.settings_of(page), live, insp_label
 
+    def page_request(self, data: list) -> tuple[str, Settings, bool]:
+        """The page's inputs as sent (``PAGE_INPUTS``' order), read as (prompt, settings, run live): the queue's door
+        reads a call with it (``Sharing.door``)."""
+        return self.read_page(by_name(PAGE_INPUTS, data, {}))[:3]
+
+    def read_request(self, prompt, request: dict) -> tuple[str, Settings, bool]:
+        """``/compare``'s inputs by name as (prompt, settings, run live); a bad value raises its sentence."""
+        request = dict(request)
+        run_live = request.pop("run_live", False)
+        settings = self.pg.settings_of(request)
+        return prompt, settings, run_live_of(run_live)
+
+    def compare_request(self, data: list) -> tuple[str, Settings, bool]:
+        """``/compare``'s inputs as sent (the prompt, ``REQUEST_NAMES``, run_live), as the queue's door reads them."""
+        return self.read_request(data[0], by_name((*REQUEST_NAMES, "run_live"), data[1:], {}))
+
     def _watch(self, page: dict, stop: Callable[[], str | None], *, since: float) -> Iterator[tuple]:
         """A run of the page's inputs, by name, as page frames: the run is the device's (new, joined or recorded:
         ``Sharing.take``); this only renders what it records. ``stop`` ends this caller's watching between two
@@ -287,12 +302,11 @@ class Handlers(RaceReplay):
         run's JSON, or one sentence as the caller's error; the server keeps serving. An identical request running now
         is joined, one finished recently answers at once (the JSON's ``shared`` says so); ``run_live`` runs afresh."""
         request = by_name((*REQUEST_NAMES, "run_live"), values, named)
-        run_live = request.pop("run_live", False)
         # first: the bound counts from the call's start
         since, stop = time.perf_counter(), self.api_stop()
         try:
-            settings = self.pg.settings_of(request)
-            run, how = self.sharing.take(prompt, settings, live=run_live_of(run_live), since=since)
+            prompt, settings, live = self.read_request(prompt, request)
+            run, how = self.sharing.take(prompt, settings, live=live, since=since)
         except Exception as e:
             raise gr.Error(cannot_run(e), print_exception=False) from None
         shared = run.shared(how) if how != "new" else None

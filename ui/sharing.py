@@ -18,15 +18,12 @@ from typing import Any, Callable, Sequence
 
 from medusa_lib.core.messages import must_be_switch
 from medusa_lib.present import Playground, PlaygroundError, RunStopped, Settings, deadline, sample_of_mode
-from medusa_lib.present.settings import REQUEST_NAMES, Request
+from medusa_lib.present.settings import Request
 from medusa_lib.present.shared import GIVES_WAY, SharedRun, SharedRuns
 
 from .live import DeviceTurn
 
 log = logging.getLogger("medusa_playground")
-# how a handler reads its inputs at the door: the page's run (PAGE_INPUTS, by_name) or /compare's (the prompt, then
-# REQUEST_NAMES, then run_live)
-PAGE, COMPARE = "page", "compare"
 # seconds the device must have been idle before a background recording starts, and between two tries
 IDLE_SECONDS = 1.0
 # a background recording that gave way to users is tried again this many times
@@ -55,10 +52,9 @@ class Sharing:
     ):
         self.pg, self.device, self.max_run_seconds = playground, device, max_run_seconds
         self.runs = runs or SharedRuns()
-        # how the door reads a handler's inputs: a BlockFunction -> PAGE or COMPARE (ui.build_demo sets it)
-        self.routes: dict[Any, str] = {}
-        # a function that turns the page's inputs (as sent) into (prompt, settings, live); set by the handlers
-        self.read_page: Callable[[Sequence], tuple[str, Settings, bool]] | None = None
+        # the routes a shared run may answer: a BlockFunction -> how its handler reads the inputs it is sent, as
+        # (prompt, settings, run live) (Handlers.page_request, compare_request; ui.build_demo sets them)
+        self.routes: dict[Any, Callable[[list], tuple[str, Settings, bool]]] = {}
         # told of every run that ended, after the registry (serve.measured_estimates)
         self.on_end: list[Callable[[SharedRun], None]] = []
         # what renders a run's page frames on the device's thread (run_frames.PageFrames), from its settings
@@ -108,26 +104,38 @@ class Sharing:
         self.check(prompt, settings)
         run, how = self.runs.take(self.key(prompt, settings), prompt, settings, live=live, page=page)
         if how == "new":
-            bound = deadline(self.max_run_seconds, start=since)
-            self.device.submit(partial(run.produce, self.pg, stop=bound, on_end=self.ended, **self.rendering(settings)))
+            self.produce(run, stop=deadline(self.max_run_seconds, start=since), on_end=self.ended)
         return run, how
+
+    def produce(
+        self,
+        run: SharedRun,
+        *,
+        stop,
+        on_end: Callable[[SharedRun], None],
+        device_waiting: Callable[[], int] | None = None,
+    ) -> None:
+        """Hand ``run`` to the device (``SharedRun.produce``), with its page frames rendered there (``rendering``)."""
+        self.device.submit(
+            partial(
+                run.produce,
+                self.pg,
+                stop=stop,
+                on_end=on_end,
+                device_waiting=device_waiting,
+                **self.rendering(run.settings),
+            )
+        )
 
     # ---------------------------------------------------------------- the queue's door
     def door(self, fn, data) -> bool:
         """True when this call will be joined to a running run or answered from a recorded one, so it needs no
         place in the device's queue. Anything it cannot read takes the ordinary way (and its sentence there)."""
-        route = self.routes.get(fn)
-        if route is None or not isinstance(data, list):
+        read = self.routes.get(fn)
+        if read is None or not isinstance(data, list):
             return False
         try:
-            if route == PAGE:
-                if self.read_page is None:
-                    return False
-                prompt, settings, live = self.read_page(data)
-            else:
-                prompt, values = data[0], data[1 : 1 + len(REQUEST_NAMES)]
-                settings = self.pg.settings_of(dict(zip(REQUEST_NAMES, values)))
-                live = run_live_of(data[1 + len(REQUEST_NAMES)] if len(data) > 1 + len(REQUEST_NAMES) else None)
+            prompt, settings, live = read(data)
             self.check(prompt, settings)
             return not live and self.runs.holds(self.key(prompt, settings))
         except Exception:
@@ -164,16 +172,7 @@ class Sharing:
                     self.ended(r)
                     done.set()
 
-                self.device.submit(
-                    partial(
-                        run.produce,
-                        self.pg,
-                        stop=deadline(self.max_run_seconds),
-                        device_waiting=self.device.waiting,
-                        on_end=ended,
-                        **self.rendering(settings),
-                    )
-                )
+                self.produce(run, stop=deadline(self.max_run_seconds), on_end=ended, device_waiting=self.device.waiting)
                 done.wait()
                 if run.outcome is not None:
                     break

@@ -19,7 +19,6 @@ from .live import DeviceTurn, on_gpu
 from .outputs import INSPECT_OUTPUTS, PAGE_INPUTS, REPLAY_OUTPUTS, RUN_OUTPUTS
 from .playground_tab import Components, playground_tab
 from .render import info_html
-from .sharing import COMPARE, PAGE
 from .text import HEADER
 
 CSS_FILE = Path(__file__).resolve().parents[1] / "assets" / "style.css"
@@ -70,8 +69,8 @@ def build_demo(
         compare_api(h, start, max_run_seconds=max_run_seconds)
     # the queue's door reads these routes' inputs: a request a shared run answers takes no place (serve.py)
     h.sharing.routes = {
-        **{f: PAGE for f in demo.fns.values() if f.fn == h.run_event},
-        **{f: COMPARE for f in demo.fns.values() if f.api_name == "compare"},
+        **{f: h.page_request for f in demo.fns.values() if f.fn == h.run_event},
+        **{f: h.compare_request for f in demo.fns.values() if f.api_name == "compare"},
     }
     demo.handlers = h
     # what app.py records in the background after start-up: the examples at the page's starting values

@@ -140,7 +140,7 @@ class SharedRun:
             records = {}
             for ev in pg.run(ids, decoders, stop=check):
                 records[ev.method] = ev.record
-                frame = render(ev, shown=self.pages > 0 or self.background) if render is not None else None
+                frame = render(ev, shown=self.shown) if render is not None else None
                 with self._cond:
                     self.started = self.started or time.time()
                     self.events.append(ev)
@@ -148,14 +148,18 @@ class SharedRun:
                         self.frames.append(frame)
                     self._cond.notify_all()
             outcome = outcome_of(pg, self.prompt, self.settings, records)
-            shown = self.pages > 0 or self.background
-            self._end(outcome=outcome, final=render_final(outcome) if render_final is not None and shown else None)
+            self._end(outcome=outcome, final=render_final(outcome) if render_final is not None and self.shown else None)
         except Exception as e:
             self._end(error=e)
         finally:
             self.seconds = time.perf_counter() - t0
             if on_end is not None:
                 on_end(self)
+
+    @property
+    def shown(self) -> bool:
+        """A page shows it: one watches it, or it is recorded in the background (for the pages it will answer)."""
+        return self.pages > 0 or self.background
 
     def _end(self, *, outcome: Outcome | None = None, error: Exception | None = None, final=None) -> None:
         with self._cond:
