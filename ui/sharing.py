@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 from medusa_lib.core.messages import must_be_switch
+from medusa_lib.core.model import model_name
 from medusa_lib.present import Playground, PlaygroundError, RunStopped, Settings, deadline, sample_of_mode
 from medusa_lib.present.settings import Request
 from medusa_lib.present.shared import GIVES_WAY, SharedRun, SharedRuns
@@ -74,9 +75,7 @@ class Sharing:
 
     def identity(self) -> str:
         """What else decides a run: the model, the heads, the device and the engine this server loaded."""
-        config = getattr(self.pg.model, "config", None)
-        model = getattr(config, "_name_or_path", "") or type(self.pg.model).__name__
-        return f"{model} | {self.pg.heads_note} | {self.pg.device} | {self.pg.engine}"
+        return f"{model_name(self.pg.model)} | {self.pg.heads_note} | {self.pg.device} | {self.pg.engine}"
 
     def key(self, prompt, settings: Settings) -> str:
         """The request's key, with the playground's own choices named: no numerics or drafter means the default

@@ -46,7 +46,7 @@ from torch import nn
 from .caches import compact_cache, moved_slots, new_cache, new_static_cache
 from .config import CACHES, CAPTURES
 from .messages import InputError, cause
-from .model import CACHE_DIR, body_and_lm_head, input_device
+from .model import CACHE_DIR, body_and_lm_head, input_device, model_name
 from .packing import is_prepacked
 from .tree import TreeBuffers, prefix_mask
 
@@ -392,7 +392,7 @@ def describe_engine(
 
 def static_refusal(model: nn.Module) -> str | None:
     """Why the static path cannot run this model (one sentence), or None when it can."""
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    name = model_name(model)
     devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
     if len(devices) > 1:
         return (

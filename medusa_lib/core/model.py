@@ -88,10 +88,15 @@ def eos_token_ids(model: nn.Module) -> tuple[int, ...]:
     return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
+def model_name(model: nn.Module) -> str:
+    """The name a model was loaded by (its folder or Hub id), else its class: what a sentence about it says."""
+    return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+
+
 def _info_from_config(model: nn.Module) -> ModelInfo:
     """Refuse what the config alone rules out; return the context limit and EOS ids (cheap: no forward)."""
     config = model.config
-    name = getattr(config, "_name_or_path", "") or type(model).__name__
+    name = model_name(model)
     if getattr(config, "is_encoder_decoder", False):
         raise ModelError(f"{name} is an encoder-decoder model; Medusa here needs a decoder-only causal LM.")
     impl = getattr(config, "_attn_implementation", None) or "eager"
