@@ -80,6 +80,10 @@ CACHE_CHOICES = ("auto", "dynamic", "static")
 # auto = CUDA graphs with the static cache on a GPU, none on a CPU
 CAPTURE = os.environ.get("MEDUSA_CAPTURE", "auto")
 CAPTURE_CHOICES = ("auto", "none", "compile", "cuda-graph")
+# auto = choose the tree, lookup length and EAGLE node budget from this machine's measured costs at the first start,
+# cached per machine; again = measure anew; off = the shipped calibrations' choices (medusa_lib.present.fit)
+MACHINE_FIT = os.environ.get("MEDUSA_MACHINE_FIT", "auto")
+MACHINE_FIT_CHOICES = ("auto", "again", "off")
 SHARE = env_switch("MEDUSA_SHARE")
 # Run a Hub model's own Python code: the operator's call, never the page's.
 TRUST_REMOTE_CODE = env_switch("MEDUSA_TRUST_REMOTE_CODE")
@@ -158,6 +162,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "compiled by Inductor and recorded as one CUDA graph; cuda-graph records the eager kernels; none on a CPU)",
     )
     ap.add_argument(
+        "--machine-fit",
+        default=MACHINE_FIT,
+        choices=MACHINE_FIT_CHOICES,
+        help="auto (default): at the first start on a machine, time each shipped tree and EAGLE node budget here "
+        "(seconds) and run the fastest; later starts read the choice from the user cache; again: time anew; off: "
+        "the shipped calibrations' choices",
+    )
+    ap.add_argument(
         "--share", action="store_true", default=SHARE, help="also open a public gradio.live link (off by default)"
     )
     ap.add_argument(
@@ -218,12 +230,12 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
                 f"error: cannot serve on {args.host}:{args.port} ({e.strerror or type(e).__name__}); "
                 f"pick another {port} or {host}."
             )
-    for name, choices in (("cache", CACHE_CHOICES), ("capture", CAPTURE_CHOICES)):
-        value = getattr(args, name)
+    for name, choices in (("cache", CACHE_CHOICES), ("capture", CAPTURE_CHOICES), ("machine_fit", MACHINE_FIT_CHOICES)):
+        value, option = getattr(args, name), "--" + name.replace("_", "-")
         # argparse checks the flag's value, not its environment override's
         if value not in choices:
             sys.exit(
-                f"error: {flag('--' + name, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
+                f"error: {flag(option, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
                 f"{', '.join(choices)}; fix it or unset it."
             )
     from medusa_lib.core.kv import resolve_engine
@@ -306,6 +318,9 @@ def load_playground(args: argparse.Namespace, argv: list[str] | None = None):
             numerics_copy=args.float32_copy,
             cache=args.cache,
             capture=args.capture,
+            machine_fit=args.machine_fit,
+            # a GPU's compiled steps (or --capture compile) are built between runs: the page serves at once
+            compile_in_background=True,
             max_new_tokens_limit=MAX_NEW_TOKENS_LIMIT,
             max_prompt_chars=MAX_PROMPT_CHARS,
             max_prompt_tokens=MAX_PROMPT_TOKENS,

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the app's start-up timing of trees (present/fit.py) writes to the user cache: tests that want it ask for it
+os.environ.setdefault("MEDUSA_MACHINE_FIT", "off")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 from medusa_lib import DecodeConfig, Decoder, HeadsConfig, MedusaHeads  # noqa: E402

@@ -283,7 +283,8 @@ def build_lab(
         elem_id="lab-title",
     )
     with gr.Row(equal_height=True):
-        c["lab_note"] = gr.Markdown(" ".join(n for n in (h.base.cost_note, h.base.gain_note) if n), elem_id="lab-note")
+        notes = (pg.defaults.why, h.base.cost_note, h.base.gain_note)
+        c["lab_note"] = gr.Markdown(" ".join(n for n in notes if n), elem_id="lab-note")
         costs_btn = gr.Button(
             "Measure costs on this machine", variant="secondary", elem_id="lab-measure-costs", scale=0, min_width=260
         )

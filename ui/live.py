@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -128,6 +129,18 @@ class DeviceTurn:
     def idle(self) -> bool:
         """No run holds the device and none waits for it."""
         return not self._running and self._jobs.empty()
+
+    def wait_idle(self, quiet: float) -> None:
+        """Return once the device has been idle ``quiet`` seconds in a row (background work's turn)."""
+        quiet_since = None
+        while True:
+            if self.idle():
+                quiet_since = quiet_since or time.perf_counter()
+                if time.perf_counter() - quiet_since >= quiet:
+                    return
+            else:
+                quiet_since = None
+            time.sleep(0.1)
 
     def _inline(self) -> bool:
         """Run on the calling thread: it is the device's (a run inside a run), or a fork that lacks it."""

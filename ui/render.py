@@ -212,8 +212,19 @@ def sampling_html(rows: Sequence[dict] | None, *, temperature: float | None = No
 
 
 def info_html(
-    *, model: str, device: str, dtype: str, heads: int, heads_note: str, numerics: Sequence[str] = (), engine: str = ""
+    *,
+    model: str,
+    device: str,
+    dtype: str,
+    heads: int,
+    heads_note: str,
+    numerics: Sequence[str] = (),
+    engine: str = "",
+    tree: str = "",
+    compiling: str = "",
 ) -> str:
+    """What this server loaded, in one line; under it, where the default tree comes from (``tree``:
+    ``HeadsDefaults.why``) and what is being compiled meanwhile (``compiling``: ``PendingEngine.status``)."""
     # untrained heads, or trained heads on weights they were not trained on (hub_gguf.weights_note)
     warn = "untrained" in heads_note or "unmeasured" in heads_note
     note = f'<span class="{"note-warn" if warn else "note"}">{html.escape(heads_note)}</span>'
@@ -223,6 +234,11 @@ def info_html(
     return (
         f'<div class="info-line">Model <b>{html.escape(model)}</b> on <b>{html.escape(device)}</b> '
         f"({html.escape(dtype)}{copies}) &middot; {heads} Medusa heads: {note}{how}</div>"
+        + "".join(
+            f'<div class="{cls}">{html.escape(text)}</div>'
+            for cls, text in (("info-tree", tree), ("info-compiling", compiling))
+            if text
+        )
     )
 
 

@@ -17,6 +17,7 @@ import gradio as gr
 
 from medusa_lib.core.messages import must_be
 
+from .background import compile_between_runs
 from .ui import launch_options
 
 # the concurrency id of every event that runs the model (ui.py, lab.py)
@@ -257,9 +258,15 @@ def serve(
             **launch,
         )
     refuse_uploads(demo.app)
-    # the page's examples at its starting values, recorded while no run needs the device: never before the page
+    # the page's examples at its starting values, recorded while no run needs the device: never before the page,
+    # and after a compiled engine being built is swapped in (what it records is what later runs run on)
+    record = None
     if record_examples and handlers is not None and getattr(demo, "examples", None):
-        handlers.sharing.record_in_background(demo.examples, demo.start, say=print)
+        record = lambda: handlers.sharing.record_in_background(demo.examples, demo.start, say=print)  # noqa: E731
+    if handlers is not None and handlers.pg.pending is not None:
+        compile_between_runs(handlers.pg, handlers.device, say=print, then=record)
+    elif record is not None:
+        record()
     if block:
         demo.block_thread()
     return demo

@@ -159,7 +159,7 @@ class Sharing:
         settings = self.pg.settings_of({**vars(start), "sample": sample_of_mode("greedy")})
         for prompt in prompts:
             for _ in range(RECORD_TRIES):
-                self._wait_idle()
+                self.device.wait_idle(IDLE_SECONDS)
                 key = self.key(prompt, settings)
                 # a user asked for it meanwhile: their run records it
                 if self.runs.holds(key):
@@ -184,14 +184,3 @@ class Sharing:
                 f"Examples: {held} of {len(prompts)} recorded in the background ({time.perf_counter() - t0:.0f} s "
                 "after the page opened); a request identical to one is answered from its records."
             )
-
-    def _wait_idle(self) -> None:
-        quiet_since = None
-        while True:
-            if self.device.idle():
-                quiet_since = quiet_since or time.perf_counter()
-                if time.perf_counter() - quiet_since >= IDLE_SECONDS:
-                    return
-            else:
-                quiet_since = None
-            time.sleep(0.1)

@@ -5,7 +5,7 @@ the Tree lab's in lab.py; this file composes them, wires their events and declar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import gradio as gr
 
@@ -53,7 +53,10 @@ def build_demo(
     c: Components = {}
 
     with gr.Blocks(title="Medusa Playground") as demo:
-        header(pg, model_name)
+        info, info_now = header(pg, model_name)
+        if pg.pending is not None:
+            # each page load reads what runs now; no place on the device's line (it reads a few attributes)
+            demo.load(info_now, outputs=info, concurrency_limit=None, api_visibility="private", show_progress="hidden")
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="playground-tab"):
                 playground_tab(pg, h, start, examples, c)
@@ -80,11 +83,12 @@ def build_demo(
 
 
 # ---------------------------------------------------------------- layout
-def header(pg: Playground, model_name: str) -> None:
-    """The title and the line that says what this server loaded."""
-    gr.Markdown(HEADER, elem_id="header")
-    gr.HTML(
-        info_html(
+def header(pg: Playground, model_name: str) -> tuple[gr.HTML, Callable[[], str]]:
+    """The title and the line that says what this server loaded; while a compiled engine is built between runs
+    (``pg.pending``), each page load reads what runs now."""
+
+    def info() -> str:
+        return info_html(
             model=model_name,
             device=pg.device,
             dtype=pg.dtype,
@@ -92,9 +96,13 @@ def header(pg: Playground, model_name: str) -> None:
             heads_note=pg.heads_note,
             numerics=list(pg.variants),
             engine=pg.engine,
-        ),
-        elem_id="info",
-    )
+            tree=pg.defaults.why,
+            compiling=pg.pending.status() if pg.pending is not None else "",
+        )
+
+    gr.Markdown(HEADER, elem_id="header")
+    line = gr.HTML(info(), elem_id="info")
+    return line, info
 
 
 def tree_lab(

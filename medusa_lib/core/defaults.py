@@ -17,7 +17,7 @@ they predict fewer than 3 tokens ahead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +43,9 @@ class HeadsDefaults:
     calibration: dict | None = None
     # one sentence when that record was made on another kind of device than this one
     note: str | None = None
+    # one sentence on where the tree comes from when a machine fit decided it (``machine_fit``): a shipped
+    # calibration of this very machine, or this machine's measured costs
+    why: str = ""
 
     @property
     def lookup_length(self) -> int:
@@ -124,13 +127,39 @@ def calibration_records(heads) -> list[tuple[dict, str | None, int | None]]:
     return out
 
 
-def heads_defaults(heads, device: torch.device | str | None = None, numerics: str | None = None) -> HeadsDefaults:
+def heads_defaults(
+    heads, device: torch.device | str | None = None, numerics: str | None = None, *, fit=None
+) -> HeadsDefaults:
     """The defaults for ``heads`` (a MedusaHeads; calibrations read by ``load_heads``) on ``device``
     (the model's; None = CPU) in ``numerics`` (the model's dtype name, e.g. 'float32'; None = any): the
-    calibration made on this kind of device in these numerics, else on this kind of device, else
-    another kind's (with a ``note``), else the uncalibrated fallback."""
+    calibration made on this very machine (``fit.key``, a ``machine_fit.Fit`` of this device and numerics),
+    else the tree ``fit`` chose from this machine's measured costs, else the calibration made on this kind
+    of device in these numerics, else on this kind of device, else another kind's (with a ``note``), else
+    the uncalibrated fallback."""
     kind = device_kind(device)
     found = calibration_records(heads)
+    if fit is not None:
+        known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
+        here = [f for f in found if fit.key.same_as(f[0]) and f[1] in known]
+        best = fit.best("medusa")
+        if here:
+            record, tree, lookup = here[0]
+            why = f"Tree {tree} calibrated on this machine ({fit.key.label()}), shipped with the heads."
+            return HeadsDefaults(
+                tree=tree, lookup=lookup or DEFAULT_LOOKUP, lookup_on=lookup != 0, calibration=record, why=why
+            )
+        if best is not None and best.candidate.name in known:
+            # the figures of this device kind's calibration stay the page's reference, where there is one
+            base = heads_defaults(heads, device, numerics)
+            lookup = best.candidate.lookup
+            return replace(
+                base,
+                tree=best.candidate.name,
+                lookup=lookup or base.lookup,
+                lookup_on=lookup != 0,
+                note=None,
+                why=fit.why("medusa"),
+            )
     mine = [f for f in found if record_kind(f[0]) == kind]
     exact = [f for f in mine if numerics and record_numerics(f[0]) == str(numerics).removeprefix("torch.")]
     note = None

@@ -397,17 +397,7 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     if kv.capture == "none":
         return None
     progs = [p for p in programs(decoder, kv) if p is not None]
-    if kv.prefill is None and kv.prefill_note is None and (graphs is not None or kv.device.type == "cuda"):
-        prefill = Prefill(kv)
-        # the prompt in recorded chunks; should it fail, prompts run eagerly and the steps are still recorded
-        try:
-            kv.capture_seconds += prefill.record(graphs=graphs)
-            kv.prefill = prefill
-        except Exception as e:  # noqa: BLE001
-            # said once, not tried again
-            kv.prefill_note = f"Recording the prefill failed ({cause(e, 120)}), so prompts run eagerly."
-            if say:
-                say(kv.prefill_note)
+    record_prefill(kv, graphs=graphs, say=say)
     for prog in progs:
         if not prog.captured:
             what = f"the {prog.num_nodes}-token {decoder.method} step"
@@ -418,6 +408,22 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
             if say:
                 say(f"  {what}: {seconds:.1f} s")
     return next((p.note for p in progs if p.note), kv.prefill_note)
+
+
+def record_prefill(kv, *, graphs=None, say=None) -> None:
+    """Record ``kv``'s prefill in chunks once, on CUDA (or with ``graphs``); should it fail, prompts run
+    eagerly (``kv.prefill_note``, said once) and the steps are still recorded."""
+    if kv.prefill is not None or kv.prefill_note is not None or (graphs is None and kv.device.type != "cuda"):
+        return
+    prefill = Prefill(kv)
+    try:
+        kv.capture_seconds += prefill.record(graphs=graphs)
+        kv.prefill = prefill
+    except Exception as e:  # noqa: BLE001
+        # said once, not tried again
+        kv.prefill_note = f"Recording the prefill failed ({cause(e, 120)}), so prompts run eagerly."
+        if say:
+            say(kv.prefill_note)
 
 
 def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:

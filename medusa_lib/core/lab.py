@@ -192,7 +192,8 @@ class CostCurve:
     sizes, measured  the points measured (or read from a calibration record), sizes ascending
     fitted           ``measured`` made non-decreasing (:func:`monotone`) within each kernel, never below
                      the smallest size's
-    source           "measured" (on this machine) or "calibration" (a record of this device kind)
+    source           "measured" (on this machine), "calibration" (a record of this device kind) or "start-up"
+                     (whole steps of the shipped trees timed when the server started, present/fit.py)
     mkl_rows         the sizes whose products ran another kernel (``packing.few_row_kernels``: MKL's
                      few-row products): fitted apart from the rest, so a size that kernel makes cheaper
                      than a smaller one keeps its dip (on an AVX2 CPU a 4-token step can cost less than

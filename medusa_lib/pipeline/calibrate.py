@@ -45,6 +45,7 @@ from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_num
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.kv import Engine, prepare_engine
 from ..core.lookup import ngram_proposal
+from ..core.machine_fit import machine_record
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.packing import few_row_kernels
@@ -437,6 +438,8 @@ def main(argv: list[str] | None = None) -> None:
             "device": device_label(device),
             "device_kind": device.type,
             "engine": engine.description,
+            # the machine key whose start-up choice this record overrides (core/machine_fit.py)
+            "machine": machine_record(device, engine.cache, engine.static_kv.capture if engine.static_kv else None),
             # the verify's few-row products through MKL
             "mkl_rows": list(few_row_kernels(model)),
         }

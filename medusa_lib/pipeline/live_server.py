@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the server prints when its examples are recorded (ui/sharing.py)
@@ -56,10 +57,14 @@ def rss_mb(pid: int) -> float | None:
     return kb / 1024 if kb is not None else None
 
 
-def start_server(port: int) -> tuple[subprocess.Popen, threading.Event]:
-    """``python app.py`` on ``port``, its output watched for the line that says the examples are recorded."""
+def start_server(
+    port: int, args: tuple[str, ...] = (), *, heard: Callable[[float, str], None] | None = None
+) -> tuple[subprocess.Popen, threading.Event]:
+    """``python app.py`` on ``port`` (with ``args``), its output watched for the line that says the examples are
+    recorded; ``heard(seconds since the start, line)`` hears every line it prints."""
+    t0 = time.perf_counter()
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--port", str(port)],
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port), *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -70,6 +75,8 @@ def start_server(port: int) -> tuple[subprocess.Popen, threading.Event]:
 
     def watch() -> None:
         for line in server.stdout:
+            if heard is not None:
+                heard(time.perf_counter() - t0, line.rstrip())
             if line.startswith(RECORDED):
                 print(f"server: {line.strip()}")
                 recorded.set()

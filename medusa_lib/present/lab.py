@@ -91,6 +91,13 @@ class TreeLab:
                 f"No cost figures for {self.device} yet: "
                 "press Measure costs to time one verify step of each size on this machine." + self.elsewhere_note
             )
+        if self.cost.source == "start-up":
+            return (
+                f"Step costs timed at start-up on this machine ({self.cost.device or self.device}): whole decode "
+                "steps of the shipped trees (draft, verify, accept) over a plain step's, the measurement the page's "
+                "default tree was chosen by; press Measure costs to time each size's verify forward."
+                + self.elsewhere_note
+            )
         if self.cost.source == "calibration":
             return (
                 f"Step costs from the calibration on {self.cost.device or self.device} (time per step over plain's, "
@@ -140,6 +147,13 @@ def tree_lab(pg) -> TreeLab:
             source="calibration",
             device=record.get("device") or KIND_NAMES.get(kind, kind),
             mkl_rows=record.get("mkl_rows") or (),
+        )
+    # the start-up measurement of this machine (present/fit.py), where it timed the trees
+    fit = pg.fits.get(pg.default_numerics)
+    rows = [r for r in (fit.rows if fit is not None else ()) if r.candidate.drafter == "medusa"]
+    if rows and not (record and fit.key.same_as(record)):
+        cost = CostCurve.of(
+            {1: 1.0, **{r.candidate.tokens: r.cost for r in rows}}, source="start-up", device=fit.key.label()
         )
     gain = gain_curve(accuracy, SIZES, record=record) if accuracy else None
     # device kind -> its first calibration's curve

@@ -29,10 +29,12 @@ from ..core.defaults import HeadsDefaults, heads_defaults
 from ..core.fused import ready
 from ..core.heads import MedusaHeads
 from ..core.hub_gguf import weights_note
-from ..core.kv import StaticKV, describe_engine, prepare_engine
-from ..core.model import chat_prompt_ids, device_name, input_device, load_model
+from ..core.kv import StaticKV, describe_engine, prepare_engine, resolve_engine
+from ..core.model import chat_prompt_ids, device_name, input_device, load_model, resolve_device
 from .checks import ExactnessChecks
+from .compiling import pending_engine
 from .drafter import DRAFTERS, SHIPPED_HEADS, check_options, load_drafters, load_medusa, make_drafters, untrained_heads
+from .fit import fit_playground
 from .inputs import RequestInputs
 from .limits import PROMPT_TOKENS, StopCheck, any_of, deadline, default_prompt_tokens, static_length
 from .numerics import decode_speeds, default_numerics, dtype_name, free_memory, numerics_note
@@ -148,6 +150,10 @@ class Playground(RequestInputs, ExactnessChecks):
         }
         # what a run that names none uses: float32 where loaded (exact), numerics.py
         self.default_numerics = default_numerics(self.variants)
+        # numerics -> what the start-up measurement chose on this machine (present/fit.py; none until it runs)
+        self.fits: dict = {}
+        # the compiled engine being built between runs (compiling.py), None when there is none
+        self.pending = None
         # tree, lookup length, lookup on, for this device kind and the default numerics: the benchmark's answer too
         self.defaults = self.defaults_for(None)
         # plain decode tokens/s of each copy, measured at load
@@ -186,6 +192,8 @@ class Playground(RequestInputs, ExactnessChecks):
         cache: str = "auto",
         capture: str = "auto",
         options: Mapping[str, str | Path | None] | None = None,
+        machine_fit: str = "off",
+        compile_in_background: bool = False,
         **kwargs,
     ) -> "Playground":
         """Load model + heads, by default what the page loads: the default model with the shipped heads
@@ -202,12 +210,23 @@ class Playground(RequestInputs, ExactnessChecks):
         named for a drafter that takes an option (``Drafter.option``: the app's ``--<name>`` flag),
         e.g. the EAGLE head's folder, "auto" (the one beside the Medusa heads, if any) or "none"; it
         is checked before the model loads, and a named folder must load (EagleError). The drafters
-        offered are the core's registry, each loaded for every copy (``drafter.load_drafters``)."""
+        offered are the core's registry, each loaded for every copy (``drafter.load_drafters``).
+        ``machine_fit``: "auto" chooses the tree, lookup length and EAGLE node budget from this machine's
+        measured costs (cached per machine; ``fit.fit_playground``), "again" measures anew, "off" (the
+        library's default) keeps the shipped calibrations' choices. ``compile_in_background`` (a server's
+        choice): where the engine compiles its steps (``capture`` "compile"), runs start at once on the
+        engine that needs no compiling and the compiled one is built between runs (``pending``; the server
+        drives it, ``compiling.py``)."""
         say = progress or (lambda msg: None)
         options = {**(options or {}), **{n: kwargs.pop(n) for n in list(kwargs) if n in DRAFTERS}}
         heads = heads_folder(heads, model=model)
         check_options(options, folder=heads)
-        m, tok = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, progress=say)
+        # Inductor cannot lower oneDNN's pre-packed CPU weights: a CPU that compiles its steps keeps stock ones
+        compiles = resolve_engine(resolve_device(device), cache=cache, capture=capture)[1] == "compile"
+        prepack = not (compiles and resolve_device(device).type == "cpu")
+        m, tok = load_model(
+            model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, prepack=prepack, progress=say
+        )
         path = Path(heads) if heads else None
         h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
         # the default model from the Hub's original weights (its pinned Q4_1 file was refused or unreachable)
@@ -220,7 +239,11 @@ class Playground(RequestInputs, ExactnessChecks):
             need = 2 * sum(p.numel() for p in m.parameters()) * 4
             if free_memory(input_device(m)) > need:
                 m32, _ = load_model(
-                    model, device=str(input_device(m)), dtype="float32", trust_remote_code=trust_remote_code
+                    model,
+                    device=str(input_device(m)),
+                    dtype="float32",
+                    trust_remote_code=trust_remote_code,
+                    prepack=prepack,
                 )
                 h32 = (
                     load_medusa(path, m32, default_heads=default_heads)[0]
@@ -251,6 +274,15 @@ class Playground(RequestInputs, ExactnessChecks):
             # kernels milliseconds.
             capture = "cuda-graph"
             say("ZeroGPU: each decode step is recorded in one CUDA graph of eager kernels, nothing compiled.")
+        compiled: dict = {}
+        if compile_in_background and compiles and not zero_gpu:
+            # the compiled engines, built later between runs; runs start on the one that needs no compiling
+            compiled = {
+                k: prepare_engine(mk, cache="static", capture="compile", max_len=static_len).static_kv
+                for k, (mk, _) in copies.items()
+            }
+            on_gpu = input_device(m).type == "cuda"
+            cache, capture = ("static", "cuda-graph") if on_gpu else ("dynamic", "none")
         engine = prepare_engine(m, cache=cache, capture=capture, max_len=static_len, say=say)
         kwargs.update(cache=engine.cache, static_kv=engine.static_kv, engine=engine.description)
         # the float32 copy gets a captured engine of its own: both numerics time the same engine
@@ -262,6 +294,15 @@ class Playground(RequestInputs, ExactnessChecks):
                 for k, (mv, hv) in kwargs["variants"].items()
             }
         pg = cls(m, tok, h, heads_note=note, max_prompt_tokens=max_prompt_tokens, **kwargs)
+        fit_playground(pg, machine_fit, say=say)
+        if compiled and all(kv is not None for kv in compiled.values()):
+            pg.pending = pending_engine(
+                pg, compiled, lambda numerics: replace(pg.starting_request(), numerics=numerics, max_new_tokens=8)
+            )
+            say(
+                f"Engine: runs use the {pg.engine} now; {pg.pending.total} compiled step programs are built "
+                "between runs, then swapped in."
+            )
         # the first view's steps now, not in a user's run (ZeroGPU: no GPU yet)
         if (
             engine.static_kv is not None
@@ -287,7 +328,9 @@ class Playground(RequestInputs, ExactnessChecks):
     def defaults_for(self, numerics: str | None) -> HeadsDefaults:
         """The heads' defaults for a run in ``numerics`` (None: the default numerics): the tree calibrated on
         this device kind in those numerics, else this kind's first (a few dictionary reads)."""
-        return heads_defaults(self.heads, self.device, numerics or self.default_numerics)
+        numerics = numerics or self.default_numerics
+        model, heads = self.variants.get(numerics, (self.model, self.heads))
+        return heads_defaults(heads, self.device, numerics, fit=self.fits.get(numerics))
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
