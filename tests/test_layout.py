@@ -1,8 +1,8 @@
 """The package's shape: three wings whose imports point inward only, no cycles, no gradio.
 
 core/ imports nothing outside core/; present/ (the page's data) uses core/ only; pipeline/ (the
-offline CLIs) uses core/ only, except page_check, the CLI that measures the page's own path over many
-prompts; serving (ui/, app.py) never reaches the pipeline. tools/ (staging the GPU check onto a machine
+offline CLIs) uses core/ only, except the CLIs that measure the page's own path (page_check over many prompts,
+server_check against a live server, fit_check: the start-up fit against the bench); serving (ui/, app.py) never reaches the pipeline. tools/ (staging the GPU check onto a machine
 reached by copying files) may use the library; neither the library nor serving imports tools/.
 """
 
@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "medusa_lib"
 ALLOWED = {"core": {"core"}, "present": {"core", "present"}, "pipeline": {"core", "pipeline"}}
 # these measure Playground.compare, the page's own path (server_check: against the live server's /compare)
-PAGE_PATH = {"medusa_lib.pipeline.page_check": {"present"}, "medusa_lib.pipeline.server_check": {"present"}}
+PAGE_PATH = {
+    "medusa_lib.pipeline.page_check": {"present"},
+    "medusa_lib.pipeline.server_check": {"present"},
+    "medusa_lib.pipeline.fit_check": {"present"},
+}
 
 
 def module_name(path: Path) -> str:

@@ -268,9 +268,9 @@ class Fit:
         if best is None:
             return ""
         when = "at start-up" if self.how == "measured" else f"at an earlier start ({self.measured})"
-        c = best.candidate
+        c, what = best.candidate, KIND_WORDS[drafter]
         return (
-            f"{KIND_WORDS[drafter].capitalize()} {c.label} chosen {when} from this machine's measured costs: "
+            f"{what[0].upper()}{what[1:]} {c.label} chosen {when} from this machine's measured costs: "
             f"{c.tokens} tokens for {best.cost:.2f}x a plain step, {c.gain:.2f} tokens/step, "
             f"{best.predicted:.2f}x plain predicted."
         )

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     # the lookup length each tree runs with: the fit's (the calibrated one), else the heads' default
     lookup = {t: rows[t].candidate.lookup if t in rows else pg.defaults.lookup for t in names}
     del pg
-    print(f"\nMachine: {machine()}; {args.dtype}; fit measured in {fit.seconds:.1f} s")
+    print(f"\nMachine: {machine()}; the fit's key: {fit.key.label()}; fit measured in {fit.seconds:.1f} s")
     measured = {t: bench_tree(t, lookup[t], args) for t in tqdm(names, desc="bench, one run per tree")}
     print(
         f"\n{'tree':<26}{'tokens':>7}{'fit cost':>10}{'bench step':>12}{'fit tok/step':>14}{'bench tok/step':>16}"
@@ -106,11 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     for t in names:
         m, r = measured[t], rows.get(t)
-        predicted = r.predicted if r is not None else float("nan")
+        if r is None:
+            # the fit did not time it (it could not win) or has no figures for it
+            print(
+                f"{t + f' + lookup-{lookup[t]}':<26}{'not timed by the fit':>29}{m['step_ratio']:>11.2f}x"
+                f"{'':>14}{m['tokens_per_step']:>16.2f}{'':>11}{m['speedup']:>9.2f}x"
+            )
+            continue
+        predicted = r.predicted
         error = predicted / m["speedup"] - 1
         print(
-            f"{t + f' + lookup-{lookup[t]}':<26}{(r.candidate.tokens if r else 0):>7}{(r.cost if r else 0):>9.2f}x"
-            f"{m['step_ratio']:>11.2f}x{(r.candidate.gain if r else 0):>14.2f}{m['tokens_per_step']:>16.2f}"
+            f"{t + f' + lookup-{lookup[t]}':<26}{r.candidate.tokens:>7}{r.cost:>9.2f}x"
+            f"{m['step_ratio']:>11.2f}x{r.candidate.gain:>14.2f}{m['tokens_per_step']:>16.2f}"
             f"{predicted:>10.2f}x{m['speedup']:>9.2f}x{error:>+8.0%}"
         )
     best = max(names, key=lambda t: measured[t]["speedup"])

@@ -45,7 +45,7 @@ FIT_PROMPT = (
 )
 # decode steps timed per candidate and round
 STEPS = 3
-# rounds after the first, over the candidates near the best
+# rounds after the first, over the candidates near the best (each of twice as many steps)
 MORE_ROUNDS = 2
 # a candidate within this of the best prediction is timed again; one further off is not
 NEAR = 0.06
@@ -178,11 +178,11 @@ def measure(
     def best_so_far(drafter: str) -> float:
         return max((predicted(c) for c in timed(drafter)), default=0.0)
 
-    def run(g) -> None:
+    def run(g, n: int = steps) -> None:
         if g not in runs:
             ids, decoder = decoder_for(pg, numerics, sizes.get(g))
             runs[g] = Stepper(decoder, ids)
-        times[g].extend(runs[g].take(steps))
+        times[g].extend(runs[g].take(n))
 
     run(None)
     drafters = list(dict.fromkeys(c.drafter for c in candidates))
@@ -209,8 +209,9 @@ def measure(
             if times[size(c)] and predicted(c) >= best_so_far(c.drafter) * (1 - NEAR)
         }
         near = {size(c) for c in candidates if (c.drafter, c.name) in near_trees}
+        # twice the steps: the choice is made among these
         for g in [None, *sorted(near)]:
-            run(g)
+            run(g, 2 * steps)
     for stepper in runs.values():
         stepper.close()
     rows = tuple(Timed(c, 1000 * typical(times[size(c)]), cost(size(c))) for c in candidates if times[size(c)])
