@@ -271,8 +271,7 @@ class Fit:
         c, what = best.candidate, KIND_WORDS[drafter]
         return (
             f"{what[0].upper()}{what[1:]} {c.label} chosen {when} from this machine's measured costs: "
-            f"{c.tokens} tokens for {best.cost:.2f}x a plain step, {c.gain:.2f} tokens/step, "
-            f"{best.predicted:.2f}x plain predicted."
+            f"{c.tokens} tokens for {best.cost:.2f}x a plain step, {c.gain:.2f} tokens/step (simulated)."
         )
 
     def to_json(self) -> dict:
