@@ -1,9 +1,10 @@
 """The package's shape: three wings whose imports point inward only, no cycles, no gradio.
 
 core/ imports nothing outside core/; present/ (the page's data) uses core/ only; pipeline/ (the
-offline CLIs) uses core/ only, except the CLIs that measure the page's own path (page_check over many prompts,
-server_check against a live server, fit_check: the start-up fit against the bench); serving (ui/, app.py) never reaches the pipeline. tools/ (staging the GPU check onto a machine
-reached by copying files) may use the library; neither the library nor serving imports tools/.
+offline CLIs) uses core/ only, except the CLIs that measure the page's own path (page_check over many
+prompts, server_check against a live server, fit_check: the start-up fit against the bench); serving
+(ui/, app.py) never reaches the pipeline. tools/ (staging the GPU check onto a machine reached by
+copying files) may use the library; neither the library nor serving imports tools/.
 """
 
 from __future__ import annotations
