@@ -29,7 +29,7 @@ def test_the_inspector_shows_a_step_for_any_slider_value(run, step):
 
 def test_the_queue_s_door_refuses_nan_for_the_inspector_s_slider_in_one_sentence(run):
     from ui import build_demo
-    from ui.serve import not_a_number
+    from ui.door import not_a_number
 
     pg, h, records = run
     demo = build_demo(pg, max_new_tokens=16)

@@ -345,12 +345,13 @@ RUN_NUMBERS = {
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_nan_and_infinity_in_a_raw_body_get_one_sentence_for_every_number(served_small, literal):
-    """/compare answers in the playground's words (an error event); the page's /run at the queue's door (HTTP 400),
-    where gradio let NaN through, named no input for an infinity, and answered a seed of NaN with no message."""
+    """Both at the queue's door (HTTP 400, no place taken): /compare in the playground's words for its parameters,
+    the page's /run naming the input by its label, where gradio let NaN through, named no input for an infinity,
+    and answered a seed of NaN with no message."""
     pg, url, client = served_small
     compare = api_args(PROMPT, {"max_new_tokens": 4})
     for at, sentence in COMPARE_NUMBERS.items():
-        assert raw_call(url, "compare", compare, at, literal) == (200, sentence.format(literal)), at
+        assert raw_call(url, "compare", compare, at, literal) == (400, sentence.format(literal)), at
     page = PAGE_ARGS[:1] + [4] + PAGE_ARGS[2:] + ["greedy", "medusa", True]
     for at, sentence in RUN_NUMBERS.items():
         assert raw_call(url, "run", page, at, literal) == (400, sentence.format(literal)), at

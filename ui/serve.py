@@ -9,15 +9,13 @@ server a user gets.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from contextlib import contextmanager
 
 import gradio as gr
 
-from medusa_lib.core.messages import must_be
-
 from .background import compile_between_runs
+from .door import refusal, session_blocks
 from .ui import launch_options
 
 # the concurrency id of every event that runs the model (ui.py, lab.py)
@@ -90,27 +88,6 @@ def waiting_user(event) -> str:
     return user_of(named, event.request)
 
 
-def rule_of(component) -> str:
-    """What a number input takes, as the sentence for a bad value says it."""
-    low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
-    whole = getattr(component, "precision", None) == 0 or getattr(component, "step", None) == 1
-    if low is not None and high is not None:
-        return f"a whole number from {low:g} to {high:g}" if whole else f"between {low:g} and {high:g}"
-    if low is not None:
-        return f"a whole number of at least {low:g}" if whole else f"a number of at least {low:g}"
-    return "a whole number" if whole else "a finite number"
-
-
-def not_a_number(fn, data) -> str | None:
-    """The sentence for a NaN or an infinity sent to a number input (JSON's NaN and Infinity literals, or 1e400):
-    gradio's own check lets NaN through and answers an infinity in words that name no input, or not at all."""
-    for component, value in zip(getattr(fn, "inputs", None) or [], data or []):
-        if isinstance(component, (gr.Number, gr.Slider)) and isinstance(value, float) and not math.isfinite(value):
-            label = getattr(component, "label", None) or "A number"
-            return must_be(label, rule_of(component), value)
-    return None
-
-
 def move_to_shared_line(queue, accepted: tuple) -> None:
     """Move a call gradio just queued (``push``'s answer) from the device's line to the shared one, which has no
     concurrency limit: its handler starts at once and watches a run that is already the device's. Nothing awaits
@@ -166,20 +143,23 @@ def guard_queue(
     per_client: int = CLIENT_SHARE,
     per_address: int = ADDRESS_SHARE,
     door=None,
+    explain=None,
 ) -> None:
     """Refuse a run that would wait behind ``size`` others, or that one network address asks for while
     ``per_address`` of its runs wait, or one user (a browser session) while ``per_client`` of theirs wait: HTTP
     503 with one sentence (the page and gradio_client show it as "busy, try again"). Runs that are running do not
-    count: only those waiting for their turn. Any call with a NaN or an infinity for a number: HTTP 400.
+    count: only those waiting for their turn. A call with a NaN or an infinity anywhere, or a value gradio would
+    refuse in its own words (``door.refusal``): HTTP 400 and the project's sentence.
     ``door(fn, data)``: true for a call that an identical running or recorded run answers (``Sharing.door``); it
-    takes no place and starts at once (``move_to_shared_line``)."""
+    takes no place and starts at once (``move_to_shared_line``). ``explain(fn, data)``: the handler's own sentence
+    for a call (``Sharing.sentence``)."""
     # gradio's queue, made by demo.queue(); it has no per-client limit of its own
     queue = demo._queue
     push = queue.push
 
     async def guarded_push(body, request, username):
         fn = demo.fns.get(body.fn_index) if body.fn_index is not None else None
-        why = not_a_number(fn, body.data)
+        why = refusal(fn, body.data, read=explain, current=session_blocks(demo, body.session_hash))
         if why is not None:
             return False, why, "error"
         line = queue.event_queue_per_concurrency_id.get(DEVICE)
@@ -243,7 +223,8 @@ def serve(
     demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_SECONDS
     handlers = getattr(demo, "handlers", None)
     door = handlers.sharing.door if handlers is not None else None
-    guard_queue(demo, size=queue_size, per_client=per_client, per_address=per_address, door=door)
+    explain = handlers.sharing.sentence if handlers is not None else None
+    guard_queue(demo, size=queue_size, per_client=per_client, per_address=per_address, door=door, explain=explain)
     if handlers is not None:
         measured_estimates(demo, handlers)
     block = not launch.pop("prevent_thread_lock", False)

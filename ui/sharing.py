@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from medusa_lib.core.messages import must_be_switch
+from medusa_lib.core.messages import InputError, must_be_switch
 from medusa_lib.core.model import model_name
 from medusa_lib.present import Playground, PlaygroundError, RunStopped, Settings, deadline, sample_of_mode
 from medusa_lib.present.settings import Request
@@ -139,6 +139,20 @@ class Sharing:
             return not live and self.runs.holds(self.key(prompt, settings))
         except Exception:
             return False
+
+    def sentence(self, fn, data) -> str | None:
+        """The sentence this call's own handler answers it with before any run (a bad value), else None."""
+        read = self.routes.get(fn)
+        if read is None or not isinstance(data, list):
+            return None
+        try:
+            prompt, settings, _ = read(data)
+            self.check(prompt, settings)
+        except InputError as e:
+            return str(e)
+        except Exception:  # noqa: BLE001
+            return None
+        return None
 
     # ---------------------------------------------------------------- examples, recorded after start-up
     def record_in_background(
