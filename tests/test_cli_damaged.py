@@ -229,3 +229,80 @@ def test_a_damaged_model_config_is_one_sentence(monkeypatch, model_folder, tmp_p
         edit_json(damaged / "config.json", **config)
     said = start(monkeypatch, "--model", str(damaged), "--device", "cpu", "--eagle", "none")
     assert said.startswith("error: ") and message in said and "\n" not in said, said
+
+
+# ------------------------------------------------------------------ start-up: every file read before the model loads
+def loaded_after(monkeypatch, said: list[str]) -> None:
+    """Record in ``said`` the moment the model starts to load, so a test can check what was said before it."""
+    import medusa_lib.present.playground as playground
+
+    real = playground.load_model
+
+    def load_model(*a, **kw):
+        said.append("<the model loads>")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(playground, "load_model", load_model)
+
+
+def rest_beside(heads: Path) -> Path:
+    from medusa_lib.core.drafters.rest import write_datastore
+
+    return write_datastore(heads.parent / (heads.name + "-rest"), [[5, 6, 7, 8, 9, 10]] * 4, vocab_size=320)
+
+
+BESIDE_DAMAGE = {
+    "a cut EAGLE head": (lambda h: cut(h.parent / "heads-eagle" / "eagle.safetensors"), "The EAGLE head beside"),
+    "an empty EAGLE head": (
+        lambda h: (h.parent / "heads-eagle" / "eagle.safetensors").write_bytes(b""),
+        "The EAGLE head beside",
+    ),
+    "a cut REST datastore": (lambda h: cut(rest_beside(h) / "datastore.safetensors"), "The REST datastore beside"),
+    "an empty REST datastore": (
+        lambda h: (rest_beside(h) / "datastore.safetensors").write_bytes(b""),
+        "The REST datastore beside",
+    ),
+    "a REST config that is not JSON": (
+        lambda h: (rest_beside(h) / "config.json").write_text("{x"),
+        "The REST datastore beside",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(BESIDE_DAMAGE))
+def test_a_damaged_drafter_beside_the_heads_is_left_out_before_the_model_loads(
+    monkeypatch, model_folder, served, damage
+):
+    heads, _ = served
+    spoil, start_of_note = BESIDE_DAMAGE[damage]
+    spoil(heads)
+    said: list[str] = []
+    loaded_after(monkeypatch, said)
+    pg = Playground.load(
+        model=str(model_folder), heads=heads, device="cpu", dtype="float32", numerics_copy=False, progress=said.append
+    )
+    notes = [i for i, line in enumerate(said) if line.startswith(f"note: {start_of_note}")]
+    assert len(notes) == 1 and notes[0] < said.index("<the model loads>"), said
+    assert "\n" not in said[notes[0]] and "Traceback" not in said[notes[0]]
+    # the others are offered
+    assert "medusa" in pg.drafters.available and "lookup" in pg.drafters.available
+    left = "eagle" if "EAGLE" in start_of_note else "rest"
+    assert left not in pg.drafters.available
+
+
+HEADS_FILE_DAMAGE = {
+    "cut": lambda w: cut(w),
+    "empty": lambda w: w.write_bytes(b""),
+    "a header that lists other shapes": lambda w: w.write_bytes(
+        w.read_bytes().replace(b'"shape":[64,64]', b'"shape":[64,65]', 1)
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(HEADS_FILE_DAMAGE))
+def test_damaged_heads_end_in_one_sentence_before_the_model_loads(monkeypatch, no_model_load, served, damage):
+    heads, _ = served
+    HEADS_FILE_DAMAGE[damage](heads / "medusa_lm_head.safetensors")
+    message = start(monkeypatch, "--heads", str(heads), "--device", "cpu", "--dtype", "float32")
+    assert message.startswith("error: ") and "\n" not in message and "Traceback" not in message, message
+    assert "medusa_lm_head.safetensors" in message or "Medusa heads" in message, message

@@ -27,6 +27,7 @@ from ..core.decoding import Decoder
 from ..core.drafters import REGISTRY, Drafter, DrafterError, EagleDrafter
 from ..core.drafters.eagle_head import find_eagle
 from ..core.dynamic_tree import DynamicTreeConfig
+from ..core.file_checks import safetensors_problem
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
 from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
@@ -61,15 +62,7 @@ def load_medusa(
     falls back to untrained heads (with a note); heads the user named must load (HeadsError)."""
     shown = shown or (str(path) if path else "")
     if path is not None and (path.exists() or path != Path(default_heads or "")):
-        try:
-            h = load_heads(path, model=model)
-        except HeadsError:
-            raise
-        except (ValueError, OSError, RuntimeError) as e:
-            # a damaged config.json or safetensors file: one sentence, no traceback
-            raise HeadsError(
-                f"Could not read the Medusa heads at {shown} ({cause(e, 200)}); check the files or train new heads."
-            ) from None
+        h = read_medusa(path, model=model, shown=shown)
         note = f"trained heads from {shown}" + (
             " (path-conditioned: each head also reads the tree's root and the tokens of its own branch)"
             if h.path_conditioned
@@ -82,6 +75,50 @@ def load_medusa(
     return untrained_heads(model), (
         f"untrained heads (identity ResBlocks on the shared lm_head; trained heads not found{found})"
     )
+
+
+# heads up to this size are read whole before the model loads (their shapes checked); bigger ones are read once
+READ_AHEAD_BYTES = 256 * 2**20
+HEADS_FILE = "medusa_lm_head.safetensors"
+
+
+def read_medusa(path: Path, *, model=None, shown: str = "") -> MedusaHeads:
+    """``load_heads`` with every failure in one sentence (HeadsError); without ``model`` it reads and checks the
+    files alone (config, tensors, their shapes), before any model loads."""
+    try:
+        return load_heads(path, model=model)
+    except HeadsError:
+        raise
+    except (ValueError, OSError, RuntimeError) as e:
+        # a damaged config.json or safetensors file: one sentence, no traceback
+        raise HeadsError(
+            f"Could not read the Medusa heads at {shown or path} ({cause(e, 200)}); check the files or train new heads."
+        ) from None
+
+
+def check_files(
+    folder: Path | None, options: Mapping[str, Any], *, default_heads: str | Path | None = None, shown: str = ""
+) -> dict[str, str]:
+    """Before any model loads: the Medusa heads' files (read and checked whole, ``read_medusa``; heads the operator
+    named, or the default ones where they are) and every drafter's (``Drafter.check_files``). A damaged file the
+    operator named raises its sentence; a drafter beside the heads whose files are damaged is left out: returns
+    {drafter: the sentence that says so}."""
+    if folder is not None and folder.is_dir():
+        # a small checkpoint (all shipped heads) is read whole and its shapes checked against its config; a big one
+        # is read once, with the model, and only its weights' header and size are checked now (a cut copy)
+        if sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) <= READ_AHEAD_BYTES:
+            read_medusa(folder, shown=shown)
+        elif (weights := folder / HEADS_FILE).exists() and (problem := safetensors_problem(weights)):
+            raise HeadsError(
+                f"The heads file {weights} is not a readable safetensors file ({problem}); "
+                "copy the heads again or train new ones."
+            )
+    left = {}
+    for name, cls in REGISTRY.items():
+        why = cls.check_files(options.get(name), folder=folder)
+        if why:
+            left[name] = why
+    return left
 
 
 # ---------------------------------------------------------------------- loading
@@ -101,13 +138,21 @@ def check_options(options: Mapping[str, Any], *, folder) -> None:
 
 
 def load_drafters(
-    copies: Mapping[str, tuple], *, folder, options: Mapping[str, Any] | None = None, say=None
+    copies: Mapping[str, tuple],
+    *,
+    folder,
+    options: Mapping[str, Any] | None = None,
+    say=None,
+    left_out: Mapping[str, str] | None = None,
 ) -> tuple[dict, dict]:
     """What every registered drafter loads for each copy of the model: ``copies`` numerics -> (model,
     heads), the first the loaded copy. Returns ({name: {numerics: state}} of the drafters offered
-    (one that loads nothing for the first copy is not offered), {name: the line saying why not})."""
-    loaded, notes = {}, {}
+    (one that loads nothing for the first copy is not offered), {name: the line saying why not}). ``left_out``:
+    drafters not loaded at all, with the sentence that says why (``check_files``)."""
+    loaded, notes = {}, dict(left_out or {})
     for name, cls in REGISTRY.items():
+        if name in notes:
+            continue
         option = (options or {}).get(name)
         states = {}
         for numerics, (model, heads) in copies.items():
@@ -374,6 +419,7 @@ __all__ = [
     "DRAFTERS",
     "Drafters",
     "EAGLE_BUDGETS",
+    "check_files",
     "check_options",
     "default_drafter",
     "default_reason",
@@ -382,6 +428,7 @@ __all__ = [
     "find_eagle",
     "load_drafters",
     "load_medusa",
+    "read_medusa",
     "make_drafters",
     "untrained_heads",
 ]

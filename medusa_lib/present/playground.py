@@ -33,7 +33,16 @@ from ..core.kv import StaticKV, describe_engine, prepare_engine, resolve_engine
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model, resolve_device
 from .checks import ExactnessChecks
 from .compiling import pending_engine
-from .drafter import DRAFTERS, SHIPPED_HEADS, check_options, load_drafters, load_medusa, make_drafters, untrained_heads
+from .drafter import (
+    DRAFTERS,
+    SHIPPED_HEADS,
+    check_files,
+    check_options,
+    load_drafters,
+    load_medusa,
+    make_drafters,
+    untrained_heads,
+)
 from .fit import fit_playground
 from .inputs import RequestInputs
 from .limits import PROMPT_TOKENS, StopCheck, any_of, deadline, default_prompt_tokens, static_length
@@ -221,13 +230,17 @@ class Playground(RequestInputs, ExactnessChecks):
         options = {**(options or {}), **{n: kwargs.pop(n) for n in list(kwargs) if n in DRAFTERS}}
         heads = heads_folder(heads, model=model)
         check_options(options, folder=heads)
+        # every file that can be read without the model, read now: a damaged one is said in seconds
+        path = Path(heads) if heads else None
+        left_out = check_files(path, options, default_heads=default_heads, shown=_short_path(path) if path else "")
+        for why in left_out.values():
+            say(f"note: {why}")
         # Inductor cannot lower oneDNN's pre-packed CPU weights: a CPU that compiles its steps keeps stock ones
         compiles = resolve_engine(resolve_device(device), cache=cache, capture=capture)[1] == "compile"
         prepack = not (compiles and resolve_device(device).type == "cpu")
         m, tok = load_model(
             model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, prepack=prepack, progress=say
         )
-        path = Path(heads) if heads else None
         h, note = load_medusa(path, m, default_heads=default_heads, shown=_short_path(path) if path else "")
         # the default model from the Hub's original weights (its pinned Q4_1 file was refused or unreachable)
         if weights_note(m):
@@ -259,7 +272,9 @@ class Playground(RequestInputs, ExactnessChecks):
             else:
                 say(f"Numerics: {loaded} only (not enough free memory for a float32 copy)")
         copies = {loaded: (m, h), **kwargs.get("variants", {})}
-        kwargs["drafters"], kwargs["drafter_notes"] = load_drafters(copies, folder=heads, options=options, say=say)
+        kwargs["drafters"], kwargs["drafter_notes"] = load_drafters(
+            copies, folder=heads, options=options, say=say, left_out=left_out
+        )
         if max_prompt_tokens == "auto":
             max_prompt_tokens, kwargs["prompt_limit_why"] = default_prompt_tokens(m)
         say(

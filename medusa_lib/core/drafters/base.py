@@ -146,6 +146,13 @@ class Drafter:
         """Refuse, before any model loads, an ``option`` that cannot work (one sentence)."""
 
     @classmethod
+    def check_files(cls, option, *, folder=None) -> str | None:
+        """Read, before any model loads, what this drafter would load (``file_checks``): a damaged file the
+        operator named raises its sentence (DrafterError); one found beside the heads (``folder``) returns the
+        sentence that leaves this drafter out; None when there is nothing wrong, or nothing to read."""
+        return None
+
+    @classmethod
     def for_run(cls, state, *, heads, tree: Callable[[], MedusaTree], lookup: int) -> "Drafter":
         """The drafter of one run from what ``load`` gave (``tree()``: the checked tree of the page's
         controls, for a drafter with ``tree_controls``; ``lookup``: the branch length asked for)."""

@@ -25,6 +25,7 @@ from ..eagle import (
 )
 from ..eagle_run import EagleRun
 from ..eagle_static import StaticEagle
+from ..file_checks import safetensors_problem
 from ..messages import cause
 from .base import Draft, Drafter, DraftRun, Loaded, StaticDraft, beside, no_context
 
@@ -69,6 +70,17 @@ def find_eagle(eagle: str | Path | None, *, heads: str | Path | None) -> tuple[P
     return Path(eagle).expanduser(), True
 
 
+def read_eagle_files(folder: Path) -> None:
+    """The EAGLE head's files read without a model (its config, its weights' header and size); its sentence."""
+    read_eagle_config(folder)
+    problem = safetensors_problem(folder / EAGLE_FILE)
+    if problem:
+        raise EagleError(
+            f"The EAGLE weights {folder / EAGLE_FILE} are not a readable safetensors file ({problem}); "
+            "copy the EAGLE head again or train a new one."
+        )
+
+
 def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHead | None, str]:
     """The EAGLE head for ``model`` and the line that says what the page's Drafter choice offers.
     A head the operator named must load (EagleError); one found beside the heads that does not fit
@@ -81,7 +93,7 @@ def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHea
         )
     try:
         # its own files: damaged or not
-        read_eagle_config(folder)
+        read_eagle_files(folder)
     except EagleError as e:
         if named:
             raise EagleError(f"--eagle {str(folder)!r}: {e}") from None
@@ -182,6 +194,19 @@ class EagleDrafter(Drafter):
     @classmethod
     def check_option(cls, option, *, folder=None) -> None:
         find_eagle(option, heads=folder)
+
+    @classmethod
+    def check_files(cls, option, *, folder=None) -> str | None:
+        where, named = find_eagle(option, heads=folder)
+        if where is None:
+            return None
+        try:
+            read_eagle_files(where)
+        except EagleError as e:
+            if named:
+                raise EagleError(f"--eagle {str(where)!r}: {e}") from None
+            return f"The EAGLE head beside the Medusa heads is left out, so the Medusa heads draft: {e}"
+        return None
 
     @classmethod
     def load(cls, model, *, heads=None, folder=None, option=None) -> Loaded:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..file_checks import folder_problem
 from ..messages import cause
 from ..tree import build_tree
 from .base import Draft, Drafter, DrafterError, DraftRun, Loaded, beside
@@ -157,6 +158,14 @@ class RestDrafter(Drafter):
         if not (whole(nodes, 64) and whole(depth, 8)):
             raise DrafterError(f"REST drafts 1 to 64 nodes, 1 to 8 deep (got {nodes} nodes, depth {depth}).")
         self.store, self.nodes, self.depth = store, nodes, depth
+
+    @classmethod
+    def check_files(cls, option, *, folder=None) -> str | None:
+        where = beside(folder, SUFFIX)
+        problem = folder_problem(where, (FILE, CONFIG)) if where is not None and (where / FILE).exists() else None
+        if problem is None:
+            return None
+        return f"The REST datastore beside the Medusa heads is left out ({problem}); build it again."
 
     @classmethod
     def load(cls, model, *, heads=None, folder=None, option=None) -> Loaded:
