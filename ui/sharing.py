@@ -127,27 +127,29 @@ class Sharing:
         )
 
     # ---------------------------------------------------------------- the queue's door
+    def read(self, fn, data) -> tuple[str, Settings, bool] | None:
+        """A call of a route this reads (``routes``) as (prompt, settings, run live), checked as ``take`` checks
+        it (a bad value raises its sentence); None for any other call."""
+        read = self.routes.get(fn)
+        if read is None or not isinstance(data, list):
+            return None
+        prompt, settings, live = read(data)
+        self.check(prompt, settings)
+        return prompt, settings, live
+
     def door(self, fn, data) -> bool:
         """True when this call will be joined to a running run or answered from a recorded one, so it needs no
         place in the device's queue. Anything it cannot read takes the ordinary way (and its sentence there)."""
-        read = self.routes.get(fn)
-        if read is None or not isinstance(data, list):
-            return False
         try:
-            prompt, settings, live = read(data)
-            self.check(prompt, settings)
-            return not live and self.runs.holds(self.key(prompt, settings))
+            got = self.read(fn, data)
+            return got is not None and not got[2] and self.runs.holds(self.key(got[0], got[1]))
         except Exception:
             return False
 
     def sentence(self, fn, data) -> str | None:
         """The sentence this call's own handler answers it with before any run (a bad value), else None."""
-        read = self.routes.get(fn)
-        if read is None or not isinstance(data, list):
-            return None
         try:
-            prompt, settings, _ = read(data)
-            self.check(prompt, settings)
+            self.read(fn, data)
         except InputError as e:
             return str(e)
         except Exception:  # noqa: BLE001
