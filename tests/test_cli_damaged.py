@@ -306,3 +306,44 @@ def test_damaged_heads_end_in_one_sentence_before_the_model_loads(monkeypatch, n
     message = start(monkeypatch, "--heads", str(heads), "--device", "cpu", "--dtype", "float32")
     assert message.startswith("error: ") and "\n" not in message and "Traceback" not in message, message
     assert "medusa_lm_head.safetensors" in message or "Medusa heads" in message, message
+
+
+def test_heads_for_another_vocabulary_or_model_end_before_the_model_loads(
+    monkeypatch, no_model_load, model_folder, tmp_path
+):
+    """The model's config.json is read before its weights: heads made for another vocabulary or hidden size."""
+    for name, heads in (("vocab", random_heads(vocab=999)), ("hidden", random_heads(hidden=32, vocab=320))):
+        folder = tmp_path / name
+        heads.save(folder)
+        message = start(monkeypatch, "--model", str(model_folder), "--heads", str(folder), "--device", "cpu")
+        expected = "a vocabulary of 999 tokens, but the model's has 320" if name == "vocab" else "hidden size 32"
+        assert message.startswith("error: ") and expected in message and "\n" not in message, message
+
+
+def test_an_eagle_head_or_datastore_for_another_model_is_left_out_before_the_model_loads(
+    monkeypatch, model_folder, served, tmp_path
+):
+    import shutil
+
+    from conftest import make_model
+
+    from medusa_lib.core.drafters.rest import write_datastore
+    from medusa_lib.core.dynamic_tree import DynamicTreeConfig
+    from medusa_lib.core.eagle import new_eagle_head
+
+    heads, eagle = served
+    shutil.rmtree(eagle)
+    other = make_model("llama", hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    new_eagle_head(other, tree=DynamicTreeConfig(top_k=2, depth=3, num_nodes=6)).save(eagle)
+    write_datastore(heads.parent / "heads-rest", [[5, 6, 7, 8]] * 3, vocab_size=999)
+    said: list[str] = []
+    loaded_after(monkeypatch, said)
+    pg = Playground.load(
+        model=str(model_folder), heads=heads, device="cpu", dtype="float32", numerics_copy=False, progress=said.append
+    )
+    model_at = said.index("<the model loads>")
+    eagle_note = next(i for i, s in enumerate(said) if s.startswith("note: The EAGLE head beside"))
+    rest_note = next(i for i, s in enumerate(said) if s.startswith("note: The REST datastore beside"))
+    assert eagle_note < model_at and rest_note < model_at, said
+    assert "made for hidden size 32" in said[eagle_note] and "vocabulary of 999 tokens" in said[rest_note]
+    assert pg.drafters.available == ("medusa", "lookup")

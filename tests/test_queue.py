@@ -327,6 +327,22 @@ def raw_call(url: str, api: str, args: list, at: int, literal: str) -> tuple[int
     return status, error.get("error") if isinstance(error, dict) else events
 
 
+def raw_join(url: str, api: str, args: list, at: int, literal: str) -> tuple[int, str]:
+    """The same body posted to /gradio_api/queue/join with the event's fn_index: (HTTP status, the sentence)."""
+    import gradio_client
+
+    index = next(
+        d.get("id", i)
+        for i, d in enumerate(gradio_client.Client(url, verbose=False).config["dependencies"])
+        if d.get("api_name") == api
+    )
+    items = [json.dumps(a) for a in args]
+    items[at] = literal
+    body = '{"data": [' + ", ".join(items) + f'], "fn_index": {index}, "session_hash": "raw"' + "}"
+    status, answer = post(url, "gradio_api/queue/join", body.encode())
+    return status, answer["detail"] if status != 200 else answer
+
+
 COMPARE_NUMBERS = {
     1: "Max new tokens must be a whole number from 1 to 512 (got {}).",
     2: "Temperature must be between 0 and 2 (got {}).",
@@ -343,18 +359,21 @@ RUN_NUMBERS = {
 }
 
 
-@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_nan_and_infinity_in_a_raw_body_get_one_sentence_for_every_number(served_small, literal):
     """Both at the queue's door (HTTP 400, no place taken): /compare in the playground's words for its parameters,
     the page's /run naming the input by its label, where gradio let NaN through, named no input for an infinity,
     and answered a seed of NaN with no message."""
     pg, url, client = served_small
     compare = api_args(PROMPT, {"max_new_tokens": 4})
+    shown = "Infinity" if literal == "1e400" else literal
     for at, sentence in COMPARE_NUMBERS.items():
-        assert raw_call(url, "compare", compare, at, literal) == (400, sentence.format(literal)), at
+        assert raw_call(url, "compare", compare, at, literal) == (400, sentence.format(shown)), at
+        # the same body through the queue's own route (what gradio_client and the page use), by fn_index
+        assert raw_join(url, "compare", compare, at, literal) == (400, sentence.format(shown)), at
     page = PAGE_ARGS[:1] + [4] + PAGE_ARGS[2:] + ["greedy", "medusa", True]
     for at, sentence in RUN_NUMBERS.items():
-        assert raw_call(url, "run", page, at, literal) == (400, sentence.format(literal)), at
+        assert raw_call(url, "run", page, at, literal) == (400, sentence.format(shown)), at
     assert client.predict(PROMPT, 4, api_name="/compare")["methods"]["plain"]["tokens"] == 4  # still serving
 
 

@@ -153,14 +153,7 @@ class EagleHead(nn.Module):
         return self.fuse(x.flatten(-2))
 
     def check_fits(self, model: nn.Module) -> None:
-        d, V = hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0]
-        if self.config.hidden_size != d or self.config.vocab_size != V:
-            raise EagleError(
-                f"This EAGLE head was made for hidden size {self.config.hidden_size} "
-                f"and {self.config.vocab_size} tokens, but the model has {d} and {V}; "
-                "load an EAGLE head trained for this model"
-                f"{f' ({self.config.base_model})' if self.config.base_model else ''}."
-            )
+        check_sizes(self.config, hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ the maths
     def forward(
@@ -376,6 +369,18 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
             "copy the EAGLE head again or train a new one."
         ) from None
     return cfg
+
+
+def check_sizes(cfg, d: int, V: int) -> None:
+    """Refuse an EAGLE head (its config) made for another hidden size ``d`` or vocabulary ``V`` than the model's (or
+    its config's, before it loads)."""
+    if cfg.hidden_size != d or cfg.vocab_size != V:
+        raise EagleError(
+            f"This EAGLE head was made for hidden size {cfg.hidden_size} "
+            f"and {cfg.vocab_size} tokens, but the model has {d} and {V}; "
+            "load an EAGLE head trained for this model"
+            f"{f' ({cfg.base_model})' if cfg.base_model else ''}."
+        )
 
 
 def load_eagle(folder: str | Path, *, model: nn.Module, int8: bool | None = None) -> EagleHead:

@@ -82,4 +82,24 @@ def folder_problem(folder: str | Path, files: tuple[str, ...]) -> str | None:
     return None
 
 
-__all__ = ["folder_problem", "json_problem", "safetensors_problem"]
+def model_sizes(config_path: str | Path | None) -> tuple[int, int] | None:
+    """(hidden size, vocabulary) of a model by its config.json (a text model's, or a multimodal one's text part),
+    read before its weights load; None when there is no such file or it names neither."""
+    if config_path is None or not Path(config_path).is_file():
+        return None
+    try:
+        config = json.loads(Path(config_path).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):
+        # the model's loader says what is wrong with it
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model")
+    vocab = text.get("vocab_size")
+    if isinstance(hidden, int) and isinstance(vocab, int) and not isinstance(hidden, bool):
+        return hidden, vocab
+    return None
+
+
+__all__ = ["folder_problem", "json_problem", "model_sizes", "safetensors_problem"]

@@ -331,8 +331,18 @@ class MedusaHeads(nn.Module):
 
     def check_fits(self, model: nn.Module) -> None:
         """Refuse heads whose hidden size or vocabulary does not match the base model."""
-        d = hidden_size_of(model.config)
-        V = model.get_output_embeddings().weight.shape[0]
+        self.check_sizes(hidden_size_of(model.config), model.get_output_embeddings().weight.shape[0])
+        emb = model.get_input_embeddings().weight.shape[1]
+        if self.root is not None and emb != self.config.hidden_size:
+            raise HeadsError(
+                f"These {'path' if self.path is not None else 'root'}-conditioned Medusa heads read token embeddings "
+                f"of width {self.config.hidden_size}, but the model's "
+                f"input embeddings have width {emb}; use plain Medusa heads with this model."
+            )
+
+    def check_sizes(self, d: int, V: int) -> None:
+        """Refuse heads made for another hidden size ``d`` or vocabulary ``V`` (a model's, or its config's before it
+        loads)."""
         if self.config.hidden_size != d:
             raise HeadsError(
                 f"These Medusa heads were made for hidden size {self.config.hidden_size}, "
@@ -343,13 +353,6 @@ class MedusaHeads(nn.Module):
             raise HeadsError(
                 f"These Medusa heads predict a vocabulary of {self.config.vocab_size} tokens, but the model's has {V}; "
                 "load heads trained for this model and tokenizer."
-            )
-        emb = model.get_input_embeddings().weight.shape[1]
-        if self.root is not None and emb != self.config.hidden_size:
-            raise HeadsError(
-                f"These {'path' if self.path is not None else 'root'}-conditioned Medusa heads read token embeddings "
-                f"of width {self.config.hidden_size}, but the model's "
-                f"input embeddings have width {emb}; use plain Medusa heads with this model."
             )
 
     # ---------------------------------------------------------------- saving

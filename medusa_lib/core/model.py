@@ -249,6 +249,14 @@ def _default_cached_folder() -> Path:
     return CACHE_DIR / "SmolLM2-135M-Instruct"
 
 
+def model_config_file(model: str) -> Path | None:
+    """The config.json of ``model`` readable before its weights load, without a download: the default model's
+    cached copy, a local folder's; None for a Hub id (or a first start of the default model)."""
+    folder = _default_cached_folder() if model == DEFAULT_MODEL else Path(model).expanduser()
+    path = folder / "config.json"
+    return path if path.is_file() else None
+
+
 def default_model_folder() -> Path:
     """The default model as a plain Hugging Face folder (safetensors, tokenizer, chat template): the
     copy its first start writes, written now if missing. What another engine (vLLM) loads."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import socket
 import statistics
 import threading
 import time
@@ -132,7 +133,7 @@ def freed(url: str, prompts: list[str]) -> None:
     short = compare_data(prompts[0], max_new_tokens=8)
     alone = statistics.median(call(url, short, "short-alone")[2] for _ in range(3))
     long = compare_data(prompts[1], max_new_tokens=512)
-    # a disconnect: the long call's stream opened, then its socket closed
+    # a disconnect: the long call's stream opened, then its socket shut (a browser tab closed)
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     conn.request(
@@ -142,15 +143,17 @@ def freed(url: str, prompts: list[str]) -> None:
         {"Content-Type": "application/json"},
     )
     event_id = json.loads(conn.getresponse().read().decode())["event_id"]
-    conn.request("GET", f"/gradio_api/call/compare/{event_id}")
-    conn.getresponse()
+    conn.close()
+    stream = socket.create_connection((u.hostname, u.port))
+    stream.sendall(f"GET /gradio_api/call/compare/{event_id} HTTP/1.1\r\nHost: {u.hostname}\r\n\r\n".encode())
     time.sleep(2.0)
     queued: list = []
     t = threading.Thread(target=lambda: queued.append(call(url, short, "behind-leaver")))
     t.start()
     time.sleep(0.5)
     t0 = time.perf_counter()
-    conn.sock.close()
+    stream.shutdown(socket.SHUT_RDWR)
+    stream.close()
     t.join()
     print(
         f"   disconnect: the short run answered {time.perf_counter() - t0:.1f} s after the socket closed "

@@ -97,17 +97,25 @@ def read_medusa(path: Path, *, model=None, shown: str = "") -> MedusaHeads:
 
 
 def check_files(
-    folder: Path | None, options: Mapping[str, Any], *, default_heads: str | Path | None = None, shown: str = ""
+    folder: Path | None,
+    options: Mapping[str, Any],
+    *,
+    default_heads: str | Path | None = None,
+    shown: str = "",
+    sizes: tuple[int, int] | None = None,
 ) -> dict[str, str]:
     """Before any model loads: the Medusa heads' files (read and checked whole, ``read_medusa``; heads the operator
     named, or the default ones where they are) and every drafter's (``Drafter.check_files``). A damaged file the
     operator named raises its sentence; a drafter beside the heads whose files are damaged is left out: returns
-    {drafter: the sentence that says so}."""
+    {drafter: the sentence that says so}. ``sizes``: the model's (hidden size, vocabulary) by its config where it
+    can be read before the weights load (``file_checks.model_sizes``), which heads and drafters must fit."""
     if folder is not None and folder.is_dir():
         # a small checkpoint (all shipped heads) is read whole and its shapes checked against its config; a big one
         # is read once, with the model, and only its weights' header and size are checked now (a cut copy)
         if sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) <= READ_AHEAD_BYTES:
-            read_medusa(folder, shown=shown)
+            heads = read_medusa(folder, shown=shown)
+            if sizes is not None:
+                heads.check_sizes(*sizes)
         elif (weights := folder / HEADS_FILE).exists() and (problem := safetensors_problem(weights)):
             raise HeadsError(
                 f"The heads file {weights} is not a readable safetensors file ({problem}); "
@@ -115,7 +123,7 @@ def check_files(
             )
     left = {}
     for name, cls in REGISTRY.items():
-        why = cls.check_files(options.get(name), folder=folder)
+        why = cls.check_files(options.get(name), folder=folder, sizes=sizes)
         if why:
             left[name] = why
     return left

@@ -26,11 +26,12 @@ import torch
 
 from ..core.decoding import Decoder
 from ..core.defaults import HeadsDefaults, heads_defaults
+from ..core.file_checks import model_sizes
 from ..core.fused import ready
 from ..core.heads import MedusaHeads
 from ..core.hub_gguf import weights_note
 from ..core.kv import StaticKV, describe_engine, prepare_engine, resolve_engine
-from ..core.model import chat_prompt_ids, device_name, input_device, load_model, resolve_device
+from ..core.model import chat_prompt_ids, device_name, input_device, load_model, model_config_file, resolve_device
 from .checks import ExactnessChecks
 from .compiling import pending_engine
 from .drafter import (
@@ -232,7 +233,13 @@ class Playground(RequestInputs, ExactnessChecks):
         check_options(options, folder=heads)
         # every file that can be read without the model, read now: a damaged one is said in seconds
         path = Path(heads) if heads else None
-        left_out = check_files(path, options, default_heads=default_heads, shown=_short_path(path) if path else "")
+        left_out = check_files(
+            path,
+            options,
+            default_heads=default_heads,
+            shown=_short_path(path) if path else "",
+            sizes=model_sizes(model_config_file(model)),
+        )
         for why in left_out.values():
             say(f"note: {why}")
         # Inductor cannot lower oneDNN's pre-packed CPU weights: a CPU that compiles its steps keeps stock ones

@@ -146,10 +146,11 @@ class Drafter:
         """Refuse, before any model loads, an ``option`` that cannot work (one sentence)."""
 
     @classmethod
-    def check_files(cls, option, *, folder=None) -> str | None:
+    def check_files(cls, option, *, folder=None, sizes: tuple[int, int] | None = None) -> str | None:
         """Read, before any model loads, what this drafter would load (``file_checks``): a damaged file the
         operator named raises its sentence (DrafterError); one found beside the heads (``folder``) returns the
-        sentence that leaves this drafter out; None when there is nothing wrong, or nothing to read."""
+        sentence that leaves this drafter out; None when there is nothing wrong, or nothing to read. ``sizes``: the
+        model's (hidden size, vocabulary) by its config, where known, which the files must fit."""
         return None
 
     @classmethod

@@ -19,6 +19,7 @@ from ..eagle import (
     EAGLE_FILE,
     EagleError,
     EagleHead,
+    check_sizes,
     is_eagle_folder,
     load_eagle,
     read_eagle_config,
@@ -70,15 +71,17 @@ def find_eagle(eagle: str | Path | None, *, heads: str | Path | None) -> tuple[P
     return Path(eagle).expanduser(), True
 
 
-def read_eagle_files(folder: Path) -> None:
-    """The EAGLE head's files read without a model (its config, its weights' header and size); its sentence."""
-    read_eagle_config(folder)
+def read_eagle_files(folder: Path):
+    """The EAGLE head's files read without a model (its config, its weights' header and size): its config, or its
+    sentence."""
+    cfg = read_eagle_config(folder)
     problem = safetensors_problem(folder / EAGLE_FILE)
     if problem:
         raise EagleError(
             f"The EAGLE weights {folder / EAGLE_FILE} are not a readable safetensors file ({problem}); "
             "copy the EAGLE head again or train a new one."
         )
+    return cfg
 
 
 def load_eagle_for(folder: Path | None, model, *, named: bool) -> tuple[EagleHead | None, str]:
@@ -196,12 +199,14 @@ class EagleDrafter(Drafter):
         find_eagle(option, heads=folder)
 
     @classmethod
-    def check_files(cls, option, *, folder=None) -> str | None:
+    def check_files(cls, option, *, folder=None, sizes=None) -> str | None:
         where, named = find_eagle(option, heads=folder)
         if where is None:
             return None
         try:
-            read_eagle_files(where)
+            cfg = read_eagle_files(where)
+            if sizes is not None:
+                check_sizes(cfg, *sizes)
         except EagleError as e:
             if named:
                 raise EagleError(f"--eagle {str(where)!r}: {e}") from None

@@ -160,12 +160,20 @@ class RestDrafter(Drafter):
         self.store, self.nodes, self.depth = store, nodes, depth
 
     @classmethod
-    def check_files(cls, option, *, folder=None) -> str | None:
+    def check_files(cls, option, *, folder=None, sizes=None) -> str | None:
         where = beside(folder, SUFFIX)
-        problem = folder_problem(where, (FILE, CONFIG)) if where is not None and (where / FILE).exists() else None
-        if problem is None:
+        if where is None or not (where / FILE).exists():
             return None
-        return f"The REST datastore beside the Medusa heads is left out ({problem}); build it again."
+        problem = folder_problem(where, (FILE, CONFIG))
+        if problem is not None:
+            return f"The REST datastore beside the Medusa heads is left out ({problem}); build it again."
+        built = (json.loads((where / CONFIG).read_text()) or {}).get("vocab_size")
+        if sizes is not None and built != sizes[1]:
+            return (
+                "The REST datastore beside the Medusa heads is left out: it was built for a vocabulary of "
+                f"{built} tokens, this model has {sizes[1]:,}."
+            )
+        return None
 
     @classmethod
     def load(cls, model, *, heads=None, folder=None, option=None) -> Loaded:
