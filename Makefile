@@ -23,8 +23,9 @@ setup-dev: $(VENV)/.installed-dev
 run: setup
 	$(PY) app.py $(ARGS)
 
+# The default suite in one process per core (pytest-xdist; each with one torch thread: tests/conftest.py).
 test: setup-dev
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto $(PYTEST_ARGS)
 
 lint: setup-dev
 	$(VENV)/bin/ruff format --check .

@@ -17,7 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the app's start-up timing of trees (present/fit.py) writes to the user cache: tests that want it ask for it
 os.environ.setdefault("MEDUSA_MACHINE_FIT", "off")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# one thread per worker when pytest-xdist runs the suite in several processes (make test: one per core), else two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 from medusa_lib import DecodeConfig, Decoder, HeadsConfig, MedusaHeads  # noqa: E402
 from medusa_lib.present import Playground, untrained_heads  # noqa: E402
