@@ -138,8 +138,9 @@ def heads_defaults(
     the uncalibrated fallback."""
     kind = device_kind(device)
     found = calibration_records(heads)
+    # the trees a run can name: trees.json's and the presets
+    known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
     if fit is not None:
-        known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
         here = [f for f in found if fit.key.same_as(f[0]) and f[1] in known]
         best = fit.best("medusa")
         if here:
@@ -178,7 +179,6 @@ def heads_defaults(
     else:
         # no calibration record: what config.json says at the top level, if anything
         record, calibrated, lookup = None, getattr(heads, "default_tree", None), getattr(heads, "lookup", None)
-    known = set(getattr(heads, "tree_presets", None) or ()) | set(preset_names())
     if calibrated and calibrated in known:
         tree = calibrated
     else:

@@ -399,15 +399,21 @@ def ready(decoder, kv, *, graphs=None, say=None) -> str | None:
     progs = [p for p in programs(decoder, kv) if p is not None]
     record_prefill(kv, graphs=graphs, say=say)
     for prog in progs:
-        if not prog.captured:
-            what = f"the {prog.num_nodes}-token {decoder.method} step"
-            if say:
-                say(f"{'Compiling' if kv.capture == 'compile' else 'Capturing'} {what}...")
-            seconds = prog.capture(graphs=graphs)
-            kv.capture_seconds += seconds
-            if say:
-                say(f"  {what}: {seconds:.1f} s")
+        capture_program(prog, kv, f"the {prog.num_nodes}-token {decoder.method} step", graphs=graphs, say=say)
     return next((p.note for p in progs if p.note), kv.prefill_note)
+
+
+def capture_program(prog: Program, kv, what: str, *, graphs=None, say=None) -> None:
+    """Capture (or compile) one program not captured yet, saying ``what`` it is before and its seconds after;
+    raises when its capture fails (``Program.capture``)."""
+    if prog.captured:
+        return
+    if say:
+        say(f"{'Compiling' if kv.capture == 'compile' else 'Capturing'} {what}...")
+    seconds = prog.capture(graphs=graphs)
+    kv.capture_seconds += seconds
+    if say:
+        say(f"  {what}: {seconds:.1f} s")
 
 
 def record_prefill(kv, *, graphs=None, say=None) -> None:

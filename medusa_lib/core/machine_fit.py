@@ -198,10 +198,15 @@ def medusa_candidates(records: Iterable[tuple[dict, str | None, int | None]], tr
     return sorted(out.values(), key=lambda c: (c.tokens, c.lookup, c.name))
 
 
+def eagle_sweeps(meta: dict) -> list[dict]:
+    """An EAGLE head's timed sweeps (its config.json ``tree_sweeps`` per kind of machine, and ``tree_sweep``)."""
+    return [s for s in [*(meta.get("tree_sweeps") or {}).values(), meta.get("tree_sweep")] if isinstance(s, dict)]
+
+
 def eagle_candidates(meta: dict, numerics: str) -> list[Candidate]:
     """The EAGLE node budgets with counted tokens per step: the rows of the head's timed sweeps
-    (config.json ``tree_sweeps``, ``tree_sweep``), a sweep in ``numerics`` first."""
-    sweeps = list((meta.get("tree_sweeps") or {}).values()) + [meta.get("tree_sweep") or {}]
+    (``eagle_sweeps``), a sweep in ``numerics`` first."""
+    sweeps = eagle_sweeps(meta)
     sweeps.sort(key=lambda s: str(s.get("dtype") or "") != numerics)
     out = {}
     for sweep in sweeps:
@@ -341,6 +346,7 @@ __all__ = [
     "Timed",
     "choose",
     "eagle_candidates",
+    "eagle_sweeps",
     "engine_of",
     "machine_record",
     "medusa_candidates",

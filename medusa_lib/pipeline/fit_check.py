@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .gpu_figures import bench_summary
 from .live_server import machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,22 +59,12 @@ def bench_tree(tree: str, lookup: int, args) -> dict:
             str(out),
         ]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        records = json.loads(out.read_text())["records"]
-    by: dict[str, list] = {}
-    for r in records:
-        by.setdefault(r["method"], []).append(r)
-
-    def rate(rs):
-        return sum(r["new_tokens"] for r in rs) / sum(r["prefill_seconds"] + r["decode_seconds"] for r in rs)
-
-    def per_step(rs):
-        return sum(r["decode_seconds"] for r in rs) / sum(r["steps"] for r in rs)
-
-    plain, medusa = by["baseline"], by["medusa-greedy"]
+        summary = bench_summary(json.loads(out.read_text()))["methods"]
+    plain, medusa = summary["baseline"], summary["medusa-greedy"]
     return {
-        "speedup": rate(medusa) / rate(plain),
-        "step_ratio": per_step(medusa) / per_step(plain),
-        "tokens_per_step": sum(r["new_tokens"] for r in medusa) / sum(r["steps"] for r in medusa),
+        "speedup": medusa["vs_ref"],
+        "step_ratio": medusa["ms_per_step"] / plain["ms_per_step"],
+        "tokens_per_step": medusa["tokens_per_step"],
     }
 
 

@@ -4,7 +4,6 @@ answers, watch what it prints, read its memory, and name the machine every figur
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -19,20 +18,14 @@ RECORDED = "Examples:"
 
 
 def machine() -> str:
-    """The CPU, the flags that decide bfloat16's speed, and torch's threads: every figure names its machine."""
+    """The CPU, the flags that decide bfloat16's speed (``machine_fit.cpu_name_and_flags``: an ISA cap set in the
+    environment too), and torch's threads: every figure names its machine."""
     import torch
 
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), name)
-        flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    except OSError:
-        pass
-    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return (
-        f"{name}, {os.cpu_count()} cores, flags: {' '.join(have) or 'unknown'}, torch threads {torch.get_num_threads()}"
-    )
+    from ..core.machine_fit import cpu_name_and_flags
+
+    name, flags = cpu_name_and_flags()
+    return f"{name}, {os.cpu_count()} cores, flags: {flags or 'unknown'}, torch threads {torch.get_num_threads()}"
 
 
 def wait_until_up(url: str, server: subprocess.Popen, timeout: float) -> None:

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..core.decoding import Decoder
-from ..core.fused import Program, programs, record_prefill
+from ..core.fused import Program, capture_program, programs, record_prefill
 from ..core.kv import StaticKV
 from ..core.messages import cause
 
@@ -74,23 +74,21 @@ class PendingEngine:
         unit = self.units[self.done]
         kv, prog = self.kvs[unit.numerics], unit.program
         t0 = time.perf_counter()
-        what = f"the {prog.num_nodes}-token {unit.decoder.method} step ({unit.numerics})"
-        if say:
-            say(f"Compiling {what} in the background ({self.done + 1} of {self.total})...")
+        what = (
+            f"the {prog.num_nodes}-token {unit.decoder.method} step "
+            f"({unit.numerics}; {self.done + 1} of {self.total}, in the background)"
+        )
         with torch.inference_mode():
             record_prefill(kv, say=say)
-            if not prog.captured:
-                try:
-                    kv.capture_seconds += prog.capture()
-                except Exception as e:  # noqa: BLE001
-                    # that step runs its eager kernels on the compiled engine, as at load
-                    self.notes.append(f"Compiling {what} failed ({cause(e, 120)}); it runs eagerly.")
+            try:
+                capture_program(prog, kv, what, say=say)
+            except Exception as e:  # noqa: BLE001
+                # that step runs its eager kernels on the compiled engine, as at load
+                self.notes.append(f"Compiling {what} failed ({cause(e, 120)}); it runs eagerly.")
             if prog.note:
                 self.notes.append(prog.note)
         self.seconds += time.perf_counter() - t0
         self.done += 1
-        if say:
-            say(f"  {what}: {time.perf_counter() - t0:.1f} s")
         return bool(self.left)
 
     def swap(self, pg) -> str:

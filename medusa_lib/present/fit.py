@@ -2,13 +2,13 @@
 and keep the fastest by prediction (``core/machine_fit.py`` holds the arithmetic and the cache).
 
 A candidate's step is timed as a run takes it, through ``Playground.prepare``: the drafter drafts, the
-model verifies the tree (its lookup branch too) and the step accepts, on the engine runs use. Every timed
-run starts fresh from one prompt's prefill and times its first ``STEPS`` decode steps, so every candidate
-steps after about the same context. Rounds go over all candidates in turn (plain among them), so a drift
-of a shared machine moves them alike. The first round goes from the smallest step up and skips a
-candidate that cannot win: its gain over the largest cost measured so far below it is under the best
-prediction so far (on a CPU the 64-node trees never run). Later rounds time again only the candidates
-within ``NEAR`` of the best.
+model verifies the tree (its lookup branch too) and the step accepts, on the engine runs use. Each candidate's
+run starts from one prompt's prefill; neither the prefill nor the first decode step is timed (``Stepper``).
+Rounds go over the candidates in turn (plain among them), so a drift of a shared machine moves them alike. The
+first round goes from the smallest step up and skips a size that cannot win: its best gain over the cost of a
+smaller size (the second largest measured, so one noisy step cannot skip it) is under the best prediction so
+far (on a CPU the 64-node trees never run). Later rounds time again only the candidates within ``NEAR`` of the
+best.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ SKIP_MARGIN = 0.12
 
 
 def _eagle_tree(name: str) -> DynamicTreeConfig:
-    top_k, depth, nodes = (int(x) for x in name.split(","))
-    return DynamicTreeConfig(top_k=top_k, depth=depth, num_nodes=nodes)
+    """An EAGLE candidate's tree from its name, "top_k,depth,nodes" (as the sweeps and bench --eagle-tree write it)."""
+    return DynamicTreeConfig(*map(int, name.split(",")))
 
 
 def decoder_for(pg, numerics: str, candidate: Candidate | None) -> tuple[list[int], Decoder]:
@@ -226,19 +226,17 @@ def measure(
     )
 
 
-def candidates_of(pg, numerics: str, *, medusa: bool = True, eagle: bool = True) -> list[Candidate]:
-    """What the fit times for ``pg`` in ``numerics``: the shipped trees with figures, the EAGLE budgets
-    with counted tokens per step (where an EAGLE head is loaded for these numerics)."""
+def candidates_of(pg, numerics: str, *, medusa: bool = True, eagle_meta: dict | None = None) -> list[Candidate]:
+    """What the fit times for ``pg`` in ``numerics``: the shipped trees with figures (``medusa``), the EAGLE budgets
+    with counted tokens per step in ``eagle_meta`` (the head's config.json, where one is loaded for these
+    numerics)."""
     from ..core.defaults import calibration_records
-    from ..core.tree import preset_names
 
     out = []
     if medusa and pg.drafters.tree_drafter in pg.drafters.available:
-        heads = pg.variants[numerics][1]
-        out += medusa_candidates(calibration_records(heads), set(pg.tree_presets) | set(preset_names()), numerics)
-    head = pg.drafters.eagles.get(numerics)
-    if eagle and head is not None:
-        out += eagle_candidates({"tree_sweeps": dict(enumerate(_sweeps(head)))}, numerics)
+        out += medusa_candidates(calibration_records(pg.heads), pg.tree_names(), numerics)
+    if eagle_meta:
+        out += eagle_candidates(eagle_meta, numerics)
     return out
 
 
@@ -253,7 +251,7 @@ def fit_playground(pg, mode: str = "auto", *, folder=None, say: Callable[[str], 
     shipped calibration (or EAGLE sweep) made on this very machine key wins, and "auto" does not time that
     drafter. Returns {numerics: Fit}; what runs and why goes to ``say``."""
     from ..core.defaults import calibration_records
-    from ..core.machine_fit import engine_of, read_fit, this_machine, write_fit
+    from ..core.machine_fit import eagle_sweeps, engine_of, read_fit, this_machine, write_fit
 
     say = say or (lambda msg: None)
     if mode == "off":
@@ -264,16 +262,19 @@ def fit_playground(pg, mode: str = "auto", *, folder=None, say: Callable[[str], 
         # background and fits on the one it serves with meanwhile (Playground.load(compile_in_background=True))
         say("Machine fit: not timed on an engine that compiles at load; the shipped choices hold.")
         return {}
-    for numerics, (model, heads) in pg.variants.items():
+    for numerics, (model, _) in pg.variants.items():
         key = this_machine(input_device(model), numerics, engine_of(pg.cache, capture))
         head = pg.drafters.eagles.get(numerics)
-        shipped_tree = any(key.same_as(r) for r, _, _ in calibration_records(heads))
-        shipped_eagle = head is not None and any(key.swept_here(s) for s in _sweeps(head))
+        meta = _eagle_meta(head) if head is not None else {}
+        shipped_tree = any(key.same_as(r) for r, _, _ in calibration_records(pg.heads))
+        shipped_eagle = head is not None and any(key.swept_here(s) for s in eagle_sweeps(meta))
         fit = read_fit(key, folder) if mode == "auto" else None
         if fit is None:
             # "again" times every drafter (to hold it against what was shipped); the shipped choice still wins
             again = mode == "again"
-            candidates = candidates_of(pg, numerics, medusa=again or not shipped_tree, eagle=again or not shipped_eagle)
+            candidates = candidates_of(
+                pg, numerics, medusa=again or not shipped_tree, eagle_meta=meta if again or not shipped_eagle else None
+            )
             if candidates:
                 say(f"Machine fit ({numerics}): timing {len(candidates)} setups on {key.label()}...")
                 fit = measure(pg, numerics, key, candidates, progress=say)
@@ -287,7 +288,10 @@ def fit_playground(pg, mode: str = "auto", *, folder=None, say: Callable[[str], 
         pg.fits[numerics] = fit
         best = fit.best("eagle")
         if best is not None and head is not None and not shipped_eagle:
-            object.__setattr__(head, "config", replace(head.config, **_eagle_fields(best.candidate.name)))
+            tree = _eagle_tree(best.candidate.name)
+            object.__setattr__(
+                head, "config", replace(head.config, top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes)
+            )
             say(f"Machine fit ({numerics}): {fit.why('eagle')}")
         elif head is not None and shipped_eagle:
             say(f"Machine fit ({numerics}): EAGLE's node budget is its timed sweep's on this machine ({key.label()}).")
@@ -298,17 +302,13 @@ def fit_playground(pg, mode: str = "auto", *, folder=None, say: Callable[[str], 
     return dict(pg.fits)
 
 
-def _eagle_fields(name: str) -> dict:
-    tree = _eagle_tree(name)
-    return dict(top_k=tree.top_k, depth=tree.depth, num_nodes=tree.num_nodes)
-
-
-def _sweeps(head) -> list[dict]:
+def _eagle_meta(head) -> dict:
+    """The EAGLE head's config.json (its timed sweeps), {} where it cannot be read."""
     try:
         meta = json.loads((head.folder / "config.json").read_text())
     except (OSError, ValueError, TypeError, AttributeError):
-        return []
-    return [s for s in [*(meta.get("tree_sweeps") or {}).values(), meta.get("tree_sweep")] if isinstance(s, dict)]
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 __all__ = ["FIT_MODES", "FIT_PROMPT", "candidates_of", "decoder_for", "fit_playground", "measure", "step_seconds"]

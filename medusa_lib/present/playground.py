@@ -243,8 +243,9 @@ class Playground(RequestInputs, ExactnessChecks):
         for why in left_out.values():
             say(f"note: {why}")
         # Inductor cannot lower oneDNN's pre-packed CPU weights: a CPU that compiles its steps keeps stock ones
-        compiles = resolve_engine(resolve_device(device), cache=cache, capture=capture)[1] == "compile"
-        prepack = not (compiles and resolve_device(device).type == "cpu")
+        target = resolve_device(device)
+        compiles = resolve_engine(target, cache=cache, capture=capture)[1] == "compile"
+        prepack = not (compiles and target.type == "cpu")
         m, tok = load_model(
             model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, prepack=prepack, progress=say
         )
@@ -351,8 +352,7 @@ class Playground(RequestInputs, ExactnessChecks):
         """The heads' defaults for a run in ``numerics`` (None: the default numerics): the tree calibrated on
         this device kind in those numerics, else this kind's first (a few dictionary reads)."""
         numerics = numerics or self.default_numerics
-        model, heads = self.variants.get(numerics, (self.model, self.heads))
-        return heads_defaults(heads, self.device, numerics, fit=self.fits.get(numerics))
+        return heads_defaults(self.heads, self.device, numerics, fit=self.fits.get(numerics))
 
     def prompt_ids(self, prompt: str, *, chat_template: bool = True) -> list[int]:
         """Token ids of a prompt that passed ``check_prompt``, through the chat template if asked."""
