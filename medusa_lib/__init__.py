@@ -13,6 +13,7 @@ Three wings, imports pointing inward only:
              python -m medusa_lib.pipeline.<name>; uses core
 """
 
+from .core.compose import make_decoder, run_method
 from .core.decoding import (
     METHODS,
     DecodeConfig,
@@ -21,7 +22,6 @@ from .core.decoding import (
     RunResult,
     Step,
     compact_cache,
-    run_method,
     typical_threshold,
 )
 from .core.defaults import HeadsDefaults, heads_defaults

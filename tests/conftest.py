@@ -20,7 +20,8 @@ os.environ.setdefault("MEDUSA_MACHINE_FIT", "off")
 # one thread per worker when pytest-xdist runs the suite in several processes (make test: one per core), else two
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
-from medusa_lib import DecodeConfig, Decoder, HeadsConfig, MedusaHeads  # noqa: E402
+from medusa_lib import DecodeConfig, HeadsConfig, MedusaHeads  # noqa: E402
+from medusa_lib.core.compose import make_decoder
 from medusa_lib.present import Playground, untrained_heads  # noqa: E402
 
 VOCAB = 320
@@ -258,7 +259,9 @@ def tiny_playground(*, oracle: bool = True, max_new_tokens: int = 96, static: bo
     if oracle:
         ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=max_new_tokens + 8)).run(ids).tokens
+        out = (
+            make_decoder(model, method="plain", config=DecodeConfig(max_new_tokens=max_new_tokens + 8)).run(ids).tokens
+        )
         heads = OracleHeads(model, ids + out)
     else:
         heads = untrained_heads(model)

@@ -2,8 +2,9 @@
 
 from conftest import make_model
 
-from medusa_lib import DecodeConfig, build_tree, cartesian_choices, chain_choices, get_tree, run_method
+from medusa_lib import DecodeConfig, build_tree, cartesian_choices, chain_choices, get_tree
 from medusa_lib.core.attention import use_packed_gqa
+from medusa_lib.core.compose import run_method
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]
 N_NEW = 64

@@ -5,7 +5,8 @@ untrained one."""
 import torch
 from conftest import make_model
 
-from medusa_lib import DecodeConfig, run_method
+from medusa_lib import DecodeConfig
+from medusa_lib.core.compose import run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import new_eagle_head
 from medusa_lib.pipeline.eagle_loss import eagle_loss

@@ -7,7 +7,8 @@ from collections import Counter
 
 import torch
 
-from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices
+from medusa_lib import DecodeConfig, build_tree, cartesian_choices
+from medusa_lib.core.compose import make_decoder
 from medusa_lib.pipeline.profile_step import count_ops
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "allclose"}
@@ -31,7 +32,7 @@ def decoder(model, heads, method="medusa-greedy", *, lookup=3, temperature=0.0, 
         seed=5,
         sample_root=True,
     )
-    return Decoder(
+    return make_decoder(
         model,
         method=method,
         heads=None if method == "plain" else heads,

@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import OracleHeads, make_model, random_heads  # noqa: E402
 
-from medusa_lib.core.decoding import DecodeConfig, Decoder  # noqa: E402
+from medusa_lib.core.compose import make_decoder
+from medusa_lib.core.decoding import DecodeConfig  # noqa: E402
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig  # noqa: E402
 from medusa_lib.core.eagle import new_eagle_head  # noqa: E402
 from medusa_lib.core.kv import StaticKV  # noqa: E402
@@ -60,7 +61,7 @@ def step_row(s) -> dict:
 
 def drafters(model, ids) -> dict[str, dict]:
     """name -> Decoder keywords of each drafter (built fresh per model)."""
-    seq = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=60, stop_on_eos=False)).run(ids).tokens
+    seq = make_decoder(model, method="plain", config=DecodeConfig(max_new_tokens=60, stop_on_eos=False)).run(ids).tokens
     out = {
         "oracle": dict(heads=OracleHeads(model, list(ids) + seq), tree=get_tree("chain-3", num_heads=4)),
         "root": dict(heads=random_heads(4, root=True, seed=3), tree=get_tree("chain-2", num_heads=4)),
@@ -118,7 +119,7 @@ def record() -> dict:
                                     sample_root=method == "medusa-typical",
                                 )
                                 kind = "plain" if method.startswith("plain") else method
-                                dec = Decoder(
+                                dec = make_decoder(
                                     model,
                                     method=kind,
                                     config=cfg,

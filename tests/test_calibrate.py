@@ -7,6 +7,7 @@ import torch
 from conftest import answer_records, make_model, random_heads, tiny_tokenizer
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
+from medusa_lib.core.compose import run_method
 from medusa_lib.pipeline import calibrate
 from medusa_lib.pipeline.calibrate import head_accuracy, pick_default, split_prompts
 
@@ -204,7 +205,7 @@ def test_default_tree_is_the_smallest_within_the_tie_of_the_fastest():
 def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     from conftest import OracleHeads
 
-    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib import DecodeConfig, build_tree
     from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")
@@ -248,7 +249,7 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
 def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
     import pytest
 
-    from medusa_lib import DecodeConfig, build_tree, run_method
+    from medusa_lib import DecodeConfig, build_tree
     from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")

@@ -7,7 +7,8 @@ import torch
 from conftest import OracleHeads, make_model, random_heads
 from decoding_helpers import ARCHS, CACHES, N_NEW, PROMPT, TREES, model_for, plain_tokens
 
-from medusa_lib import DecodeConfig, Decoder, build_tree, chain_choices, run_method
+from medusa_lib import DecodeConfig, build_tree, chain_choices
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.decoding import compact_cache, new_cache
 from medusa_lib.core.tree import tree_attention_bias, with_lookup
 
@@ -181,7 +182,7 @@ def test_compaction_when_every_node_is_kept_does_not_crop():
 def test_decoder_holds_one_tree_buffers_value_per_tree(models):
     model = models["llama"]
     tree = TREES["cartesian-3x2x2"]
-    dec = Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree, config=DecodeConfig(lookup=3))
+    dec = make_decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree, config=DecodeConfig(lookup=3))
     # the drafter's shape: the heads' tree with the lookup chain of 3 beside it
     assert (
         dec.tree.num_nodes == tree.num_nodes + 3
@@ -192,8 +193,10 @@ def test_decoder_holds_one_tree_buffers_value_per_tree(models):
     trees = dec.drafter.trees
     assert dec.root_tree.num_nodes == 1 and sorted(trees) == [1, 2, 3] and trees[3] is dec.tree
     assert all(b.cpu.lookup == c and b.num_nodes == tree.num_nodes + c for c, b in trees.items())
-    assert Decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree).tree.num_nodes == tree.num_nodes
-    assert Decoder(model).tree is None
+    assert (
+        make_decoder(model, method="medusa-greedy", heads=random_heads(4), tree=tree).tree.num_nodes == tree.num_nodes
+    )
+    assert make_decoder(model).tree is None
 
 
 def test_step_records_and_statistics(models):
@@ -230,7 +233,7 @@ def test_step_records_and_statistics(models):
 @pytest.mark.parametrize("cache", CACHES)
 def test_two_runs_never_share_state(cache, models):
     model = models["qwen2"]
-    dec = Decoder(
+    dec = make_decoder(
         model,
         method="medusa-greedy",
         heads=random_heads(4),

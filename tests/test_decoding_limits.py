@@ -5,7 +5,8 @@ import pytest
 from conftest import OracleHeads, make_model, random_heads
 from decoding_helpers import CACHES, PROMPT, TREES, plain_tokens
 
-from medusa_lib import DecodeConfig, DecodeError, Decoder, ModelError, run_method
+from medusa_lib import DecodeConfig, DecodeError, ModelError
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.model import model_info
 
 
@@ -97,11 +98,11 @@ def test_unsupported_attention_is_refused():
     model = make_model("llama")
     model.config.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(ModelError, match="'linear_attention' layers"):
-        Decoder(model)
+        make_decoder(model)
     model2 = make_model("llama")
     model2.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ModelError, match="cannot take a tree mask"):
-        Decoder(model2)
+        make_decoder(model2)
 
 
 def test_model_info_follows_the_config_without_writing_on_the_model(monkeypatch):
@@ -118,7 +119,7 @@ def test_model_info_follows_the_config_without_writing_on_the_model(monkeypatch)
     model.generation_config.eos_token_id = [5, 6]
     model.config.max_position_embeddings = 64
     assert (
-        Decoder(model).info
+        make_decoder(model).info
         == model_info(model)
         == M.ModelInfo(context_limit=64, sliding_window=None, eos_token_ids=(5, 6))
     )
@@ -135,16 +136,16 @@ def test_model_info_follows_the_config_without_writing_on_the_model(monkeypatch)
 def test_bad_settings_are_refused(models):
     model = models["llama"]
     with pytest.raises(DecodeError, match="Unknown method"):
-        Decoder(model, method="beam")
+        make_decoder(model, method="beam")
     with pytest.raises(DecodeError, match="needs Medusa heads and a tree"):
-        Decoder(model, method="medusa-greedy")
+        make_decoder(model, method="medusa-greedy")
     with pytest.raises(DecodeError, match="tree is 4 levels deep but the heads only predict 2"):
-        Decoder(model, method="medusa-greedy", heads=random_heads(2), tree=TREES["chain-4"])
+        make_decoder(model, method="medusa-greedy", heads=random_heads(2), tree=TREES["chain-4"])
     with pytest.raises(DecodeError, match="max_new_tokens must be between"):
-        Decoder(model, config=DecodeConfig(max_new_tokens=0))
+        make_decoder(model, config=DecodeConfig(max_new_tokens=0))
     with pytest.raises(DecodeError, match="temperature must be 0"):
-        Decoder(model, config=DecodeConfig(temperature=-1))
+        make_decoder(model, config=DecodeConfig(temperature=-1))
     with pytest.raises(DecodeError, match="epsilon"):
-        Decoder(model, config=DecodeConfig(posterior_threshold=1.5))
+        make_decoder(model, config=DecodeConfig(posterior_threshold=1.5))
     with pytest.raises(DecodeError, match="prompt is empty"):
         run_method(model, [], method="plain")

@@ -6,7 +6,8 @@ import torch
 from conftest import OracleHeads, pairwise, random_heads
 from decoding_helpers import ARCHS, CACHES, N_NEW, PROMPT, TREES, plain_tokens
 
-from medusa_lib import DecodeConfig, DecodeError, build_tree, run_method
+from medusa_lib import DecodeConfig, DecodeError, build_tree
+from medusa_lib.core.compose import run_method
 from medusa_lib.core.decoding import race_noise, sample_token, sample_walk, sampling_probs
 
 

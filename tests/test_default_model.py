@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model, run_method
+from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model
+from medusa_lib.core.compose import run_method
 from medusa_lib.core.model import PACKED_GQA, chat_prompt_ids, default_gguf_path, resolve_dtype
 from medusa_lib.core.packing import PackedLinear
 from medusa_lib.pipeline.jsonl import load_jsonl

@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import PROMPT, make_model, random_heads, serving, tiny_playground
 
-from medusa_lib import DecodeConfig, Decoder
+from medusa_lib import DecodeConfig
+from medusa_lib.core.compose import make_decoder
 from medusa_lib.core.drafters import EagleDrafter, MedusaDrafter
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import EagleError, new_eagle_head
@@ -43,7 +44,7 @@ def trained_eagle(model, ids: list[int], answer: list[int], steps: int = 120):
 def eagle_playground(**kw) -> Playground:
     base = tiny_playground()
     ids = base.prompt_ids(PROMPT)
-    answer = Decoder(base.model, config=DecodeConfig(max_new_tokens=40, stop_on_eos=False)).run(ids).tokens
+    answer = make_decoder(base.model, config=DecodeConfig(max_new_tokens=40, stop_on_eos=False)).run(ids).tokens
     head = trained_eagle(base.model, ids, answer)
     return Playground(
         base.model, base.tokenizer, base.heads, heads_note="test heads", drafters={"eagle": {"float32": head}}, **kw

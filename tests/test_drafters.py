@@ -10,7 +10,8 @@ import torch
 from conftest import make_model
 
 from medusa_lib.core import decoding, fused
-from medusa_lib.core.decoding import DecodeConfig, DecodeError, Decoder, run_method
+from medusa_lib.core.compose import make_decoder, run_method
+from medusa_lib.core.decoding import DecodeConfig, DecodeError
 from medusa_lib.core.drafters import Draft, Drafter, DraftRun, LookupDrafter
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.tree import build_tree, chain_choices
@@ -67,7 +68,7 @@ def test_lookup_drafter_length_is_checked():
     with pytest.raises(ValueError, match=r"copies 1 to 8 tokens a step \(got 0\)"):
         LookupDrafter(0)
     with pytest.raises(DecodeError, match="must be a Drafter"):
-        Decoder(make_model("llama"), method="medusa-greedy", drafter="lookup")
+        make_decoder(make_model("llama"), method="medusa-greedy", drafter="lookup")
 
 
 class _EchoRun(DraftRun):
@@ -98,7 +99,7 @@ def test_a_new_drafter_is_one_class_and_the_verifier_keeps_it_exact(models, meth
     run = tokens(model, method, temperature=temperature, seed=5, drafter=EchoDrafter())
     assert run.tokens == plain
     assert {s.drafter for s in run.steps[1:]} == {"echo"} and run.steps[1].tree.num_nodes == 3
-    dec = Decoder(model, method=method, config=DecodeConfig(cache="static"), drafter=EchoDrafter())
+    dec = make_decoder(model, method=method, config=DecodeConfig(cache="static"), drafter=EchoDrafter())
     assert not dec.static and dec.note.endswith("so the run uses the dynamic cache.")  # no static form
 
 
@@ -121,9 +122,9 @@ def test_the_verifier_never_names_a_drafter_kind():
 def test_a_static_lookup_drafter_step_is_one_program_and_matches_the_dynamic_tokens(models):
     model = models["llama"]
     kv = StaticKV(model, max_len=256)
-    dec = Decoder(model, method="medusa-greedy", config=DecodeConfig(max_new_tokens=N_NEW, cache="static"),
+    dec = make_decoder(model, method="medusa-greedy", config=DecodeConfig(max_new_tokens=N_NEW, cache="static"),
                   static_kv=kv, drafter=LookupDrafter(4))  # fmt: skip
-    assert dec.static and dec.static_draft.lookup == 4 and dec.step_sizes[1] == 5
+    assert dec.static and dec.static_draft.key[:2] == ("lookup", 4) and dec.step_sizes[1] == 5
     assert dec.run(LOOP).tokens == tokens(model, "plain").tokens
     assert len(kv.programs) == 2  # the chain step and the root-only step
 

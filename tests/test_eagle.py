@@ -5,7 +5,8 @@ import torch
 from conftest import make_model
 from eagle_helpers import ARCHS, N_NEW, PROMPT, TREE, eagle_setups, plain, sampling
 
-from medusa_lib import DecodeConfig, DecodeError, Decoder, run_method
+from medusa_lib import DecodeConfig, DecodeError
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.dynamic_tree import (
     Candidates,
     DynamicTreeConfig,
@@ -195,9 +196,9 @@ def test_models_without_rotary_layers_are_refused():
 
 def test_plain_ignores_the_drafter_and_medusa_still_needs_heads(setups):
     model, trained, _ = setups["llama"]
-    assert Decoder(model, method="plain", eagle=trained).drafter is None
+    assert make_decoder(model, method="plain", eagle=trained).drafter is None
     with pytest.raises(DecodeError, match="needs Medusa heads and a tree"):
-        Decoder(model, method="medusa-greedy")
+        make_decoder(model, method="medusa-greedy")
 
 
 def test_the_draft_loop_reads_nothing_back_to_the_host(setups):

@@ -10,9 +10,10 @@ import torch
 from eagle_helpers import ARCHS, N_NEW, PROMPT, TREE, eagle_setups, plain, sampling
 from fused_helpers import HOST_READS, READ_BOUND, FakeCuda, step_ops
 
-from medusa_lib import DecodeConfig, Decoder, run_method
+from medusa_lib import DecodeConfig
 from medusa_lib.core import fused
-from medusa_lib.core.dynamic_tree import ancestry, children_of, tree_of_parents
+from medusa_lib.core.compose import make_decoder, run_method
+from medusa_lib.core.tree.parents import ancestry, children_of, tree_of_parents
 from medusa_lib.core.eagle import new_eagle_head
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import Prefill
@@ -48,7 +49,9 @@ def records(res, *, trees: bool = True) -> list[tuple]:
 
 
 def static_decoder(model, head, method="medusa-greedy", *, lookup=0, kv=None, n=N_NEW):
-    return Decoder(model, method=method, eagle=head, config=config("static", method, lookup=lookup, n=n), static_kv=kv)
+    return make_decoder(
+        model, method=method, eagle=head, config=config("static", method, lookup=lookup, n=n), static_kv=kv
+    )
 
 
 # ------------------------------------------------------------------ the tree from its parents
@@ -138,7 +141,7 @@ def test_an_eagle3_head_runs_on_the_dynamic_cache_and_says_so(setups):
     """An EAGLE-3 head reads other layers' inputs through hooks, which a captured step would not run."""
     model = setups["llama"][0]
     head = new_eagle_head(model, tree=TREE, fuse_layers=(0, 1)).eval()
-    dec = Decoder(model, method="medusa-greedy", eagle=head, config=config("static"))
+    dec = make_decoder(model, method="medusa-greedy", eagle=head, config=config("static"))
     assert dec.note == (
         "An EAGLE-3 head (it reads the inputs of several layers) runs with the dynamic cache only; "
         "this run uses the dynamic cache."

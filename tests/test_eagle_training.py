@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import make_model
 
-from medusa_lib import DecodeConfig, Decoder, run_method
+from medusa_lib import DecodeConfig
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
 from medusa_lib.core.eagle_run import EagleRun
@@ -161,7 +162,7 @@ def test_simulated_acceptance_equals_the_decoders_on_the_models_own_answers(mode
     for i, r in enumerate(records):
         sim = simulated_lengths(head, cache, i, TREE)
         cfg = DecodeConfig(max_new_tokens=len(r["answer_ids"]), stop_on_eos=False)
-        res = Decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"])
+        res = make_decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"])
         assert res.tokens == r["answer_ids"]
         real = [s.accept_length for s in res.steps[1:]][: len(sim)]
         assert real == sim
@@ -187,7 +188,10 @@ def test_a_fused_drafter_reads_the_layer_inputs_of_the_rows_it_verified(model, r
     monkeypatch.setattr(drafters._EagleRun, "verified", spy)
     r = records[0]
     cfg = DecodeConfig(max_new_tokens=len(r["answer_ids"]), stop_on_eos=False)
-    assert Decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"]).tokens == r["answer_ids"]
+    assert (
+        make_decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"]).tokens
+        == r["answer_ids"]
+    )
     assert [s for _, s in got][:2] == [0, len(r["prompt_ids"])] and len(got) > 3
     for features, start in got:
         assert features.shape[1:] == (3, 64)
@@ -208,10 +212,10 @@ def test_a_fused_head_decodes_exactly_saves_loads_and_lets_go_of_the_model(model
     cfg = DecodeConfig(max_new_tokens=24, stop_on_eos=False)
     for r in records:
         assert (
-            Decoder(model, method="medusa-greedy", eagle=loaded, config=cfg).run(r["prompt_ids"]).tokens
+            make_decoder(model, method="medusa-greedy", eagle=loaded, config=cfg).run(r["prompt_ids"]).tokens
             == (r["answer_ids"])
         )
-    steps = Decoder(model, method="medusa-greedy", eagle=loaded, config=cfg).steps(PROMPTS[0])
+    steps = make_decoder(model, method="medusa-greedy", eagle=loaded, config=cfg).steps(PROMPTS[0])
     next(steps), next(steps)
     steps.close()  # a run abandoned mid-way
     assert not any(layer._forward_pre_hooks for layer in model.base_model.layers)
@@ -308,7 +312,7 @@ def test_the_model_cards_acceptance_counts_the_decoders_full_steps(model, cache)
     head = fitted(model, cache, batches=40)
     got = acceptance_per_depth(model, head, PROMPTS, max_new_tokens=16, tree=TREE)
     cfg = DecodeConfig(max_new_tokens=16, stop_on_eos=True, record_detail=False)
-    runs = [Decoder(model, method="medusa-greedy", eagle=head, tree=TREE, config=cfg).run(p) for p in PROMPTS]
+    runs = [make_decoder(model, method="medusa-greedy", eagle=head, tree=TREE, config=cfg).run(p) for p in PROMPTS]
     a = [s.accept_length for r in runs for s in r.steps[1:] if s.finish_reason is None]
     reached = [sum(x >= k for x in a) for k in range(TREE.depth + 1)]  # reached[0]: every full step
     assert got["steps"] == len(a) > 0 and sum(a) > 0

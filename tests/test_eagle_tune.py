@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import VOCAB, make_model
 
-from medusa_lib import DecodeConfig, Decoder, run_method
+from medusa_lib import DecodeConfig
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
 from medusa_lib.core.eagle_run import EagleRun
@@ -55,7 +56,7 @@ def test_a_subset_keeps_the_drafters_logits_over_the_kept_tokens_and_decoding_ex
     assert torch.isin(drafted.tokens[1:], keep).all()  # only kept tokens are drafted
     for r in records:
         cfg = DecodeConfig(max_new_tokens=len(r["answer_ids"]), stop_on_eos=False)
-        res = Decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"])
+        res = make_decoder(model, method="medusa-greedy", eagle=head, config=cfg).run(r["prompt_ids"])
         assert res.tokens == r["answer_ids"]  # verification decides: any proposal set is exact
     for bad in (torch.tensor([], dtype=torch.long), torch.tensor([3, 3]), torch.tensor([VOCAB])):
         with pytest.raises(EagleError) as err:

@@ -14,9 +14,10 @@ import pytest
 import torch
 from fused_helpers import HOST_READS, PROMPT, READ_BOUND, TREE, decoder, step_ops
 
-from medusa_lib import DecodeConfig, Decoder, build_tree, cartesian_choices, run_method
+from medusa_lib import DecodeConfig, build_tree, cartesian_choices
 from medusa_lib.core import fused
 from medusa_lib.core.acceptance import race_noise, sample_token
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.lookup import lookup_chain, ngram_proposal
 
@@ -92,7 +93,7 @@ def test_heads_with_a_proposal_vocabulary_trace_as_one_graph_too(llama):
     dec.static_kv = kv
     dec.run(PROMPT)
     tree, _ = fused.programs(dec, kv)
-    assert heads.proposal_projection(llama.lm_head) in next(k for k, p in kv.programs.items() if p is tree)[5]
+    assert heads.proposal_projection(llama.lm_head) in next(k for k, p in kv.programs.items() if p is tree)[-1]
     torch._dynamo.reset()
     with torch.inference_mode():
         explanation = torch._dynamo.explain(tree.step)()
@@ -123,7 +124,7 @@ def test_both_engines_read_the_lookup_branch_one_way(llama, heads, method, tempe
     typical acceptance included."""
     loop = [5, 6, 7, 8, 9] * 4
     runs = {
-        cache: Decoder(
+        cache: make_decoder(
             llama,
             method=method,
             heads=heads,
@@ -208,7 +209,7 @@ def test_the_shared_cache_keeps_a_bounded_number_of_programs_least_recently_used
     cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False, cache="static")
     reference = run_method(llama, PROMPT, method="plain", config=replace(cfg, cache="dynamic")).tokens
     for tree in trees + trees[:1]:
-        dec = Decoder(llama, method="medusa-greedy", heads=heads, tree=tree, config=cfg, static_kv=kv)
+        dec = make_decoder(llama, method="medusa-greedy", heads=heads, tree=tree, config=cfg, static_kv=kv)
         assert dec.run(PROMPT).tokens == reference
         own = {k[3] for k in kv.programs}
         # this run's tree and root-only programs stay

@@ -9,8 +9,9 @@ import pytest
 import torch
 from fused_helpers import PROMPT, FakeCuda, decoder
 
-from medusa_lib import DecodeConfig, run_method
+from medusa_lib import DecodeConfig
 from medusa_lib.core import fused
+from medusa_lib.core.compose import run_method
 from medusa_lib.core.kv import StaticKV
 
 

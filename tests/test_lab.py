@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import OracleHeads, make_model
 
-from medusa_lib.core.decoding import DecodeConfig, Decoder, Step
+from medusa_lib.core.compose import make_decoder
+from medusa_lib.core.decoding import DecodeConfig, Step
 from medusa_lib.core.lab import (
     CostCurve,
     add_best_node,
@@ -186,11 +187,11 @@ def test_head_acceptance_of_a_real_run_adds_up_to_its_accepted_candidates():
     model = make_model("llama")
     model.generation_config.eos_token_id = model.config.eos_token_id = None
     ids = [1, 10, 11, 12, 13]
-    seq = ids + Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=40)).run(ids).tokens
+    seq = ids + make_decoder(model, method="plain", config=DecodeConfig(max_new_tokens=40)).run(ids).tokens
     heads = OracleHeads(model, seq, num_heads=3)
     tree = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], num_heads=3)
     steps = list(
-        Decoder(
+        make_decoder(
             model, method="medusa-greedy", heads=heads, tree=tree, config=DecodeConfig(max_new_tokens=30, lookup=2)
         ).steps(ids)
     )

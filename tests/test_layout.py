@@ -128,22 +128,71 @@ def test_neither_the_library_nor_serving_imports_tools():
 
 # The core's floors: the foundations (settings, trees, defaults, messages) import neither the rules
 # nor the engines nor any drafter, so those build on them and never the other way round.
-FOUNDATIONS = ("config", "defaults", "messages", "tree")
+FOUNDATIONS = ("caches", "config", "defaults", "draft", "messages", "tree")
 ABOVE = ("acceptance", "rules", "lookup", "decoding", "fused", "kv", "prefill", "drafters")
 
 
 def test_the_cores_foundations_import_no_rule_engine_or_drafter():
     g = graph()
+    # the tree is a package: every file of it
+    assert {"medusa_lib.core.tree.shape", "medusa_lib.core.tree.masks"} <= set(g)
     for name in FOUNDATIONS:
-        deps = {d.split(".")[2] for d in g[f"medusa_lib.core.{name}"] if d.count(".") >= 2}
-        assert not deps & set(ABOVE), f"core/{name}.py imports {sorted(deps & set(ABOVE))}"
+        for module in [m for m in g if m == f"medusa_lib.core.{name}" or m.startswith(f"medusa_lib.core.{name}.")]:
+            deps = {d.split(".")[2] for d in g[module] if d.count(".") >= 2}
+            assert not deps & set(ABOVE), f"{module} imports {sorted(deps & set(ABOVE))}"
 
 
-def test_the_decoder_and_the_static_step_import_no_drafters_file():
-    """decoding.py reaches drafters through the package's seam (make_drafter), never a drafter's
-    file; fused.py knows none at all."""
+# The verifier and the drafters meet only through core/draft.py (the contract) and core/compose.py (above both).
+VERIFIER = ("decoding", "fused", "steps", "kv", "prefill")
+
+
+def is_drafters(module: str) -> bool:
+    """Whether a core module is a drafter's: the drafters package, an EAGLE head's modules, the dynamic tree,
+    the lookup chain, the Medusa heads."""
+    name = module.removeprefix("medusa_lib.core.")
+    first = name.split(".")[0]
+    return first in ("drafters", "dynamic_tree", "lookup") or first.startswith(("eagle", "heads"))
+
+
+def is_verifier(module: str) -> bool:
+    return module.removeprefix("medusa_lib.core.") in VERIFIER
+
+
+def crossings(g: dict[str, set[str]]) -> list[str]:
+    """Every import from the verifier to a drafter's module, or from a drafter's module to the verifier."""
+    out = []
+    for module, deps in g.items():
+        if not module.startswith("medusa_lib.core."):
+            continue
+        for d in sorted(deps):
+            if (is_verifier(module) and is_drafters(d)) or (is_drafters(module) and is_verifier(d)):
+                out.append(f"{module} imports {d}")
+    return out
+
+
+def test_the_verifier_and_the_drafters_never_import_each_other():
     g = graph()
-    for name in ("decoding", "fused"):
-        files = {d for d in g[f"medusa_lib.core.{name}"] if d.startswith("medusa_lib.core.drafters.")}
-        assert not files, f"core/{name}.py imports {sorted(files)}"
-    assert "medusa_lib.core.drafters" not in g["medusa_lib.core.fused"]
+    assert {f"medusa_lib.core.{n}" for n in VERIFIER} <= set(g)
+    assert {"medusa_lib.core.drafters.base", "medusa_lib.core.eagle_static", "medusa_lib.core.lookup"} <= set(g)
+    assert crossings(g) == []
+    # both sides use the contract, and the composition sits above both
+    assert "medusa_lib.core.draft" in g["medusa_lib.core.decoding"] | g["medusa_lib.core.steps"]
+    assert "medusa_lib.core.draft" in g["medusa_lib.core.drafters.base"]
+    assert {"medusa_lib.core.decoding", "medusa_lib.core.drafters"} <= g["medusa_lib.core.compose"]
+
+
+def test_a_crossing_either_way_is_found():
+    """The check above reads imports the way a newcomer might write them: relative, from a package, nested."""
+    g = graph()
+    verifier_side = imports_in("from .drafters import make_drafter\n", package="medusa_lib.core")
+    assert crossings({**g, "medusa_lib.core.decoding": verifier_side}) == [
+        "medusa_lib.core.decoding imports medusa_lib.core.drafters"
+    ]
+    nested = imports_in("def f():\n    from ..kv import ALIGN\n", package="medusa_lib.core.drafters")
+    assert crossings({**g, "medusa_lib.core.drafters.rest": nested}) == [
+        "medusa_lib.core.drafters.rest imports medusa_lib.core.kv"
+    ]
+    eagle = imports_in("from .fused import WIDTH\n", package="medusa_lib.core")
+    assert crossings({**g, "medusa_lib.core.eagle_static": eagle}) == [
+        "medusa_lib.core.eagle_static imports medusa_lib.core.fused"
+    ]

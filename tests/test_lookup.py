@@ -4,8 +4,9 @@ import pytest
 import torch
 from conftest import OracleHeads, make_model, random_heads
 
-from medusa_lib import DecodeConfig, DecodeError, Decoder, build_tree, chain_choices, get_tree, run_method
+from medusa_lib import DecodeConfig, DecodeError, build_tree, chain_choices, get_tree
 from medusa_lib.core.attention import use_packed_gqa
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.lookup import ngram_proposal
 from medusa_lib.core.tree import LOOKUP_RANK, with_lookup
 
@@ -186,7 +187,7 @@ def test_typical_acceptance_with_lookup_is_seeded():
 @pytest.mark.parametrize("bad", [-1, 9, True, 2.5])
 def test_bad_lookup_lengths_are_refused(bad):
     with pytest.raises(DecodeError, match="lookup branch's length"):
-        Decoder(make_model("llama"), config=DecodeConfig(lookup=bad))
+        make_decoder(make_model("llama"), config=DecodeConfig(lookup=bad))
 
 
 @pytest.mark.parametrize("bad", [99, -1, "4", True])

@@ -14,8 +14,8 @@ from medusa_lib import (
     chain_choices,
     get_tree,
     load_heads,
-    run_method,
 )
+from medusa_lib.core.compose import run_method
 from medusa_lib.core.packing import (
     FEW_ROWS,
     PackedLinear,

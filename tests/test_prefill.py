@@ -6,8 +6,9 @@ import pytest
 import torch
 from fused_helpers import TREE, FakeCuda
 
-from medusa_lib import DecodeConfig, Decoder, run_method
+from medusa_lib import DecodeConfig
 from medusa_lib.core import fused
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import LADDER, Prefill
 
@@ -18,7 +19,7 @@ def prompt(n: int) -> list[int]:
 
 def run_static(model, heads, ids, kv, method="medusa-greedy", n=16):
     cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache="static", lookup=3)
-    return Decoder(
+    return make_decoder(
         model,
         method=method,
         heads=heads if method != "plain" else None,
@@ -93,7 +94,7 @@ def test_the_recorded_prefill_is_checked_against_the_eager_one_and_used_by_every
     for size, g in pf.graphs.items():
         g.replay = lambda size=size: (replays.append(size), pf.chunk(pf.ids[size]))
     kv.prefill = pf
-    dec = Decoder(
+    dec = make_decoder(
         llama,
         method="plain",
         config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, cache="static"),

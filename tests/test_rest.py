@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import PROMPT, make_model, random_heads, tiny_tokenizer
 
-from medusa_lib import DecodeConfig, Decoder
+from medusa_lib import DecodeConfig
+from medusa_lib.core.compose import make_decoder
 from medusa_lib.core.drafters import REGISTRY
 from medusa_lib.core.drafters.rest import Datastore, RestDrafter, read_datastore, token_tree, write_datastore
 
@@ -18,7 +19,7 @@ IDS = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 def plain(model, ids, n, **kw):
-    return Decoder(model, config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, **kw)).run(ids).tokens
+    return make_decoder(model, config=DecodeConfig(max_new_tokens=n, stop_on_eos=False, **kw)).run(ids).tokens
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_rest_greedy_equals_plain_greedy_and_generate(llama, store, cache, looku
     n = 40
     ref = llama.generate(torch.tensor([IDS]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
     cfg = DecodeConfig(max_new_tokens=n, stop_on_eos=False, cache=cache, lookup=lookup)
-    run = Decoder(llama, method="medusa-greedy", drafter=RestDrafter(store), config=cfg).run(IDS)
+    run = make_decoder(llama, method="medusa-greedy", drafter=RestDrafter(store), config=cfg).run(IDS)
     assert run.tokens == plain(llama, IDS, n) == ref[0, len(IDS) :].tolist()
     assert {s.drafter for s in run.steps[1:]} == {"rest"}
     # the datastore holds the answer: REST drafts it, several tokens a step
@@ -71,12 +72,12 @@ def test_rest_greedy_equals_plain_greedy_and_generate(llama, store, cache, looku
 def test_rest_exact_sampling_equals_plain_sampling(llama, store, seed):
     kw = dict(temperature=0.9, seed=seed)
     cfg = DecodeConfig(max_new_tokens=40, stop_on_eos=False, **kw)
-    run = Decoder(llama, method="medusa-sample", drafter=RestDrafter(store), config=cfg).run(IDS)
+    run = make_decoder(llama, method="medusa-sample", drafter=RestDrafter(store), config=cfg).run(IDS)
     assert run.tokens == plain(llama, IDS, 40, **kw)
 
 
 def test_rest_runs_with_the_dynamic_cache_and_says_so(llama, store):
-    dec = Decoder(llama, method="medusa-greedy", drafter=RestDrafter(store), config=DecodeConfig(cache="static"))
+    dec = make_decoder(llama, method="medusa-greedy", drafter=RestDrafter(store), config=DecodeConfig(cache="static"))
     assert not dec.static and "REST drafter runs with the dynamic cache only" in dec.note
 
 
@@ -85,7 +86,7 @@ def test_beside_rest_the_lookup_chain_stands_alone_where_the_datastore_has_nothi
     empty = Datastore(torch.tensor([300, 301, 302]), vocab_size=320)
     loop = [5, 6, 7, 8, 9] * 4
     cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, lookup=3)
-    run = Decoder(llama, method="medusa-greedy", drafter=RestDrafter(empty), config=cfg).run(loop)
+    run = make_decoder(llama, method="medusa-greedy", drafter=RestDrafter(empty), config=cfg).run(loop)
     assert run.tokens == plain(llama, loop, 30) and run.lookup_tokens > 0
     assert all(s.tree.num_nodes == 1 + s.tree.lookup for s in run.steps[1:] if s.draft_depth)
 

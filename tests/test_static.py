@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import OracleHeads, make_model, random_heads
 
-from medusa_lib import DecodeConfig, DecodeError, Decoder, build_tree, cartesian_choices, chain_choices, run_method
+from medusa_lib import DecodeConfig, DecodeError, build_tree, cartesian_choices, chain_choices
 from medusa_lib.core.attention import use_packed_gqa
+from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.kv import StaticKV, compact_cache, new_cache, new_static_cache
 from medusa_lib.core.tree import tree_attention_bias
 
@@ -54,7 +55,7 @@ def test_every_decode_step_has_one_fixed_shape(llama, method):
         lookup=3,
         temperature=0.8 if method != "medusa-greedy" and method != "plain" else 0.0,
     )
-    dec = Decoder(llama, method=method, heads=heads, tree=None if method == "plain" else TREE, config=cfg)
+    dec = make_decoder(llama, method=method, heads=heads, tree=None if method == "plain" else TREE, config=cfg)
     seen, hook = forward_shapes(llama)
     try:
         res = dec.run(PROMPT)
@@ -109,7 +110,7 @@ def test_a_shared_static_cache_serves_one_run_at_a_time_and_is_left_clean(llama)
     ref = plain(llama, 30)
     kv = StaticKV(llama, max_len=128)
     cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, cache="static")
-    dec = Decoder(
+    dec = make_decoder(
         llama, method="medusa-greedy", heads=random_heads(4, shared=True), tree=TREE, config=cfg, static_kv=kv
     )
     a, b = dec.steps(PROMPT), dec.steps(PROMPT)
@@ -132,7 +133,7 @@ def test_a_shared_static_cache_serves_one_run_at_a_time_and_is_left_clean(llama)
 def test_a_run_too_long_for_the_shared_cache_gets_its_own(llama):
     kv = StaticKV(llama, max_len=20)
     cfg = DecodeConfig(max_new_tokens=30, stop_on_eos=False, cache="static")
-    dec = Decoder(llama, method="plain", config=cfg, static_kv=kv)
+    dec = make_decoder(llama, method="plain", config=cfg, static_kv=kv)
     assert dec.run(PROMPT).tokens == plain(llama, 30)
     assert kv.claim()  # never taken
 
@@ -176,7 +177,7 @@ def test_a_model_the_static_path_refuses_runs_dynamic_with_a_note(llama):
         "model.layers.0": "cpu",
         "model.layers.1": 0,
     }  # as accelerate marks a model spread over two devices
-    dec = Decoder(
+    dec = make_decoder(
         model,
         method="medusa-greedy",
         heads=random_heads(4, shared=True),
@@ -194,7 +195,7 @@ def test_a_model_the_static_path_refuses_runs_dynamic_with_a_note(llama):
 
 def test_bad_cache_and_capture_settings_get_one_sentence(llama):
     with pytest.raises(DecodeError, match=r"^cache must be one of dynamic, static \(got 'fast'\)\.$"):
-        Decoder(llama, method="plain", config=DecodeConfig(cache="fast"))
+        make_decoder(llama, method="plain", config=DecodeConfig(cache="fast"))
     with pytest.raises(ValueError, match="cuda-graph capture needs the model on a CUDA device"):
         StaticKV(llama, max_len=32, capture="cuda-graph")
     with pytest.raises(ValueError, match="capture must be one of none, compile, cuda-graph"):
@@ -214,8 +215,8 @@ def test_a_compiled_capture_gives_the_eager_tokens_and_never_compiles_inside_a_r
     heads = random_heads(4, shared=True, path=True)
     kv = StaticKV(model, max_len=160, capture="compile")
     cfg = DecodeConfig(max_new_tokens=40, stop_on_eos=False, cache="static", lookup=3)
-    medusa = Decoder(model, method="medusa-greedy", heads=heads, tree=TREE, config=cfg, static_kv=kv)
-    plain_dec = Decoder(model, method="plain", config=cfg, static_kv=kv)
+    medusa = make_decoder(model, method="medusa-greedy", heads=heads, tree=TREE, config=cfg, static_kv=kv)
+    plain_dec = make_decoder(model, method="plain", config=cfg, static_kv=kv)
     with torch.inference_mode():
         for d in (medusa, plain_dec):
             ready(d, kv)
@@ -339,9 +340,10 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
     """A static step pads a short n-gram match with guesses; accepted guesses are the heads'
     (or the base model's) tokens, not the context's, so they do not count as lookup tokens."""
     from medusa_lib.core.decoding import Proposal, Verdict
+    from medusa_lib.core.drafters.branch import chain_credit
 
     tree = build_tree(chain_choices(2))
-    dec = Decoder(
+    dec = make_decoder(
         llama,
         method="medusa-greedy",
         heads=random_heads(4, shared=True),
@@ -360,7 +362,7 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
             bonus=torch.tensor(9),
         )
         step = dec._decode_step(
-            1, [6, 7, 8, 9], None, Proposal(bufs, tokens, 3, matched), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0)
+            1, [6, 7, 8, 9], None, Proposal(bufs, tokens, chain_credit(L, matched)), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0)
         )
         assert step.lookup_accepted == expected and step.accept_length == 3
 

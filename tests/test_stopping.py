@@ -15,7 +15,8 @@ import pytest
 from conftest import PROMPT as TEXT
 from conftest import OracleHeads, make_model, tiny_playground
 
-from medusa_lib import DecodeConfig, get_tree, run_method
+from medusa_lib import DecodeConfig, get_tree
+from medusa_lib.core.compose import run_method
 from medusa_lib.present import Settings
 
 PROMPT = [1, 17, 33, 250, 99, 4, 61]

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from medusa_lib import DecodeConfig, Decoder, get_tree, load_heads, load_model
+from medusa_lib import DecodeConfig, get_tree, load_heads, load_model
+from medusa_lib.core.compose import make_decoder
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import load_eagle
 from medusa_lib.core.model import chat_prompt_ids, default_model_folder
@@ -152,10 +153,10 @@ def ours(model, heads, prompts, *, tree: str | None, lookup: int = 0) -> tuple[l
     tokens, steps, made = [], 0, 0
     for ids in prompts:
         if tree is None:
-            r = Decoder(model, method="plain", config=DecodeConfig(max_new_tokens=MAX_TOKENS)).run(ids)
+            r = make_decoder(model, method="plain", config=DecodeConfig(max_new_tokens=MAX_TOKENS)).run(ids)
         else:
             t = get_tree(tree, num_heads=heads.num_heads, extra=heads.tree_presets)
-            r = Decoder(
+            r = make_decoder(
                 model,
                 method="medusa-greedy",
                 heads=heads,
@@ -241,7 +242,7 @@ def eagle_chain(model, head, prompts) -> tuple[list[list[int]], object]:
     chain = DynamicTreeConfig(top_k=1, depth=EAGLE_CHAIN, num_nodes=EAGLE_CHAIN)
     tokens, lengths, depths = [], [], []
     for ids in prompts:
-        r = Decoder(
+        r = make_decoder(
             model, method="medusa-greedy", eagle=head, tree=chain, config=DecodeConfig(max_new_tokens=MAX_TOKENS)
         ).run(ids)
         tokens.append(r.tokens)

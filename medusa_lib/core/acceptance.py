@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .tree import children_tensor
+from .tree.shape import children_tensor
 
 # float32's smallest normal number: tempered_probs' least T
 SMALLEST_T = torch.finfo(torch.float32).tiny

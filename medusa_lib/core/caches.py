@@ -12,6 +12,9 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
+# static lengths are rounded up to a multiple of this (the verifier's cache, an EAGLE head's)
+ALIGN = 64
+
 
 def new_cache() -> DynamicCache:
     """A cache of full (non-sliding) layers: with our own 4D masks a sliding-window layer's

@@ -29,14 +29,15 @@ from .acceptance import (
     typical_threshold_of_entropy,
 )
 from .config import METHODS, DecodeConfig, DecodeError
-from .drafters import Drafter, DrafterError, make_drafter
+from .draft import Credit, Proposer
 from .fused import fused_steps, ready
 from .kv import DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
 from .messages import cause
 from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
 from .rules import REASONS, accept, cut, knobs_of, rule_of
 from .steps import RunResult, Step, first_difference, sync, tree_step
-from .tree import MedusaTree, TreeBuffers, root_only_tree
+from .tree.masks import TreeBuffers
+from .tree.shape import MedusaTree, root_only_tree
 
 
 class Proposal(NamedTuple):
@@ -46,10 +47,8 @@ class Proposal(NamedTuple):
     buffers: TreeBuffers
     # [L] token id of each tree node, on the input device
     tokens: torch.Tensor
-    # trailing nodes copied from the context (a lookup chain; 0: none), and how many of them hold
-    # the context's match this step (the rest fill a fixed shape)
-    lookup: int
-    matched: int = 0
+    # what the draft adds to the step's record, carried through unread (``draft.Credit``; None: nothing)
+    credit: Credit | None = None
 
 
 class Verdict(NamedTuple):
@@ -68,10 +67,10 @@ class Verdict(NamedTuple):
 class Decoder:
     """Runs one method on one model. ``steps(prompt_ids)`` is a generator of Step records.
 
-    Medusa methods draft with ``drafter`` (``drafters/``), or, as a convenience, with the EAGLE
-    head ``eagle`` or the Medusa ``heads`` on ``tree`` (``drafters.make_drafter``); with
-    ``config.lookup`` > 0 a lookup chain sits beside a drafter that takes one. All run state (KV
-    cache, drafter state) is created inside ``steps``: two runs never share it. With
+    Medusa methods draft with ``drafter``, which the decoder meets only through ``draft.py``'s contract
+    (a ``drafters.Drafter``; ``compose.make_decoder`` makes one from Medusa heads, an EAGLE head and a
+    lookup length). All run state (KV cache, drafter state) is created inside ``steps``: two runs never
+    share it. With
     ``config.cache == "static"`` a run takes ``static_kv`` (shared by runs one at a time) when it is
     free and large enough, else one of its own.
     ``note`` says why a static run uses the dynamic cache instead.
@@ -82,12 +81,9 @@ class Decoder:
         model: nn.Module,
         *,
         method: str = "plain",
-        heads=None,
-        tree=None,
         config: DecodeConfig = DecodeConfig(),
         static_kv: StaticKV | None = None,
-        eagle=None,
-        drafter: Drafter | None = None,
+        drafter: Proposer | None = None,
     ):
         if method not in METHODS:
             raise DecodeError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
@@ -105,15 +101,11 @@ class Decoder:
         self.eos = torch.cat([self.eos, torch.full((8 - self.eos.numel(),), -1, dtype=torch.long)])
         # a plain step (and a Medusa step near the context limit)
         self.root_tree = self.build(root_only_tree())
-        # the Medusa heads this decoder was given, if any (the drafter may be another)
-        self.heads = heads
-        self.drafter: Drafter | None = None
+        self.drafter: Proposer | None = None
         if method != "plain":
-            try:
-                made = make_drafter(heads=heads, tree=tree, eagle=eagle, drafter=drafter, lookup=config.lookup)
-                self.drafter = made.bind(self)
-            except DrafterError as e:
-                raise DecodeError(str(e)) from None
+            if drafter is None:
+                raise DecodeError(f"The {method} method drafts: give the decoder a drafter (compose.make_decoder).")
+            self.drafter = drafter.bind(self)
         self.note: str | None = static_refusal(model) if config.cache == "static" else None
         # what the static engine's tree step holds of the drafter
         self.static_draft = None
@@ -310,9 +302,9 @@ class Decoder:
             None if seq_len + self.drafter.depth + 1 > limit else run.propose(root, history=history, seq_len=seq_len)
         )
         if draft is None:
-            return Proposal(self.root_tree, root.view(1).to(dev), 0)
+            return Proposal(self.root_tree, root.view(1).to(dev))
         buffers = draft.buffers if draft.buffers is not None else self.build(draft.tree)
-        return Proposal(buffers, draft.tokens.to(dev), draft.lookup, draft.matched)
+        return Proposal(buffers, draft.tokens.to(dev), draft.credit)
 
     def verify(
         self, proposal: Proposal, *, kv: DynamicKV | StaticKV, prefix_len: int
@@ -384,8 +376,7 @@ class Decoder:
             nodes=verdict.nodes.tolist(),
             accepted=verdict.accept_length,
             best=verdict.best,
-            lookup=proposal.lookup,
-            matched=proposal.matched,
+            credit=proposal.credit,
             drafter=self.drafter_name,
             reason=reason,
             detail=self.config.record_detail,
@@ -434,23 +425,6 @@ class Decoder:
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
-def run_method(
-    model,
-    prompt_ids,
-    *,
-    method: str,
-    heads=None,
-    tree=None,
-    config: DecodeConfig = DecodeConfig(),
-    static_kv: StaticKV | None = None,
-    eagle=None,
-    drafter: Drafter | None = None,
-) -> RunResult:
-    """Convenience: build a Decoder and collect its whole run."""
-    kw = dict(heads=heads, tree=tree, config=config, static_kv=static_kv, eagle=eagle, drafter=drafter)
-    return Decoder(model, method=method, **kw).run(prompt_ids)
-
-
 # Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers
 # that build or read a run import them from here, beside the Decoder that uses them.
 __all__ = [
@@ -469,7 +443,6 @@ __all__ = [
     "model_info",
     "new_cache",
     "race_noise",
-    "run_method",
     "sample_token",
     "sample_walk",
     "sampling_probs",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .config import DEFAULT_LOOKUP
-from .tree import get_tree, preset_names
+from .tree.presets import get_tree, preset_names
 
 # 16 nodes: cheap enough on a CPU, wide enough to show a tree
 FALLBACK_TREE = "topk-4x3x2-16"

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from .dynamic_tree import Candidates, DynamicTree, DynamicTreeConfig, expand_level, select_tree
+from .tree.masks import additive_mask
 
 
 class EagleRun:
@@ -28,14 +29,13 @@ class EagleRun:
         self.last: torch.Tensor | None = None
         dev = head.fc.weight.device
         self.dtype, self.device = head.fc.weight.dtype, dev
-        self.min = torch.finfo(self.dtype).min
         k = tree.top_k
         self.eye = torch.eye(k, dtype=torch.bool, device=dev)
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """[1, 1, q, stable + extra] additive mask: the verified prefix, then ``visible`` [q, extra]."""
         q = visible.shape[0]
-        extra = torch.zeros(q, visible.shape[1], dtype=self.dtype, device=self.device).masked_fill(~visible, self.min)
+        extra = additive_mask(visible, self.dtype, self.device)
         return torch.cat([torch.zeros(q, self.stable, dtype=self.dtype, device=self.device), extra], dim=1)[None, None]
 
     def extend(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> None:

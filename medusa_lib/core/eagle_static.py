@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from .caches import ALIGN
 from .dynamic_tree import DynamicTreeConfig
 from .eagle_run import grow_tree
-from .kv import ALIGN
+from .tree.masks import additive_mask
 
 
 class StaticEagle:
@@ -38,7 +39,6 @@ class StaticEagle:
         self.head, self.tree = head, tree
         dev = head.fc.weight.device
         self.dtype, self.device = head.fc.weight.dtype, dev
-        self.min = torch.finfo(self.dtype).min
         # the tree the next step verifies: each node's parent (tree positions, the root's 0)
         self.parents = torch.zeros(tree.num_nodes + 1, dtype=torch.long, device=dev)
         self.eye = torch.eye(tree.top_k, dtype=torch.bool, device=dev)
@@ -77,7 +77,7 @@ class StaticEagle:
         a device tensor [1]) on."""
         length = self.cache.layers[0].cumulative_length
         length.fill_(at) if isinstance(at, int) else length.copy_(at.view(()))
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(~visible, self.min)
+        mask = additive_mask(visible, self.dtype, self.device)
         return self.head(x[None], tokens[None], pos[None], attention_mask=mask[None, None], cache=self.cache)[0]
 
     def start(self, features: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -16,19 +16,19 @@ from typing import Iterator
 
 import torch
 
-from .dynamic_tree import ancestry, children_of, tree_of_parents
 from .kv import COMPILE_MODE
 from .messages import cause
 from .prefill import Prefill
 from .rules import REASONS, Knobs, Rule, accept, cut
 from .steps import Step, sync, tree_step
-from .tree import TreeBuffers
+from .tree.masks import TreeBuffers, additive_mask
+from .tree.parents import ancestry, children_of
 
 # longest accepted path + bonus a step may report (depth + 1, lookup branch included)
 WIDTH = 16
 # tree tokens one step may verify
 MAX_NODES = 512
-# result row: count, accept length, finish reason, lookup match, best path row; then the emitted tokens
+# result row: count, accept length, finish reason, the draft's mark, best path row; then the emitted tokens
 # [WIDTH], the accepted nodes [WIDTH], the tree's tokens [L] and, for a new tree every step, its parents [L]
 META = 5
 
@@ -43,7 +43,7 @@ class FusedState:
         # prompt + committed tokens
         self.history = torch.zeros(kv.max_len + WIDTH, dtype=torch.long, device=dev)
         z = lambda dtype=torch.long: torch.zeros((), dtype=dtype, device=dev)  # noqa: E731
-        self.seq_len, self.produced, self.budget, self.context, self.matched, self.seed = z(), z(), z(), z(), z(), z()
+        self.seq_len, self.produced, self.budget, self.context, self.mark, self.seed = z(), z(), z(), z(), z(), z()
         self.temperature, self.top_p, self.epsilon, self.delta = (
             z(torch.float32),
             z(torch.float32),
@@ -67,7 +67,7 @@ class FusedState:
         self.produced.fill_(1)
         self.budget.fill_(config.max_new_tokens)
         self.context.fill_(context)
-        self.matched.zero_()
+        self.mark.zero_()
         self.seed.fill_(config.seed)
         self.temperature.fill_(max(config.temperature, 1e-6))
         self.top_p.fill_(config.top_p)
@@ -88,28 +88,31 @@ class FusedState:
 
 class Program:
     """One step of one tree shape under one ``Rule``, as a function of ``FusedState`` only.
-    ``drafter`` (a ``drafters.StaticDraft``; None: a root-only step, nothing drafted) fills the next
-    tree from the last accepted node's hidden state, the root and the history; its ``lookup``
-    trailing nodes hold tokens copied from the context (how many hold a match: ``state.matched``).
-    The tree is ``bufs``, the same every step, or one the draft writes every step as parents
-    (``StaticDraft.parents``, bufs None: an EAGLE head's dynamic tree), of a fixed size and depth."""
+    ``drafter`` (a ``draft.StaticDraft``; None: a root-only step, nothing drafted) fills the next
+    tree from the last accepted node's hidden state, the root and the history, and leaves a mark that
+    the step carries back to the host for the record (``StaticDraft.credit``). The tree is ``bufs``,
+    the same every step, or one the draft writes every step as parents (a ``draft.NewTree``, bufs
+    None: an EAGLE head's dynamic tree), of a fixed size and depth."""
 
     def __init__(self, kv, state: FusedState, bufs: TreeBuffers | None, *, rule: Rule, drafter=None):
         self.kv, self.s, self.bufs, self.rule = kv, state, bufs, rule
         # a draft with a state of its own gets one for this program (never shared with another)
-        if drafter is not None and drafter.fresh is not None:
-            drafter = drafter.fresh(kv.max_len)
+        if drafter is not None and drafter.state is not None:
+            drafter = drafter.state.fresh(kv.max_len)
         self.draft = drafter.draft if drafter is not None else None
-        self.lookup = drafter.lookup if drafter is not None else 0
+        # what the step's record adds, from the mark
+        self.credit = drafter.credit if drafter is not None else None
         self.dead = drafter is not None and drafter.dead
         # a draft with a state of its own, told the accepted path and the prompt
-        self.verified = drafter.verified if drafter is not None else None
-        self.opening = drafter.start if drafter is not None else None
-        # a new tree every step: its parents
-        self.parents = drafter.parents if drafter is not None else None
+        state = drafter.state if drafter is not None else None
+        self.verified = state.verified if state is not None else None
+        self.opening = state.start if state is not None else None
+        # a new tree every step: its parents, and how the records read them
+        self.new_tree = drafter.tree if drafter is not None and drafter.buffers is None else None
+        self.parents = self.new_tree.parents if self.new_tree is not None else None
         dev = kv.device
         if self.parents is not None:
-            self.depth, self.num_nodes, self.top_k = drafter.depth, self.parents.numel(), drafter.top_k
+            self.depth, self.num_nodes = self.new_tree.depth, self.parents.numel()
         else:
             # cached properties (a lock inside) read now, never inside a captured or compiled step
             self.depth, self.num_nodes, self.paths, self.valid = bufs.depth, bufs.num_nodes, bufs.paths, bufs.valid
@@ -164,7 +167,7 @@ class Program:
         count, reason = cut(emitted, n, budget=s.budget - s.produced, context=s.context - s.seq_len, eos=s.eos)
         # report, before the next draft overwrites the tree tokens
         r, D = s.result, self.depth
-        r[:META].copy_(torch.cat([count, n, reason, s.matched.view(1), best]))
+        r[:META].copy_(torch.cat([count, n, reason, s.mark.view(1), best]))
         r[META : META + D + 1].copy_(emitted)
         r[META + WIDTH : META + WIDTH + D + 1].copy_(nodes)
         r[META + 2 * WIDTH : META + 2 * WIDTH + L].copy_(toks)
@@ -185,12 +188,12 @@ class Program:
     def tree(self) -> tuple:
         """The tree this step verifies: (bias [L, L], position ids [L], paths [P, D+1] with padding
         clamped to 0, valid [P, D+1], children [L, W] or None when the rule does not walk). A new tree
-        every step is built here from its parents (``dynamic_tree.ancestry``: one path per node)."""
+        every step is built here from its parents (``tree.parents.ancestry``: one path per node)."""
         if self.parents is None:
             return self.bufs.bias, self.bufs.tree.position_ids, self.paths, self.valid, self.children
         kv = self.kv
         seen, position_ids, retrieve = ancestry(self.parents, self.depth)
-        bias = torch.zeros(seen.shape, dtype=kv.dtype, device=kv.device).masked_fill(~seen.to(kv.device), kv.min)
+        bias = additive_mask(seen, kv.dtype, kv.device)
         children = children_of(self.parents) if self.rule.name == "sample" else None
         return bias, position_ids.to(kv.device), retrieve.clamp(min=0), retrieve >= 0, children
 
@@ -207,7 +210,7 @@ class Program:
         if self.parents is None:
             return self.bufs.cpu
         at, L = META + 2 * WIDTH + self.num_nodes, self.num_nodes
-        return tree_of_parents(tuple(row[at : at + L]), width=self.depth + 1, top_k=self.top_k, lookup=self.lookup)
+        return self.new_tree.describe(tuple(row[at : at + L]))
 
     def write_draft(self, hidden: torch.Tensor, root: torch.Tensor) -> None:
         """The next step's tree tokens, in place: the drafter's tree from ``hidden`` [d] under
@@ -216,9 +219,9 @@ class Program:
         if self.draft is None:
             s.tokens[:1].copy_(root)
             return
-        tokens, matched, live = self.draft(hidden, root, s.history, s.seq_len.view(1))
+        tokens, mark, live = self.draft(hidden, root, s.history, s.seq_len.view(1))
         s.tokens[:L].copy_(tokens)
-        s.matched.copy_(matched[0])
+        s.mark.copy_(mark[0])
         if live is not None:
             s.live[:L].copy_(live)
 
@@ -344,7 +347,7 @@ class Program:
 
 def programs(decoder, kv) -> tuple[Program | None, Program]:
     """(the tree step, the root-only step) of ``decoder`` on ``kv``, built once per StaticKV and
-    reused by every run that computes the same thing (same rule, tree, lookup length and drafter)."""
+    reused by every run that computes the same thing (same rule, tree and drafter)."""
     # the one K/V store and length tensor the programs use
     kv.bind()
     if kv.state is None:
@@ -352,9 +355,9 @@ def programs(decoder, kv) -> tuple[Program | None, Program]:
     rule = decoder.rule
 
     def get(bufs: TreeBuffers | None, drafter) -> tuple[tuple, Program]:
-        # (rule, nucleus, sample_root, tree, lookup length, what the drafter's program holds)
+        # (rule, nucleus, sample_root, tree, what the drafter's program holds)
         tree = bufs.cpu.choices if bufs is not None else ("new tree", drafter.num_nodes, drafter.depth)
-        key = (*rule, tree, drafter.lookup, drafter.key) if drafter else (*rule, tree, 0, ())
+        key = (*rule, tree, drafter.key) if drafter else (*rule, tree, ())
         if key not in kv.programs:
             kv.programs[key] = Program(kv, kv.state, bufs, rule=rule, drafter=drafter)
         # most recently used last
@@ -463,7 +466,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
         # a new tree every step: its parents too, which the record needs
         row = state.read(META + 2 * WIDTH + (2 * L if prog.parents is not None else L if detail else 0))
         seconds = time.perf_counter() - t0
-        count, accepted, code, matched, best = row[:META]
+        count, accepted, code, mark, best = row[:META]
         new, reason = row[META : META + count], REASONS[code]
         yield tree_step(
             index,
@@ -475,8 +478,7 @@ def fused_steps(decoder, ids: torch.Tensor, kv) -> Iterator[Step]:
             nodes=row[META + WIDTH : META + WIDTH + accepted + 1],
             accepted=accepted,
             best=best,
-            lookup=prog.lookup,
-            matched=matched,
+            credit=prog.credit(mark) if prog.credit is not None else None,
             drafter=d.drafter_name,
             reason=reason,
             detail=detail,

@@ -24,7 +24,7 @@ from torch import nn
 from .config import MAX_LOOKUP, is_lookup_length
 from .messages import HeadsError, cause, is_number, shown
 from .messages import kind as kind_of
-from .tree import TreeError, validate_choices
+from .tree.shape import TreeError, validate_choices
 from .vllm_format import read_vllm_medusa
 
 # our own format: safetensors + config.json

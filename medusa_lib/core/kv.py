@@ -43,20 +43,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .caches import compact_cache, moved_slots, new_cache, new_static_cache
+from .caches import ALIGN, compact_cache, moved_slots, new_cache, new_static_cache
 from .config import CACHES, CAPTURES
 from .messages import InputError, cause
 from .model import CACHE_DIR, body_and_lm_head, input_device, model_name
 from .packing import is_prepacked
-from .tree import TreeBuffers, prefix_mask
+from .tree.masks import TreeBuffers, prefix_mask
 
 
 class EngineError(InputError):
     """An engine setting that cannot run. One sentence that says what to change."""
 
 
-# static lengths are rounded up to a multiple of this
-ALIGN = 64
 # Inductor without its own CUDA graphs (those skip steps that mutate their inputs, as every step does);
 # the engine records the compiled program in its own graph instead.
 COMPILE_MODE = "default"

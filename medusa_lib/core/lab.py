@@ -26,18 +26,9 @@ import torch
 from .kv import StaticKV, new_cache
 from .model import body_and_lm_head, input_device
 from .steps import sync
-from .tree import (
-    LOOKUP_RANK,
-    TOPK,
-    TreeBuffers,
-    TreeError,
-    build_tree,
-    chain_choices,
-    greedy_choices,
-    prefix_mask,
-    root_only_tree,
-    validate_choices,
-)
+from .tree.design import chain_choices, greedy_choices
+from .tree.masks import TreeBuffers, additive_mask, prefix_mask
+from .tree.shape import LOOKUP_RANK, TOPK, TreeError, build_tree, root_only_tree, validate_choices
 
 # the lab's largest tree: tokens verified per step, root included
 MAX_SIZE = 64
@@ -86,7 +77,7 @@ def step_costs(
     # size -> (new tokens, mask, positions)
     steps = {}
     for L in sizes:
-        causal = torch.full((L, L), torch.finfo(dtype).min, dtype=dtype).triu(1)
+        causal = additive_mask(torch.ones(L, L, dtype=torch.bool).tril(), dtype)
         mask = prefix_mask(causal, prefix, torch.arange(prefix + L)).to(device)
         pos = torch.arange(prefix, prefix + L, device=device)[None]
         steps[L] = (torch.randint(3, vocab, (1, L), generator=g).to(device), mask, pos)

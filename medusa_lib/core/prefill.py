@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from .tree.masks import additive_mask
+
 # chunk lengths: few graphs, at most 15 padded rows under 64 tokens
 LADDER = (16, 64, 256)
 
@@ -47,7 +49,7 @@ class Prefill:
         """[c, c] additive causal bias: a chunk is a chain tree, so ``StaticKV.tree_mask`` places it."""
         kv = self.kv
         seen = torch.ones(c, c, dtype=torch.bool, device=kv.device).tril()
-        return torch.zeros(c, c, dtype=kv.dtype, device=kv.device).masked_fill(~seen, kv.min)
+        return additive_mask(seen, kv.dtype)
 
     def chunk(self, ids: torch.Tensor) -> None:
         """One chunk [1, C] after ``start`` cached tokens: its K/V into the cache, its rows' hidden states and

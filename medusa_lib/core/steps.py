@@ -12,7 +12,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .tree import MedusaTree
+from .draft import Credit
+from .tree.shape import MedusaTree
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,7 +29,7 @@ class Step:
     phases: Mapping[str, float] = field(default_factory=dict)
     # candidates accepted (tokens = accept_length + 1)
     accept_length: int = 0
-    # of those, candidates from the lookup branch (0, or all of them)
+    # of those, candidates a lookup chain copied from the context (what its draft credits: ``draft.Credit``)
     lookup_accepted: int = 0
     # the tree verified in this step (Medusa, record_detail)
     tree: MedusaTree | None = None
@@ -133,27 +134,23 @@ def tree_step(
     nodes: Sequence[int],
     accepted: int,
     best: int,
-    lookup: int,
-    matched: int,
+    credit: Credit | None,
     drafter: str | None,
     reason: str | None,
     detail: bool,
 ) -> Step:
     """The record of one verify step, as both engines write it: ``tree`` (on the CPU) verified with
     ``tree_tokens`` [L], ``nodes`` the root and the accepted candidates (tree positions), ``accepted``
-    of them accepted on row ``best``, the last ``lookup`` nodes copied from the context (the first
-    ``matched`` of those hold its match); ``tokens`` what was kept after the cut (which may drop
-    candidates). ``detail``: keep the tree, its tokens and the row for the inspector."""
-    start = tree.num_nodes - lookup
-    # only nodes that hold the context's match count as lookup tokens (a fixed chain's filling does not)
-    from_context = sum(start <= x < start + matched for x in nodes[1 : accepted + 1])
+    of them accepted on row ``best``; ``tokens`` what was kept after the cut (which may drop
+    candidates). ``credit``: what the draft adds to the record (``draft.Credit``: counts of the accepted
+    candidates, cut where the tokens are). ``detail``: keep the tree, its tokens and the row for the inspector."""
+    counts = credit(nodes[1 : accepted + 1]) if credit is not None and tokens else {}
     return Step(
         index,
         tuple(tokens),
         seconds,
         phases,
         accept_length=min(accepted, len(tokens) - 1) if tokens else 0,
-        lookup_accepted=min(from_context, len(tokens) - 1) if matched and tokens else 0,
         tree=tree if detail else None,
         tree_tokens=tree_tokens if detail else None,
         best_path=best if detail else None,
@@ -162,6 +159,7 @@ def tree_step(
         # 0 for a root-only step (no draft, or near the context limit)
         draft_depth=tree.depth,
         draft_tokens=tree.num_nodes - 1,
+        **{field: min(count, len(tokens) - 1) for field, count in counts.items()},
     )
 
 

@@ -70,6 +70,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.compose import make_decoder
 from ..core.config import DEFAULT_LOOKUP
 from ..core.decoding import DecodeConfig, DecodeError, Decoder
 from ..core.defaults import heads_defaults
@@ -83,7 +84,8 @@ from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import few_row_kernels, is_prepacked
 from ..core.steps import sync
-from ..core.tree import get_tree, with_lookup
+from ..core.tree.presets import get_tree
+from ..core.tree.shape import with_lookup
 
 # re-exported: the methods are bench's
 from .bench_args import (  # noqa: F401
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     own = {"cache": engine.cache}
 
     def ours(method: str, config: DecodeConfig, **kw) -> Decoder:
-        return Decoder(model, method=method, config=replace(config, **own), static_kv=engine.static_kv, **kw)
+        return make_decoder(model, method=method, config=replace(config, **own), static_kv=engine.static_kv, **kw)
 
     if tree is not None:
         cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, lookup=lookup)

@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.compose import make_decoder
 from ..core.config import DEFAULT_LOOKUP
-from ..core.decoding import DecodeConfig, Decoder
+from ..core.decoding import DecodeConfig
 from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
 from ..core.kv import Engine, prepare_engine
@@ -49,7 +50,8 @@ from ..core.machine_fit import machine_record
 from ..core.messages import InputError
 from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
 from ..core.packing import few_row_kernels
-from ..core.tree import TOPK, build_tree, expected_tokens_per_step, greedy_choices, with_lookup
+from ..core.tree.design import expected_tokens_per_step, greedy_choices
+from ..core.tree.shape import TOPK, build_tree, with_lookup
 from .cli import (
     add_engine_arguments,
     add_float_draft,
@@ -224,10 +226,10 @@ def measure(
         max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup, cache=engine.cache if engine else "dynamic"
     )
     shared = engine.static_kv if engine else None
-    decoders = {"plain": Decoder(model, method="plain", config=cfg, static_kv=shared)}
+    decoders = {"plain": make_decoder(model, method="plain", config=cfg, static_kv=shared)}
     decoders.update(
         {
-            name: Decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared)
+            name: make_decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared)
             for name, t in trees.items()
         }
     )

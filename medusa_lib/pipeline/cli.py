@@ -124,7 +124,7 @@ def check_tree_name(name: str | None, *, heads: str, flag: str = "--tree") -> No
     import json
 
     from ..core.heads import TREES_FILE
-    from ..core.tree import preset_names
+    from ..core.tree.presets import preset_names
 
     if name is None:
         return

@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.decoding import DecodeConfig, Decoder
+from ..core.compose import make_decoder
+from ..core.decoding import DecodeConfig
 from ..core.defaults import machine_key, sweep_key
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
@@ -150,9 +151,9 @@ def parse_trees(texts: list[str]) -> list[DynamicTreeConfig]:
 def time_trees(model, head, trees: list[DynamicTreeConfig], prompt_ids, *, max_new_tokens: int, repeats: int) -> dict:
     """Plain greedy and EAGLE greedy with each tree, timed one after another per prompt (``time_decoders``)."""
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, record_detail=False)
-    decoders = {"plain": Decoder(model, method="plain", config=cfg)}
+    decoders = {"plain": make_decoder(model, method="plain", config=cfg)}
     for t in trees:
-        decoders[tree_name(t)] = Decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, t), config=cfg)
+        decoders[tree_name(t)] = make_decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, t), config=cfg)
     return time_decoders(decoders, prompt_ids, repeats=repeats)
 
 

@@ -27,13 +27,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import fused
+from ..core.compose import make_decoder
 from ..core.decoding import DecodeConfig, Decoder
 from ..core.defaults import heads_defaults
 from ..core.heads import load_heads
 from ..core.kv import CACHES, CAPTURES, prepare_engine
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, input_device, load_model
-from ..core.tree import get_tree
+from ..core.tree.presets import get_tree
 from .cli import add_model_arguments, check_heads_path, check_model_arguments, fail, whole_number
 
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select"}
@@ -173,8 +174,8 @@ def main(argv=None) -> None:
         fail(e)
     cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, cache=engine.cache)
     decoders = {
-        "plain": Decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),
-        "medusa-greedy": Decoder(
+        "plain": make_decoder(model, method="plain", config=cfg, static_kv=engine.static_kv),
+        "medusa-greedy": make_decoder(
             model,
             method="medusa-greedy",
             heads=heads,

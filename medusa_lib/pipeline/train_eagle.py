@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.decoding import DecodeConfig, Decoder
+from ..core.compose import make_decoder
+from ..core.decoding import DecodeConfig
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head
@@ -191,7 +192,7 @@ def acceptance_per_depth(
     for ids in tqdm(
         prompts, desc=f"acceptance k={tree.top_k} depth={tree.depth} nodes={tree.num_nodes}", file=sys.stdout
     ):
-        res = Decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, tree), config=cfg).run(ids)
+        res = make_decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, tree), config=cfg).run(ids)
         # full steps: a cut step says nothing about the drafter
         lengths += step_lists(res.steps)["accept_lengths"]
     return {

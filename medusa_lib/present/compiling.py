@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.fused import Program, capture_program, programs, record_prefill
 from ..core.kv import StaticKV
@@ -109,7 +110,7 @@ def pending_engine(pg, kvs: dict[str, StaticKV], first_view: Callable[[str], obj
     for numerics, kv in kvs.items():
         _, decoders = pg.prepare("Hello", pg.settings_of(first_view(numerics)))
         for d in decoders.values():
-            compiled = Decoder(
+            compiled = make_decoder(
                 d.model,
                 method=d.method,
                 config=replace(d.config, cache="static"),

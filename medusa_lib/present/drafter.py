@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..core.decoding import Decoder
+from ..core.compose import make_decoder
 from ..core.drafters import REGISTRY, Drafter, DrafterError, EagleDrafter
 from ..core.drafters.eagle_head import find_eagle
 from ..core.dynamic_tree import DynamicTreeConfig
@@ -31,7 +31,7 @@ from ..core.file_checks import safetensors_problem
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
 from ..core.messages import cause, kind, shown
 from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
-from ..core.tree import MedusaTree
+from ..core.tree.shape import MedusaTree
 from .numerics import EXACT
 from .settings import PlaygroundError
 
@@ -388,7 +388,7 @@ def eagle_budgets(
     plain, eagle = decoders["plain"], decoders["medusa-greedy"]
     base = eagle.drafter.tree
     runs = {0: plain} | {
-        n: Decoder(
+        n: make_decoder(
             eagle.model,
             method="medusa-greedy",
             drafter=EagleDrafter(eagle.drafter.head, replace(base, num_nodes=min(n, base.num_candidates))),

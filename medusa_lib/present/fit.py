@@ -21,6 +21,7 @@ from dataclasses import replace
 from datetime import date
 from typing import Callable, Iterable
 
+from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
@@ -83,7 +84,7 @@ def decoder_for(pg, numerics: str, candidate: Candidate | None) -> tuple[list[in
     draft = tree.drafter
     if candidate.drafter == EagleDrafter.name:
         draft = EagleDrafter(draft.head, _eagle_tree(candidate.name))
-    return ids, Decoder(tree.model, method="medusa-greedy", config=config, drafter=draft, static_kv=tree.static_kv)
+    return ids, make_decoder(tree.model, method="medusa-greedy", config=config, drafter=draft, static_kv=tree.static_kv)
 
 
 def typical(seconds: list[float]) -> float:

@@ -14,7 +14,8 @@ from typing import Mapping
 
 from ..core.messages import kind, must_be_switch, shown
 from ..core.model import model_info
-from ..core.tree import MedusaTree, build_tree, get_tree, parse_choices, preset_names
+from ..core.tree.presets import get_tree, parse_choices, preset_names
+from ..core.tree.shape import MedusaTree, build_tree
 from .settings import MAX_TREE_CHARS, MAX_TREE_NODES, PlaygroundError, Request, Settings
 
 

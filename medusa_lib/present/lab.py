@@ -31,13 +31,9 @@ from ..core.lab import (
 from ..core.model import device_label, device_name, input_device
 from ..core.packing import few_row_kernels
 from ..core.spec_metrics import Acceptance, draft_positions, format_rates, step_acceptance
-from ..core.tree import (
-    TOPK,
-    MedusaTree,
-    expected_tokens_per_step,
-    preset_choices,
-    validate_choices,
-)
+from ..core.tree.design import expected_tokens_per_step
+from ..core.tree.presets import preset_choices
+from ..core.tree.shape import TOPK, MedusaTree, validate_choices
 from .inspector import tree_layout
 from .records import RunRecord
 from .settings import PlaygroundError, Request, Settings

@@ -18,7 +18,8 @@ from typing import Mapping
 
 import torch
 
-from ..core.decoding import DecodeConfig, Decoder
+from ..core.compose import make_decoder
+from ..core.decoding import DecodeConfig
 
 EXACT = "float32"
 
@@ -55,10 +56,10 @@ def decode_speeds(variants: Mapping[str, tuple], *, tokens: int = 12, repeats: i
         # fixed ids, no special tokens
         ids = [(97 * i + 13) % (vocab - 3) + 3 for i in range(32)]
         decoders[name] = (
-            Decoder(model, config=DecodeConfig(max_new_tokens=tokens, stop_on_eos=False, record_detail=False)),
+            make_decoder(model, config=DecodeConfig(max_new_tokens=tokens, stop_on_eos=False, record_detail=False)),
             ids,
         )
-        Decoder(model, config=DecodeConfig(max_new_tokens=2, stop_on_eos=False)).run(ids)
+        make_decoder(model, config=DecodeConfig(max_new_tokens=2, stop_on_eos=False)).run(ids)
     for _ in range(repeats):
         for name, (decoder, ids) in decoders.items():
             runs[name].append(decoder.run(ids).tokens_per_second)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.defaults import HeadsDefaults, heads_defaults
 from ..core.file_checks import model_sizes
@@ -377,7 +378,7 @@ class Playground(RequestInputs, ExactnessChecks):
             else self.variant_kv.get(settings.numerics if settings.numerics is not None else self.default_numerics)
         )
         decoders = {
-            v: Decoder(
+            v: make_decoder(
                 model,
                 method=DECODER_METHOD.get(v, v),
                 config=replace(settings.config(v), cache=self.cache),
@@ -427,7 +428,7 @@ class Playground(RequestInputs, ExactnessChecks):
             return
         for d in decoders:
             warm = replace(d.config, max_new_tokens=2)
-            Decoder(d.model, method=d.method, config=warm, drafter=d.drafter, static_kv=d.static_kv).run(ids[:16])
+            make_decoder(d.model, method=d.method, config=warm, drafter=d.drafter, static_kv=d.static_kv).run(ids[:16])
         self._warm.add(key)
 
     def run_method(

@@ -1,13 +1,14 @@
 """The drafter interface: who proposes the tree that a Medusa step verifies.
 
 The verifier (``decoding.Decoder`` and the static engine's ``fused.Program``) never learns which
-drafter it runs, as in vLLM's proposers and SGLang's draft workers. A drafter is one class, and
-that class is the whole drafter: its name in the step records and the API, its label and note for
-the page, what it loads (``load``), whether the page's tree controls shape its tree and whether a
-lookup branch may sit beside it. Per run it is bound to one decoder's devices (``bind``), opens
-one run's state (``open``), is told what each step verified (``DraftRun.verified``) and proposes
-the next tree under a root (``DraftRun.propose``). ``static`` says what a captured, fixed-shape
-step holds of it (None: the dynamic cache only, said by ``static_note``).
+drafter it runs: it meets one through ``draft.py``'s contract only (``Draft``, ``StaticDraft``).
+A drafter is one class, and that class is the whole drafter: its name in the step records and the
+API, its label and note for the page, what it loads (``load``), whether the page's tree controls
+shape its tree and whether a lookup branch may sit beside it. Per run it is bound to one decoder's
+devices (``bind``), opens one run's state (``open``), is told what each step verified
+(``DraftRun.verified``) and proposes the next tree under a root (``DraftRun.propose``). ``static``
+says what a captured, fixed-shape step holds of it (None: the dynamic cache only, said by
+``static_note``).
 """
 
 from __future__ import annotations
@@ -16,65 +17,14 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, ClassVar, NamedTuple
 
-import torch
-
+from ..draft import Draft, DraftRun, StaticDraft, no_context
 from ..messages import InputError
-from ..tree import MedusaTree, TreeBuffers
+from ..tree.masks import TreeBuffers
+from ..tree.shape import MedusaTree
 
 
 class DrafterError(InputError):
     """A drafter that cannot run with these settings. One sentence that says what to change."""
-
-
-class Draft(NamedTuple):
-    """One step's proposal under the root."""
-
-    # its shape (on the CPU)
-    tree: MedusaTree
-    # [L] token of every node, the root first
-    tokens: torch.Tensor
-    # the prebuilt buffers of a fixed tree (None: built for this step)
-    buffers: TreeBuffers | None = None
-    # trailing nodes that hold tokens copied from the context (a lookup chain), and how many of
-    # them hold the context's match this step (the rest fill a fixed shape)
-    lookup: int = 0
-    matched: int = 0
-
-
-class StaticDraft(NamedTuple):
-    """What a captured, fixed-shape step holds of a drafter (``fused.Program``)."""
-
-    # the one tree every step verifies (None: a new tree every step, given by ``parents``)
-    buffers: TreeBuffers | None
-    # (hidden [d], root [1], history [H], seq_len [1]) -> (tokens [L], matched [1], live [L] or None),
-    # no host read
-    draft: Callable
-    # trailing nodes that hold tokens copied from the context
-    lookup: int
-    # what makes two programs the same (a program keeps it alive)
-    key: tuple
-    # its draft may leave nodes dead this step (``live`` False: never accepted, as if absent)
-    dead: bool = False
-    # a new tree every step: the draft writes each node's parent here ([L] tree positions, the root's
-    # 0, parents first; ``dynamic_tree.ancestry``), at most ``depth`` levels deep
-    parents: torch.Tensor | None = None
-    depth: int = 0
-    # the width of its parents' rows: each node's children (a top-k), for the step records
-    top_k: int = 0
-    # a draft with a state of its own: the step tells it the accepted path before the draft,
-    # (features [W, d] of the path's nodes from the root, the token after each [W], the root's position
-    # [1], accepted n [1]: the first n + 1 are real), and the run's start tells it the prompt,
-    # eagerly (features [n, d], the token after each [n])
-    verified: Callable | None = None
-    start: Callable | None = None
-    # such a state belongs to one program: ``fresh(max_len)`` gives a program its own (allocated for
-    # a cache of ``max_len`` slots, before any compile or capture); None: nothing of its own
-    fresh: Callable[[int], "StaticDraft"] | None = None
-
-    @property
-    def num_nodes(self) -> int:
-        """L, tree tokens verified per step."""
-        return self.buffers.num_nodes if self.buffers is not None else self.parents.numel()
 
 
 class Loaded(NamedTuple):
@@ -84,23 +34,6 @@ class Loaded(NamedTuple):
 
     state: Any
     note: str = ""
-
-
-class DraftRun:
-    """One run's drafter state. ``verified(features [n, d], tokens [n], start, rows=)``: the base model's
-    features at positions start .. start + n - 1 and the token after each (the last one is the next
-    root), taken from the rows ``rows`` of the latest base forward (None: all of its rows);
-    ``propose(root, history=, seq_len=)``: the next Draft, or None for a root-only step; ``close()``
-    when the run ends, however it ends."""
-
-    def verified(self, features: torch.Tensor, tokens: torch.Tensor, start: int, rows=None) -> None:
-        self.hidden, self.root = features[-1], tokens[-1]
-
-    def close(self) -> None:
-        pass
-
-    def propose(self, root: torch.Tensor, *, history: torch.Tensor, seq_len: int) -> Draft | None:
-        raise NotImplementedError
 
 
 class Drafter:
@@ -207,12 +140,6 @@ def beside(heads, suffix: str) -> Path | None:
     # "." or "..": name the folder itself
     path = path if path.name else path.resolve()
     return path.with_name(path.name + suffix)
-
-
-def no_context(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-    """A static draft's result with no node copied from the context and none dead: (tokens,
-    matched [1] = 0, None)."""
-    return tokens, torch.zeros(1, dtype=torch.long, device=tokens.device), None
 
 
 __all__ = ["Draft", "DraftRun", "Drafter", "DrafterError", "Loaded", "StaticDraft", "beside", "no_context"]

@@ -13,11 +13,16 @@ steps once the tree or the chain would pass it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import torch
 
 from ..config import MAX_LOOKUP
+from ..draft import Credit, NewTree
 from ..lookup import lookup_chain, ngram_proposal
-from ..tree import root_only_tree, with_lookup
+from ..tree.parents import tree_of_parents
+from ..tree.shape import root_only_tree, with_lookup
 from .base import Draft, Drafter, DrafterError, DraftRun, StaticDraft
 
 
@@ -42,9 +47,17 @@ class _BranchRun(DraftRun):
             # the drafter proposed nothing (REST found no match): the chain under the root alone
             draft = Draft(root_only_tree(), root.view(1).to(chain.device))
         tokens = torch.cat([draft.tokens, chain.to(draft.tokens.device)])
+        credit = chain_credit(draft.tree.num_nodes, c)
         if d.trees:
-            return Draft(d.trees[c].cpu, tokens, d.trees[c], c, c)
-        return Draft(with_lookup(draft.tree, c), tokens, None, c, c)
+            return Draft(d.trees[c].cpu, tokens, d.trees[c], credit)
+        return Draft(with_lookup(draft.tree, c), tokens, None, credit)
+
+
+def chain_credit(start: int, matched: int) -> Credit:
+    """What a lookup chain adds to its step's record: of the accepted nodes, how many hold the context's match
+    (the chain's first ``matched`` nodes, from tree position ``start``; a fixed chain's filling past the match
+    does not count)."""
+    return lambda nodes: {"lookup_accepted": sum(start <= x < start + matched for x in nodes)}
 
 
 class LookupBranch(Drafter):
@@ -99,27 +112,33 @@ class LookupBranch(Drafter):
         # beside a new tree every step, its parents, then the chain's (under the root, each node under the
         # one before), one path per node; a program's own inner draft (``fresh``) gets its own branch
         def around(inner: StaticDraft) -> StaticDraft:
+            new = inner.tree if inner.buffers is None else None
             parents = None
-            if inner.parents is not None:
-                below = torch.tensor([0, *range(L, L + length - 1)], device=inner.parents.device)
-                parents = torch.cat([inner.parents, below])
+            if new is not None:
+                below = torch.tensor([0, *range(L, L + length - 1)], device=new.parents.device)
+                parents = torch.cat([new.parents, below])
 
             def draft(hidden, root, history, seq_len):
                 tokens, _, _ = inner.draft(hidden, root, history, seq_len)
                 if parents is not None:
-                    parents[:L].copy_(inner.parents)
+                    parents[:L].copy_(new.parents)
                 chain, matched = lookup_chain(history, seq_len, length)
                 live = torch.cat([drafted, j < matched]).to(tokens.device)
                 return torch.cat([tokens, chain.to(tokens.device)]), matched, live
 
-            if parents is None:
-                return StaticDraft(self.buffers, draft, length, key, dead=True)
-            fresh = (lambda max_len: around(inner.fresh(max_len))) if inner.fresh is not None else None
-            return inner._replace(
-                draft=draft, lookup=length, key=key, dead=True, parents=parents, depth=depth, fresh=fresh
+            # the step carries the chain's match back (the draft's mark)
+            credit = partial(chain_credit, L)
+            if new is None:
+                return StaticDraft(self.buffers, draft, key, dead=True, credit=credit)
+            describe = partial(tree_of_parents, width=depth + 1, top_k=new.top_k, lookup=length)
+            state = inner.state
+            if state is not None:
+                state = replace(state, fresh=lambda max_len: around(inner.state.fresh(max_len)))
+            return StaticDraft(
+                NewTree(parents, depth, new.top_k, describe), draft, key, dead=True, credit=credit, state=state
             )
 
         return around(inner)
 
 
-__all__ = ["LookupBranch"]
+__all__ = ["LookupBranch", "chain_credit"]

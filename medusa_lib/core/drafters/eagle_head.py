@@ -8,11 +8,13 @@ a new dynamic tree each step (``core/dynamic_tree.py``). It ships beside the Med
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ..defaults import device_kind, record_kind
+from ..draft import DraftState, NewTree
 from ..dynamic_tree import DynamicTreeConfig, as_medusa_tree
 from ..eagle import (
     CONFIG_FILE,
@@ -28,6 +30,7 @@ from ..eagle_run import EagleRun
 from ..eagle_static import StaticEagle
 from ..file_checks import safetensors_problem
 from ..messages import cause
+from ..tree.parents import tree_of_parents
 from .base import Draft, Drafter, DraftRun, Loaded, StaticDraft, beside, no_context
 
 # the EAGLE head of heads folder X lives in X-eagle
@@ -286,19 +289,16 @@ class EagleDrafter(Drafter):
         # its projection onto the proposal vocabulary, gathered now (a traced step reads it as it is)
         head.logits(torch.zeros(head.config.hidden_size, dtype=head.fc.weight.dtype, device=head.fc.weight.device))
 
-        def made(eagle: StaticEagle, fresh=None) -> StaticDraft:
+        # the records read a step's tree back from its parents
+        describe = partial(tree_of_parents, width=tree.depth + 1, top_k=tree.top_k)
+
+        def made(eagle: StaticEagle) -> StaticDraft:
             return StaticDraft(
-                None,
+                NewTree(eagle.parents, tree.depth, tree.top_k, describe),
                 lambda hidden, root, history, seq_len: no_context(eagle.draft(root)),
-                0,
                 # the head, its tree and its projection (proposal vocabulary, numerics): what the program holds
                 ("eagle", head, tree, head._proj),
-                parents=eagle.parents,
-                depth=tree.depth,
-                top_k=tree.top_k,
-                verified=eagle.verified,
-                start=eagle.start,
-                fresh=fresh,
+                state=DraftState(eagle.verified, eagle.start, fresh),
             )
 
         def fresh(max_len: int) -> StaticDraft:
@@ -307,7 +307,7 @@ class EagleDrafter(Drafter):
             return made(eagle)
 
         # what keys and sizes the program; each program drafts with a fresh one
-        return made(StaticEagle(head, tree), fresh)
+        return made(StaticEagle(head, tree))
 
 
 __all__ = ["EagleDrafter", "check_eagle_folder", "eagle_beside", "find_eagle", "load_eagle_for", "tree_note"]

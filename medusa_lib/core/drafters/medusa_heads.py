@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..defaults import device_kind, record_kind
 from ..heads import MedusaHeads
-from ..tree import MedusaTree
+from ..tree.shape import MedusaTree
 from .base import Draft, Drafter, DrafterError, DraftRun, Loaded, StaticDraft, no_context
 
 
@@ -90,7 +90,7 @@ class MedusaDrafter(Drafter):
         # built now: a graph reads its weight
         proj = h.proposal_projection(self.lm_head) if shared else None
         draft = lambda hidden, root, history, seq_len: no_context(self.draft(hidden, root))  # noqa: E731
-        return StaticDraft(self.buffers, draft, 0, ("medusa", h, proj))
+        return StaticDraft(self.buffers, draft, ("medusa", h, proj))
 
 
 __all__ = ["MedusaDrafter"]

@@ -8,7 +8,7 @@ beside the root-only tree). Exact like every drafter.
 from __future__ import annotations
 
 from ..config import DEFAULT_LOOKUP, MAX_LOOKUP
-from ..tree import root_only_tree
+from ..tree.shape import root_only_tree
 from .base import Draft, Drafter, DrafterError, DraftRun, Loaded, StaticDraft, no_context
 from .branch import LookupBranch
 
@@ -33,7 +33,7 @@ class RootOnly(Drafter):
         return _RootRun(self)
 
     def static(self, dec) -> StaticDraft:
-        return StaticDraft(self.buffers, lambda hidden, root, history, seq_len: no_context(root.view(1)), 0, ("root",))
+        return StaticDraft(self.buffers, lambda hidden, root, history, seq_len: no_context(root.view(1)), ("root",))
 
 
 class LookupDrafter(LookupBranch):

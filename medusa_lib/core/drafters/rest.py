@@ -24,7 +24,7 @@ import torch
 
 from ..file_checks import folder_problem
 from ..messages import cause
-from ..tree import build_tree
+from ..tree.shape import build_tree
 from .base import Draft, Drafter, DrafterError, DraftRun, Loaded, beside
 
 # the datastore of heads folder X lives in X-rest

@@ -1,31 +1,29 @@
-"""Medusa candidate trees: the static buffers of tree attention.
+"""A tree's shape: ``MedusaTree``, the static buffers of one candidate tree, and the trees built from choices.
 
 A tree is a list of *choices*. The choice ``[r1, r2, ..., rd]`` is the node reached by
 taking head-1's rank-r1 token, then head-2's rank-r2 token, and so on (Medusa paper,
 arXiv 2401.10774, Sec. 2.1.2; reference code FasterDecoding/Medusa, ``medusa_choices``).
-Node 0 is the root: the base model's own next token. The buffers built here follow the
-reference ``generate_medusa_buffers`` exactly (checked against its worked example and all
-of its presets in the tests), with one change: padded slots of ``retrieve_indices`` stay -1
-and are masked explicitly by the decoders instead of being mapped to token id 0.
-``TreeBuffers`` holds one tree's buffers on the devices a decoder reads them from.
+Node 0 is the root: the base model's own next token. ``build_tree`` follows the reference
+``generate_medusa_buffers`` exactly (checked against its worked example and all of its presets in
+the tests), with one change: padded slots of ``retrieve_indices`` stay -1 and are masked
+explicitly by the decoders instead of being mapped to token id 0. A tree given by each node's
+parent instead (a drafter that grows a new tree every step) is ``parents.py``.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
 from dataclasses import dataclass, field
-from functools import cache, cached_property
-from pathlib import Path
-from typing import Mapping, Sequence
+from functools import cached_property
+from typing import Sequence
 
 import torch
 
-from .messages import InputError, shown
+from ..messages import InputError, shown
 
 # candidates read from each head (reference TOPK)
 TOPK = 10
-PRESETS_FILE = Path(__file__).with_name("trees.json")
+# the "rank" of a lookup-branch node in MedusaTree.choices
+LOOKUP_RANK = -1
 
 
 class TreeError(InputError):
@@ -150,71 +148,6 @@ class MedusaTree:
         )
 
 
-def prefix_mask(bias: torch.Tensor, prefix: int | torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[1, 1, L, len(cols)] the float mask of a tree step after ``prefix`` cached tokens over the cache
-    slots ``cols``: 0 over the prefix, the tree's ``bias`` [L, L] after it, dtype-min beyond. The one
-    mask builder of both caches' steps, the prefill chunks and the Tree lab's forwards."""
-    n, rel, low = bias.shape[0], cols - prefix, torch.finfo(bias.dtype).min
-    tree_part = bias.index_select(1, rel.clamp(0, n - 1))
-    return torch.where(rel < 0, 0.0, torch.where(rel < n, tree_part, low)).to(bias.dtype)[None, None]
-
-
-def tree_attention_bias(tree: MedusaTree, dtype: torch.dtype) -> torch.Tensor:
-    """[L, L] additive mask: 0 where a node may attend, dtype-min elsewhere (float, never bool)."""
-    return torch.zeros(tree.attn_mask.shape, dtype=dtype, device=tree.attn_mask.device).masked_fill(
-        tree.attn_mask == 0, torch.finfo(dtype).min
-    )
-
-
-@dataclass(frozen=True, eq=False)
-class TreeBuffers:
-    """One tree's buffers, each on the device that reads it (built once per decoder, not per step).
-
-    tree  on the model's input device: position ids of the verify forward
-    out   on the logits' device: retrieve_indices for acceptance, levels for the heads' draft
-    cpu   on the CPU: what step records hold, and the accepted nodes for cache compaction
-    bias  [L, L] the float additive tree attention mask in the model dtype, on the input device
-    """
-
-    tree: MedusaTree
-    out: MedusaTree
-    cpu: MedusaTree
-    bias: torch.Tensor
-
-    @classmethod
-    def build(
-        cls, tree: MedusaTree, *, device: torch.device | str, out_device: torch.device | str, dtype: torch.dtype
-    ) -> TreeBuffers:
-        on_device = tree.to(device)
-        return cls(
-            tree=on_device, out=tree.to(out_device), cpu=tree.to("cpu"), bias=tree_attention_bias(on_device, dtype)
-        )
-
-    @cached_property
-    def num_nodes(self) -> int:
-        """L, tree tokens verified per step."""
-        return self.tree.num_nodes
-
-    @cached_property
-    def depth(self) -> int:
-        return self.tree.depth
-
-    @cached_property
-    def paths(self) -> torch.Tensor:
-        """[P, D+1] retrieve_indices on the logits' device, padding clamped to 0 (see ``valid``)."""
-        return self.out.retrieve_indices.clamp(min=0)
-
-    @cached_property
-    def valid(self) -> torch.Tensor:
-        """[P, D+1] which path slots are nodes (padded slots never pass)."""
-        return self.out.retrieve_indices >= 0
-
-    @cached_property
-    def children(self) -> torch.Tensor:
-        """[L, W] each node's children on the logits' device, -1 padded (exact sampling's walk)."""
-        return children_tensor(self.cpu.children, device=self.out.retrieve_indices.device)
-
-
 def validate_choices(
     choices: Sequence[Sequence[int]], *, num_heads: int | None = None, topk: int = TOPK
 ) -> list[list[int]]:
@@ -314,10 +247,6 @@ def root_only_tree() -> MedusaTree:
     )
 
 
-# the "rank" of a lookup-branch node in MedusaTree.choices
-LOOKUP_RANK = -1
-
-
 def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
     """``tree`` plus a lookup branch: a chain of ``length`` nodes under the root, appended after the
     tree's own nodes (their positions do not move), for tokens proposed by an n-gram match in the
@@ -353,144 +282,3 @@ def with_lookup(tree: MedusaTree, length: int) -> MedusaTree:
         parents=tree.parents + (0,) + tuple(range(L, n - 1)),
         lookup=length,
     )
-
-
-def chain_choices(depth: int) -> list[list[int]]:
-    """Top-1 chain: head-1 top token, then head-2 top token, ... (depth nodes)."""
-    if depth < 1:
-        raise TreeError("A chain tree needs depth >= 1.")
-    return [[0] * d for d in range(1, depth + 1)]
-
-
-def cartesian_choices(topk_per_head: Sequence[int], *, max_nodes: int | None = None) -> list[list[int]]:
-    """Every combination of head-k's top-``topk_per_head[k]`` tokens, optionally capped at ``max_nodes``.
-
-    When capped, nodes with the smallest rank sum (then depth) are kept; a parent always sorts
-    before its children, so the kept set is a valid tree.
-    """
-    if not topk_per_head or any(k < 1 or k > TOPK for k in topk_per_head):
-        raise TreeError(f"Give each head a top-k between 1 and {TOPK}, e.g. [3, 2, 2].")
-    nodes: list[list[int]] = []
-    level: list[list[int]] = [[]]
-    for k in topk_per_head:
-        level = [p + [r] for p in level for r in range(k)]
-        nodes.extend(level)
-    if max_nodes is not None:
-        if max_nodes < 1:
-            raise TreeError("max_nodes must be at least 1.")
-        nodes = sorted(nodes, key=lambda c: (sum(c), len(c), c))[:max_nodes]
-    return nodes
-
-
-def greedy_choices(accuracy: Sequence[Sequence[float]], num_nodes: int) -> tuple[list[list[int]], float]:
-    """The paper's greedy tree (App. C; reference ``gen_results.py``).
-
-    ``accuracy[k][r]`` = P(head k+1's rank-r token is right). Starting from the root, repeatedly
-    add the frontier node whose path has the largest product of accuracies. Returns the choices
-    and the expected tokens per step, 1 + sum of the chosen nodes' products.
-    """
-    depth = len(accuracy)
-    if depth == 0 or num_nodes < 1:
-        raise TreeError("A greedy tree needs per-head accuracies and at least one node.")
-    frontier: list[tuple[float, list[int]]] = []
-    for r in range(min(TOPK, len(accuracy[0]))):
-        heapq.heappush(frontier, (-float(accuracy[0][r]), [r]))
-    chosen: list[list[int]] = []
-    expected = 1.0
-    while frontier and len(chosen) < num_nodes:
-        neg_p, c = heapq.heappop(frontier)
-        chosen.append(c)
-        expected += -neg_p
-        if len(c) < depth:
-            for r in range(min(TOPK, len(accuracy[len(c)]))):
-                heapq.heappush(frontier, (neg_p * float(accuracy[len(c)][r]), c + [r]))
-    return chosen, expected
-
-
-def expected_tokens_per_step(choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]]) -> float:
-    """1 + sum over nodes of the product of head accuracies along the node's path."""
-    total = 1.0
-    for c in choices:
-        p = 1.0
-        for k, r in enumerate(c):
-            p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
-        total += p
-    return total
-
-
-@cache
-def _load_presets() -> dict[str, list[list[int]]]:
-    return json.loads(PRESETS_FILE.read_text())
-
-
-def preset_names() -> list[str]:
-    """Names of the shipped tree presets (reference presets plus generated ones)."""
-    return list(_load_presets()) + list(GENERATED_PRESETS)
-
-
-GENERATED_PRESETS = {
-    "chain-1": lambda: chain_choices(1),
-    "chain-2": lambda: chain_choices(2),
-    "chain-3": lambda: chain_choices(3),
-    "chain-4": lambda: chain_choices(4),
-    "topk-2x2": lambda: cartesian_choices([2, 2]),
-    "topk-3x2x1": lambda: cartesian_choices([3, 2, 1]),
-    "topk-4x3x2-16": lambda: cartesian_choices([4, 3, 2], max_nodes=16),
-}
-
-
-def preset_choices(name: str, extra: Mapping[str, Sequence[Sequence[int]]] | None = None) -> list[list[int]]:
-    """Choices of a named tree: ``extra`` (e.g. trees calibrated for the loaded heads), the reference presets,
-    or a generated one."""
-    if extra and name in extra:
-        return [list(c) for c in extra[name]]
-    presets = _load_presets()
-    if name in presets:
-        return [list(c) for c in presets[name]]
-    if name in GENERATED_PRESETS:
-        return GENERATED_PRESETS[name]()
-    raise TreeError(f"Unknown tree preset {name!r}; choose one of: {', '.join(list(extra or ()) + preset_names())}.")
-
-
-def get_tree(
-    name: str, *, num_heads: int | None = None, extra: Mapping[str, Sequence[Sequence[int]]] | None = None
-) -> MedusaTree:
-    """Build a named preset, checked against the number of heads."""
-    return build_tree(preset_choices(name, extra), num_heads=num_heads, name=name)
-
-
-# a tree is a list of lists: text nested deeper than this is refused before parsing
-MAX_NESTING = 16
-
-
-def nesting_depth(text: str) -> int:
-    """How deep the JSON brackets of ``text`` nest (outside strings), without parsing it: deep text is
-    refused the same way on every Python (3.11's parser overflows near 1,000 levels, 3.12's does not)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def parse_choices(text: str) -> list[list[int]]:
-    """Parse a tree written as JSON (``[[0], [0, 0], [1]]``); raise TreeError on bad text."""
-    if nesting_depth(text) > MAX_NESTING:
-        raise TreeError("The tree text is nested too deeply; write it as a flat list of paths like [[0], [0, 0], [1]].")
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as e:
-        raise TreeError(
-            f"The tree text is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); write it like [[0], [0, 0], [1]]."
-        ) from None
-    if not isinstance(value, list):
-        raise TreeError("The tree text must be a JSON list of nodes, like [[0], [0, 0], [1]].")
-    return validate_choices(value)
