@@ -301,7 +301,7 @@ def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypat
                 tokens_per_step=1.0 if self.name == "plain" else 2.5,
             )
 
-    monkeypatch.setattr(cal, "Decoder", FakeDecoder)
+    monkeypatch.setattr(cal, "make_decoder", FakeDecoder)
     out = cal.measure(None, None, {"tree": None}, [[7], [7, 8]], max_new_tokens=4, repeats=2)
     assert out["plain"]["speedup"] == 1.0 and out["tree"]["tokens_per_step"] == 2.5
     assert out["tree"]["speedup"] == 2.25  # median of 3.0, 3.0, 1.5, 1.5 (a ratio of medians would say 45 / 25 = 1.8)

@@ -406,7 +406,10 @@ def test_each_run_uses_the_model_of_its_numerics_and_the_default_is_the_loaded_d
     for numerics, dtype in ((None, torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         _, decoders = pg2.prepare(PROMPT, Settings(max_new_tokens=4, numerics=numerics))
         assert {d.dtype for d in decoders.values()} == {dtype} and {
-            next(d.heads.parameters()).dtype for d in decoders.values()
+            # the heads its drafter drafts with (beside a lookup chain: the drafter inside it)
+            next(getattr(d.drafter, "inner", d.drafter).heads.parameters()).dtype
+            for d in decoders.values()
+            if d.drafter is not None
         } == {dtype}
     out = pg2.compare(PROMPT, Settings(max_new_tokens=6, tree="chain-2", numerics="bfloat16"))
     assert out["numerics"] == "bfloat16" and "(bfloat16)" in out["greedy_match"]["message"]
