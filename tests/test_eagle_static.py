@@ -13,11 +13,11 @@ from fused_helpers import HOST_READS, READ_BOUND, FakeCuda, step_ops
 from medusa_lib import DecodeConfig
 from medusa_lib.core import fused
 from medusa_lib.core.compose import make_decoder, run_method
-from medusa_lib.core.tree.parents import ancestry, children_of, tree_of_parents
 from medusa_lib.core.eagle import new_eagle_head
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import Prefill
 from medusa_lib.core.tree import children_tensor
+from medusa_lib.core.tree.parents import ancestry, children_of, tree_of_parents
 
 METHODS = {
     "medusa-greedy": {},

@@ -362,7 +362,12 @@ def test_only_the_context_match_counts_as_lookup_tokens_not_the_guesses_that_pad
             bonus=torch.tensor(9),
         )
         step = dec._decode_step(
-            1, [6, 7, 8, 9], None, Proposal(bufs, tokens, chain_credit(L, matched)), verdict, times=(0.0, 1.0, 2.0, 3.0, 4.0)
+            1,
+            [6, 7, 8, 9],
+            None,
+            Proposal(bufs, tokens, chain_credit(L, matched)),
+            verdict,
+            times=(0.0, 1.0, 2.0, 3.0, 4.0),
         )
         assert step.lookup_accepted == expected and step.accept_length == 3
 
