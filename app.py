@@ -238,7 +238,7 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
                 f"error: {flag(option, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
                 f"{', '.join(choices)}; fix it or unset it."
             )
-    from medusa_lib.core.kv import resolve_engine
+    from medusa_lib.core.engine import resolve_engine
     from medusa_lib.core.model import resolve_device, resolve_dtype
 
     # a value from the environment: say which variable

@@ -13,22 +13,18 @@ Three wings, imports pointing inward only:
              python -m medusa_lib.pipeline.<name>; uses core
 """
 
+from .core.acceptance import typical_threshold
+from .core.caches import compact_cache
 from .core.compose import make_decoder, run_method
-from .core.decoding import (
-    METHODS,
-    DecodeConfig,
-    DecodeError,
-    Decoder,
-    RunResult,
-    Step,
-    compact_cache,
-    typical_threshold,
-)
+from .core.config import METHODS, DecodeConfig, DecodeError
+from .core.decoding import Decoder
 from .core.defaults import HeadsDefaults, heads_defaults
 from .core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
+from .core.engine import Engine, EngineError, prepare_engine
 from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
-from .core.kv import Engine, EngineError, StaticKV, prepare_engine
+from .core.kv import StaticKV
 from .core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
+from .core.steps import RunResult, Step
 from .core.tree import (
     TOPK,
     MedusaTree,

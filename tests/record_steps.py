@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import OracleHeads, make_model, random_heads  # noqa: E402
 
 from medusa_lib.core.compose import make_decoder
-from medusa_lib.core.decoding import DecodeConfig  # noqa: E402
+from medusa_lib.core.config import DecodeConfig  # noqa: E402
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig  # noqa: E402
 from medusa_lib.core.eagle import new_eagle_head  # noqa: E402
 from medusa_lib.core.kv import StaticKV  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 from conftest import PROMPT, make_model, tiny_playground
 
 from medusa_lib.core.compose import run_method
-from medusa_lib.core.decoding import DecodeConfig
+from medusa_lib.core.config import DecodeConfig
 from medusa_lib.core.drafters import LookupDrafter
 from medusa_lib.core.spec_metrics import Acceptance, acceptance, format_rates, step_acceptance, step_lists
 from medusa_lib.core.steps import Step

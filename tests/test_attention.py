@@ -7,7 +7,7 @@ from conftest import make_model
 
 import medusa_lib.core.attention as attention
 from medusa_lib.core.attention import NAME, use_packed_gqa
-from medusa_lib.core.decoding import new_cache
+from medusa_lib.core.caches import new_cache
 from medusa_lib.core.model import check_supported
 
 

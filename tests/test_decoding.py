@@ -8,8 +8,8 @@ from conftest import OracleHeads, make_model, random_heads
 from decoding_helpers import ARCHS, CACHES, N_NEW, PROMPT, TREES, model_for, plain_tokens
 
 from medusa_lib import DecodeConfig, build_tree, chain_choices
+from medusa_lib.core.caches import compact_cache, new_cache
 from medusa_lib.core.compose import make_decoder, run_method
-from medusa_lib.core.decoding import compact_cache, new_cache
 from medusa_lib.core.tree import tree_attention_bias, with_lookup
 
 

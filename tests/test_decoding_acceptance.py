@@ -4,7 +4,7 @@ threshold and ties, and the one threshold formula the page draws."""
 import pytest
 import torch
 
-from medusa_lib.core.decoding import (
+from medusa_lib.core.acceptance import (
     greedy_accept,
     greedy_tokens,
     typical_accept,

@@ -7,8 +7,8 @@ from conftest import OracleHeads, pairwise, random_heads
 from decoding_helpers import ARCHS, CACHES, N_NEW, PROMPT, TREES, plain_tokens
 
 from medusa_lib import DecodeConfig, DecodeError, build_tree
+from medusa_lib.core.acceptance import race_noise, sample_token, sample_walk, sampling_probs
 from medusa_lib.core.compose import run_method
-from medusa_lib.core.decoding import race_noise, sample_token, sample_walk, sampling_probs
 
 
 # ------------------------------------------------------------------ exact sampling
@@ -206,7 +206,7 @@ def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(cache, models, temp
     nothing; a T that rounds to 0 in float32 (1e-46) made 0 / 0 = NaN and every column
     drew token 0. The tempered distribution is now the argmax's one-hot in the limit, and every
     method at such a T writes greedy's tokens."""
-    from medusa_lib.core.decoding import tempered_probs
+    from medusa_lib.core.acceptance import tempered_probs
 
     model = models["llama"]
     logits = torch.tensor([[3.0, -1.0, 2.5, 3.0, -torch.inf], [0.0, 0.0, 0.0, 0.0, 0.0], [-80.0, 90.0, 1.0, 0.0, -5.0]])
@@ -227,7 +227,7 @@ def test_tiny_temperatures_tend_to_greedy_and_never_make_nan(cache, models, temp
 def test_tempered_probs_at_a_tiny_temperature_is_the_argmax_in_every_dtype(dtype, temperature):
     """1e-30 is the page's least temperature (Settings.check): it, and anything smaller down to a T
     that float32 rounds to 0, gives the argmax's one-hot from logits of every dtype, never NaN."""
-    from medusa_lib.core.decoding import tempered_probs
+    from medusa_lib.core.acceptance import tempered_probs
 
     logits = torch.tensor([[3.0, -1.0, 2.5, -60000.0], [0.0, 0.0, 1e-3, -1e-3], [-7.0, 8.0, 7.5, 0.0]]).to(dtype)
     want = torch.nn.functional.one_hot(logits.float().argmax(-1), 4).float()

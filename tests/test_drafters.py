@@ -11,7 +11,7 @@ from conftest import make_model
 
 from medusa_lib.core import decoding, fused
 from medusa_lib.core.compose import make_decoder, run_method
-from medusa_lib.core.decoding import DecodeConfig, DecodeError
+from medusa_lib.core.config import DecodeConfig, DecodeError
 from medusa_lib.core.drafters import Draft, Drafter, DraftRun, LookupDrafter
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.tree import build_tree, chain_choices

@@ -11,7 +11,7 @@ from eagle_helpers import ARCHS, N_NEW, PROMPT, TREE, eagle_setups, plain, sampl
 from fused_helpers import HOST_READS, READ_BOUND, FakeCuda, step_ops
 
 from medusa_lib import DecodeConfig
-from medusa_lib.core import fused
+from medusa_lib.core import static_run
 from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.eagle import new_eagle_head
 from medusa_lib.core.kv import StaticKV
@@ -170,7 +170,7 @@ def test_dynamo_traces_the_whole_eagle_step_as_one_graph(setups, method, lookup)
     kv = StaticKV(model, max_len=96)
     dec = static_decoder(model, trained, method, lookup=lookup, kv=kv, n=8)
     dec.run(PROMPT)
-    tree, _ = fused.programs(dec, kv)
+    tree, _ = static_run.programs(dec, kv)
     torch._dynamo.reset()
     with torch.inference_mode():
         explanation = torch._dynamo.explain(tree.step)()
@@ -186,7 +186,7 @@ def test_the_program_is_captured_checked_and_shared_by_later_decoders(setups):
     kv = StaticKV(model, max_len=96)
     kv.capture = "cuda-graph"  # as on a GPU; the stand-in records instead
     dec = static_decoder(model, trained, kv=kv)
-    tree, root = fused.programs(dec, kv)
+    tree, root = static_run.programs(dec, kv)
     with pytest.raises(RuntimeError, match="differs from the step's"):
         tree.capture(graphs=FakeCuda(replay=lambda: None))
     for p in (tree, root):
@@ -195,7 +195,7 @@ def test_the_program_is_captured_checked_and_shared_by_later_decoders(setups):
     ref = plain(model, N_NEW)
     first = dec.run(PROMPT)
     again = static_decoder(model, trained, kv=kv)
-    assert fused.programs(again, kv)[0] is tree and len(kv.programs) == 2
+    assert static_run.programs(again, kv)[0] is tree and len(kv.programs) == 2
     second = again.run(PROMPT)
     assert first.tokens == second.tokens == ref and first.engine == "static, cuda-graph"
     assert records(first) == records(second)
@@ -224,7 +224,7 @@ def test_inductors_compiled_eagle_step_gives_the_eager_steps_tokens(setups, look
     model, trained, _ = setups["llama"]
     kv = StaticKV(model, max_len=96, capture="compile")
     dec = static_decoder(model, trained, lookup=lookup, kv=kv)
-    for p in fused.programs(dec, kv):
+    for p in static_run.programs(dec, kv):
         p.capture()
     eager = run_method(model, PROMPT, method="medusa-greedy", eagle=trained, config=config("static", lookup=lookup))
     torch._dynamo.config.error_on_recompile = True

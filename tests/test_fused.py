@@ -15,7 +15,7 @@ import torch
 from fused_helpers import HOST_READS, PROMPT, READ_BOUND, TREE, decoder, step_ops
 
 from medusa_lib import DecodeConfig, build_tree, cartesian_choices
-from medusa_lib.core import fused
+from medusa_lib.core import static_run
 from medusa_lib.core.acceptance import race_noise, sample_token
 from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.kv import StaticKV
@@ -61,7 +61,7 @@ def test_dynamo_traces_a_whole_step_as_one_graph(llama, heads, method, lookup, t
     assert kv.claim()
     kv.release()
     dec.run(PROMPT)  # a real state to trace from
-    tree, root = fused.programs(dec, kv)
+    tree, root = static_run.programs(dec, kv)
     prog = tree or root
     torch._dynamo.reset()
     with torch.inference_mode():  # as a run calls it (Decoder.steps)
@@ -92,7 +92,7 @@ def test_heads_with_a_proposal_vocabulary_trace_as_one_graph_too(llama):
     kv = StaticKV(llama, max_len=64)
     dec.static_kv = kv
     dec.run(PROMPT)
-    tree, _ = fused.programs(dec, kv)
+    tree, _ = static_run.programs(dec, kv)
     assert heads.proposal_projection(llama.lm_head) in next(k for k, p in kv.programs.items() if p is tree)[-1]
     torch._dynamo.reset()
     with torch.inference_mode():
@@ -203,7 +203,7 @@ def test_the_shared_cache_keeps_a_bounded_number_of_programs_least_recently_used
     """Many custom trees on one server: the oldest programs (and the heads and trees they hold, on a
     GPU their graphs) are let go beyond MAX_PROGRAMS, never the run's own; a run that needs an evicted
     program builds it again and still gives generate's tokens."""
-    monkeypatch.setattr(fused, "MAX_PROGRAMS", 3)
+    monkeypatch.setattr(static_run, "MAX_PROGRAMS", 3)
     kv = StaticKV(llama, max_len=128)
     trees = [build_tree(cartesian_choices(shape)) for shape in ([2], [3], [2, 2], [3, 2])]
     cfg = DecodeConfig(max_new_tokens=12, stop_on_eos=False, cache="static")

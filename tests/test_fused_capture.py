@@ -10,7 +10,7 @@ import torch
 from fused_helpers import PROMPT, FakeCuda, decoder
 
 from medusa_lib import DecodeConfig
-from medusa_lib.core import fused
+from medusa_lib.core import fused, static_run
 from medusa_lib.core.compose import run_method
 from medusa_lib.core.kv import StaticKV
 
@@ -22,10 +22,10 @@ def test_a_capture_is_kept_only_when_it_succeeded_and_its_replay_matches(llama, 
     dec = decoder(llama, heads, kv=kv)
     dec.run(PROMPT)
     kv.capture = "cuda-graph"  # as on a GPU; the stand-in records instead
-    tree, root = fused.programs(dec, kv)
+    tree, root = static_run.programs(dec, kv)
     fake = FakeCuda(fail="operation not permitted when stream is capturing")
     with pytest.raises(RuntimeError, match="not permitted"):
-        fused.ready(dec, kv, graphs=fake)
+        static_run.ready(dec, kv, graphs=fake)
     # the cache's one side stream, on its device
     assert not tree.captured and not root.captured and kv.prefill is None and fake.streams == [kv.device]
     # the prefill's chunk (prompts then run eagerly), the first step
@@ -70,7 +70,7 @@ def test_a_run_whose_capture_fails_runs_on_the_dynamic_cache_and_says_so(llama, 
     ref = run_method(llama, PROMPT, method="plain", config=DecodeConfig(max_new_tokens=24, stop_on_eos=False)).tokens
     kv = StaticKV(llama, max_len=128)
     kv.capture = "cuda-graph"
-    real = fused.ready
+    real = static_run.ready
     monkeypatch.setattr(
         "medusa_lib.core.decoding.ready", lambda d, k: real(d, k, graphs=FakeCuda(fail="out of memory"))
     )
@@ -106,7 +106,7 @@ def test_on_a_gpu_a_failed_compile_falls_back_to_a_graph_of_the_eager_step_and_s
     kv = StaticKV(llama, max_len=128, capture="compile")
     monkeypatch.setattr(torch, "compile", broken)
     dec = decoder(llama, heads, kv=kv)
-    tree, root = fused.programs(dec, kv)
+    tree, root = static_run.programs(dec, kv)
     fakes = {p: FakeCuda(replay=p.step) for p in (tree, root)}
     for p, fake in fakes.items():
         p.capture(graphs=fake)
@@ -142,7 +142,7 @@ def test_inductors_compiled_step_recorded_in_one_graph_gives_generates_tokens(ll
     kv = StaticKV(llama, max_len=128, capture="compile")
     medusa, plain_dec = decoder(llama, heads, kv=kv), decoder(llama, heads, "plain", lookup=0, kv=kv)
     for d in (medusa, plain_dec):
-        for p in fused.programs(d, kv):
+        for p in static_run.programs(d, kv):
             if p is not None and not p.captured:
                 p.capture(graphs=FakeCuda(replay=lambda p=p: dict(made)[p]()))
     assert len(made) == 2 and all(p.graph is not None and p.note is None for p, _ in made)
@@ -163,21 +163,21 @@ def test_each_program_says_when_it_starts_compiling_and_how_long_it_took(llama, 
     kv = StaticKV(llama, max_len=128, capture="compile")
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     said = []
-    assert fused.ready(decoder(llama, heads, kv=kv), kv, say=said.append) is None
+    assert static_run.ready(decoder(llama, heads, kv=kv), kv, say=said.append) is None
     assert (
         said[0] == "Compiling the 25-token medusa-greedy step..."
         and said[2] == "Compiling the 1-token medusa-greedy step..."
     )
     assert all(line.startswith(("  the 25-token medusa-greedy step: ", "  the 1-token")) for line in said[1::2])
     said.clear()
-    fused.ready(decoder(llama, heads, kv=kv), kv, say=said.append)
+    static_run.ready(decoder(llama, heads, kv=kv), kv, say=said.append)
     assert said == []  # compiled once
 
 
 def test_a_compiling_engine_keeps_inductors_files_beside_the_models_cache(llama, monkeypatch, tmp_path):
     """Later starts reuse Inductor's on-disk caches, so they live in the project's cache folder (not /tmp,
     emptied at a reboot) unless the user chose a folder."""
-    from medusa_lib.core.kv import prepare_engine
+    from medusa_lib.core.engine import prepare_engine
     from medusa_lib.core.model import CACHE_DIR
 
     # so that the teardown restores what was there
@@ -206,7 +206,7 @@ def test_a_second_start_finds_the_compiled_steps_in_inductors_on_disk_cache(llam
         torch._dynamo.reset()
         counters.clear()
         kv = StaticKV(llama, max_len=128, capture="compile")
-        fused.ready(decoder(llama, heads, kv=kv), kv)
+        static_run.ready(decoder(llama, heads, kv=kv), kv)
         seconds.append(kv.capture_seconds)
         hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
         assert (hits, misses) == ((0, 2) if start == 0 else (2, 0)), (start, hits, misses)
@@ -233,7 +233,7 @@ def test_on_a_gpu_a_compiled_step_that_cannot_be_recorded_falls_back_to_a_graph_
     # compiles: a function of its own
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: lambda: fn())
     dec = decoder(llama, heads, kv=kv)
-    tree, root = fused.programs(dec, kv)
+    tree, root = static_run.programs(dec, kv)
     for p in (tree, root):
         p.capture(graphs=FailingOnce(replay=p.step, fail="Cannot copy between CPU and CUDA tensors during capture"))
         assert p.graph is not None and p.failed is not None

@@ -10,7 +10,7 @@ import torch
 from conftest import OracleHeads, make_model
 
 from medusa_lib.core.compose import make_decoder
-from medusa_lib.core.decoding import DecodeConfig, Step
+from medusa_lib.core.config import DecodeConfig
 from medusa_lib.core.lab import (
     CostCurve,
     add_best_node,
@@ -23,6 +23,7 @@ from medusa_lib.core.lab import (
     speedup_curve,
     step_costs,
 )
+from medusa_lib.core.steps import Step
 from medusa_lib.core.tree import TreeError, build_tree, greedy_choices, validate_choices, with_lookup
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -129,7 +129,20 @@ def test_neither_the_library_nor_serving_imports_tools():
 # The core's floors: the foundations (settings, trees, defaults, messages) import neither the rules
 # nor the engines nor any drafter, so those build on them and never the other way round.
 FOUNDATIONS = ("caches", "config", "defaults", "draft", "messages", "tree")
-ABOVE = ("acceptance", "rules", "lookup", "decoding", "fused", "kv", "prefill", "drafters")
+ABOVE = (
+    "acceptance",
+    "rules",
+    "lookup",
+    "decoding",
+    "plain",
+    "fused",
+    "static_run",
+    "kv",
+    "engine",
+    "prefill",
+    "drafters",
+    "compose",
+)
 
 
 def test_the_cores_foundations_import_no_rule_engine_or_drafter():
@@ -143,7 +156,7 @@ def test_the_cores_foundations_import_no_rule_engine_or_drafter():
 
 
 # The verifier and the drafters meet only through core/draft.py (the contract) and core/compose.py (above both).
-VERIFIER = ("decoding", "fused", "steps", "kv", "prefill")
+VERIFIER = ("decoding", "plain", "fused", "static_run", "steps", "kv", "engine", "prefill")
 
 
 def is_drafters(module: str) -> bool:

@@ -7,7 +7,7 @@ import torch
 from fused_helpers import TREE, FakeCuda
 
 from medusa_lib import DecodeConfig
-from medusa_lib.core import fused
+from medusa_lib.core import static_run
 from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.kv import StaticKV
 from medusa_lib.core.prefill import LADDER, Prefill
@@ -100,7 +100,7 @@ def test_the_recorded_prefill_is_checked_against_the_eager_one_and_used_by_every
         config=DecodeConfig(max_new_tokens=16, stop_on_eos=False, cache="static"),
         static_kv=kv,
     )
-    for p in fused.programs(dec, kv):
+    for p in static_run.programs(dec, kv):
         if p is not None:
             p.capture(graphs=FakeCuda(replay=p.step))
     assert dec.run(ids).tokens == ref and replays == [64, 16]  # 64 whole, then 6 padded to 16

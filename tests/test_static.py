@@ -205,10 +205,10 @@ def test_bad_cache_and_capture_settings_get_one_sentence(llama):
 @pytest.mark.slow
 def test_a_compiled_capture_gives_the_eager_tokens_and_never_compiles_inside_a_run():
     """torch.compile of the whole-step programs (CPU here; on CUDA the same code with CUDA graphs):
-    compiled once per program before the first run (fused.ready), then every run calls it."""
+    compiled once per program before the first run (static_run.ready), then every run calls it."""
     import torch._dynamo
 
-    from medusa_lib.core.fused import ready
+    from medusa_lib.core.static_run import ready
 
     model = make_model("llama")
     ref = plain(model, 40)
@@ -291,7 +291,7 @@ def test_four_users_at_once_on_one_shared_static_cache_get_their_own_tokens():
 
 
 def test_the_engine_setting_is_checked_and_a_capture_needs_its_device(llama):
-    from medusa_lib.core.kv import EngineError, prepare_engine
+    from medusa_lib.core.engine import EngineError, prepare_engine
 
     said = []
     assert prepare_engine(llama, max_len=64, say=said.append).cache == "dynamic"  # auto on a CPU: today's dynamic cache
@@ -321,7 +321,7 @@ def test_the_engine_setting_is_checked_and_a_capture_needs_its_device(llama):
 
 
 def test_compiling_pre_packed_cpu_weights_falls_back_to_eager_static_steps_with_a_sentence():
-    from medusa_lib.core.kv import prepare_engine
+    from medusa_lib.core.engine import prepare_engine
     from medusa_lib.core.packing import prepack_linear_weights
 
     model = make_model("llama")

@@ -17,25 +17,19 @@ import torch
 from torch import nn
 
 from .acceptance import (
-    greedy_accept,
     greedy_tokens,
-    race_noise,
     sample_token,
-    sample_walk,
-    sampling_probs,
-    tempered_probs,
-    typical_accept,
-    typical_threshold,
-    typical_threshold_of_entropy,
 )
 from .config import METHODS, DecodeConfig, DecodeError
 from .draft import Credit, Proposer
-from .fused import fused_steps, ready
-from .kv import DynamicKV, StaticKV, compact_cache, new_cache, static_refusal
+from .engine import static_refusal
+from .kv import DynamicKV, StaticKV
 from .messages import cause
-from .model import ModelError, ModelInfo, body_and_lm_head, input_device, model_info
+from .model import ModelInfo, body_and_lm_head, input_device, model_info
+from .plain import plain_steps
 from .rules import REASONS, accept, cut, knobs_of, rule_of
-from .steps import RunResult, Step, first_difference, sync, tree_step
+from .static_run import fused_steps, ready
+from .steps import RunResult, Step, sync, tree_step
 from .tree.masks import TreeBuffers
 from .tree.shape import MedusaTree, root_only_tree
 
@@ -217,7 +211,7 @@ class Decoder:
             if kv.kind == "static":
                 yield from fused_steps(self, ids, kv)
             elif self.method == "plain":
-                yield from self._plain_steps(ids, kv)
+                yield from plain_steps(self, ids, kv)
             else:
                 yield from self._medusa_steps(ids, kv)
         finally:
@@ -226,44 +220,6 @@ class Decoder:
 
     def run(self, prompt_ids: Sequence[int] | torch.Tensor) -> RunResult:
         return RunResult(self.method, tuple(self.steps(prompt_ids)))
-
-    # ------------------------------------------------------------------ plain
-    def _plain_steps(self, ids: torch.Tensor, kv: DynamicKV) -> Iterator[Step]:
-        cfg, dev = self.config, self.device
-        draw = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-        seq_len = ids.shape[1]
-        t0 = sync(dev)
-        logits = self.model(
-            input_ids=ids,
-            position_ids=torch.arange(seq_len, device=dev)[None],
-            past_key_values=kv.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[0, -1]
-        token = sample_token(logits, position=seq_len, **draw)
-        new, reason = self.finish([int(token)], 0, seq_len)
-        yield self.prefill_step(new, reason, t0, kv)
-        produced, seq_len, index = len(new), seq_len + len(new), 1
-        while reason is None:
-            t0 = sync(dev)
-            # the stock call, as model.generate makes it
-            pos = torch.tensor([[seq_len - 1]], device=dev)
-            logits = self.model(
-                input_ids=token.view(1, 1).to(dev), position_ids=pos, past_key_values=kv.cache, use_cache=True
-            ).logits[0, -1]
-            t1 = sync(dev)
-            token = sample_token(logits, position=seq_len, **draw)
-            new, reason = self.finish([int(token)], produced, seq_len)
-            t2 = sync(dev)
-            yield Step(
-                index,
-                tuple(new),
-                t2 - t0,
-                MappingProxyType({"verify": t1 - t0, "accept": t2 - t1}),
-                accept_length=0,
-                finish_reason=reason,
-            )
-            produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
     # ------------------------------------------------------------------ medusa
     @property
@@ -425,29 +381,4 @@ class Decoder:
             produced, seq_len, index = produced + len(new), seq_len + len(new), index + 1
 
 
-# Step records (steps.py) and the acceptance/sampling rules (acceptance.py) are re-exported: callers
-# that build or read a run import them from here, beside the Decoder that uses them.
-__all__ = [
-    "Decoder",
-    "DecodeConfig",
-    "DecodeError",
-    "METHODS",
-    "ModelError",
-    "RunResult",
-    "Step",
-    "StaticKV",
-    "compact_cache",
-    "first_difference",
-    "greedy_accept",
-    "greedy_tokens",
-    "model_info",
-    "new_cache",
-    "race_noise",
-    "sample_token",
-    "sample_walk",
-    "sampling_probs",
-    "tempered_probs",
-    "typical_accept",
-    "typical_threshold",
-    "typical_threshold_of_entropy",
-]
+__all__ = ["Decoder", "Proposal", "Verdict"]

@@ -71,18 +71,18 @@ from pathlib import Path
 import torch
 
 from ..core.compose import make_decoder
-from ..core.config import DEFAULT_LOOKUP
-from ..core.decoding import DecodeConfig, DecodeError, Decoder
+from ..core.config import DEFAULT_LOOKUP, DecodeConfig, DecodeError
+from ..core.decoding import Decoder
 from ..core.defaults import heads_defaults
 from ..core.drafters import REGISTRY, EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
-from ..core.fused import ready
+from ..core.engine import prepare_engine
 from ..core.heads import load_heads
-from ..core.kv import prepare_engine
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import few_row_kernels, is_prepacked
+from ..core.static_run import ready
 from ..core.steps import sync
 from ..core.tree.presets import get_tree
 from ..core.tree.shape import with_lookup

@@ -6,9 +6,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..core.decoding import first_difference
 from ..core.eagle import update_eagle_config
 from ..core.spec_metrics import Acceptance, acceptance
+from ..core.steps import first_difference
 from .bench_args import DRAFTER_METHODS
 
 # Lossless: same seed, same output as its reference.

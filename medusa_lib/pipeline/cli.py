@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from ..core.kv import CACHES, CAPTURES
+from ..core.config import CACHES, CAPTURES
 from ..core.messages import cause, shown
 from .jsonl import load_jsonl
 

@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.compose import make_decoder
-from ..core.decoding import DecodeConfig
+from ..core.config import DecodeConfig
 from ..core.defaults import machine_key, sweep_key
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig

@@ -28,10 +28,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import fused
 from ..core.compose import make_decoder
-from ..core.decoding import DecodeConfig, Decoder
+from ..core.config import CACHES, CAPTURES, DecodeConfig
+from ..core.decoding import Decoder
 from ..core.defaults import heads_defaults
+from ..core.engine import prepare_engine
 from ..core.heads import load_heads
-from ..core.kv import CACHES, CAPTURES, prepare_engine
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, input_device, load_model
 from ..core.tree.presets import get_tree

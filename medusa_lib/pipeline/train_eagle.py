@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.compose import make_decoder
-from ..core.decoding import DecodeConfig
+from ..core.config import DecodeConfig
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, load_eagle, new_eagle_head

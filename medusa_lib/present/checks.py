@@ -13,8 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.acceptance import race_noise
-from ..core.decoding import sampling_probs
+from ..core.acceptance import race_noise, sampling_probs
 from ..core.model import input_device
 from .numerics import dtype_name
 from .page import GreedyCheck, greedy_check, sample_rows

@@ -21,9 +21,10 @@ import torch
 
 from ..core.compose import make_decoder
 from ..core.decoding import Decoder
-from ..core.fused import Program, capture_program, programs, record_prefill
+from ..core.fused import Program
 from ..core.kv import StaticKV
 from ..core.messages import cause
+from ..core.static_run import capture_program, programs, record_prefill
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Unit:
     """One step program to build, in the compiled engine of one numerics."""
 
     numerics: str
-    # a decoder of the page's first view on that engine, and one of its programs (``fused.programs``)
+    # a decoder of the page's first view on that engine, and one of its programs (``static_run.programs``)
     decoder: Decoder
     program: Program
 

@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from ..core.compose import make_decoder
-from ..core.decoding import DecodeConfig
+from ..core.config import DecodeConfig
 
 EXACT = "float32"
 

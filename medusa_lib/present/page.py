@@ -15,8 +15,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..core.decoding import DecodeConfig, first_difference, typical_threshold_of_entropy
+from ..core.acceptance import typical_threshold_of_entropy
+from ..core.config import DecodeConfig
 from ..core.drafters import REGISTRY
+from ..core.steps import first_difference
 from .records import RunRecord
 
 # how the page names each drafter of a record (Step.drafter), and "drafted by ..."

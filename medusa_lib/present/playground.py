@@ -5,7 +5,7 @@ browser sessions. ``stream(prompt, settings)`` runs plain greedy, Medusa greedy 
 typical one after another on the one device (concurrent runs would distort tokens/s) and
 yields an :class:`Event` after every step, carrying the run so far as an immutable
 :class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache; with a captured
-static engine (``kv.prepare_engine``, on a GPU) a run takes the loaded model's shared static cache and
+static engine (``engine.prepare_engine``, on a GPU) a run takes the loaded model's shared static cache and
 its graphs while no other run holds them, else a static cache of its own.
 
 The settings live in ``settings.py``, the records in ``records.py``, what the page makes of them in
@@ -27,12 +27,13 @@ import torch
 from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.defaults import HeadsDefaults, heads_defaults
+from ..core.engine import prepare_engine, resolve_engine
 from ..core.file_checks import model_sizes
-from ..core.fused import ready
 from ..core.heads import MedusaHeads
 from ..core.hub_gguf import weights_note
-from ..core.kv import StaticKV, describe_engine, prepare_engine, resolve_engine
+from ..core.kv import StaticKV, describe_engine
 from ..core.model import chat_prompt_ids, device_name, input_device, load_model, model_config_file, resolve_device
+from ..core.static_run import ready
 from .checks import ExactnessChecks
 from .compiling import pending_engine
 from .drafter import (

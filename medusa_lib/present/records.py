@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.decoding import RunResult, Step
+from ..core.steps import RunResult, Step
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
-from ..core.config import DEFAULT_LOOKUP, MAX_LOOKUP, is_lookup_length
-from ..core.decoding import DecodeConfig
+from ..core.config import DEFAULT_LOOKUP, MAX_LOOKUP, DecodeConfig, is_lookup_length
 from ..core.defaults import FALLBACK_TREE
 from ..core.messages import InputError, is_number, kind, must_be, must_be_switch, shown
 
