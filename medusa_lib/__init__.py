@@ -21,7 +21,8 @@ from .core.decoding import Decoder
 from .core.defaults import HeadsDefaults, heads_defaults
 from .core.drafters import Drafter, EagleDrafter, LookupDrafter, MedusaDrafter
 from .core.engine import Engine, EngineError, prepare_engine
-from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock, load_heads
+from .core.heads import HeadsConfig, HeadsError, MedusaHeads, ResBlock
+from .core.heads_load import load_heads
 from .core.kv import StaticKV
 from .core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, ModelError, ModelInfo, check_supported, load_model
 from .core.steps import RunResult, Step

@@ -148,7 +148,7 @@ def test_the_shipped_records_decide_the_default_drafter_here(pg):
     from types import SimpleNamespace
 
     from medusa_lib.core.defaults import heads_defaults
-    from medusa_lib.core.heads import load_heads
+    from medusa_lib.core.heads_load import load_heads
 
     cal = json.loads(open("assets/heads/smollm2-135m-instruct-eagle/config.json").read())["calibration"]
     assert cal["device_kind"] == "cpu" and cal["draft"] == "int8" and cal["dtype"] == "torch.float32"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from medusa_lib.core.defaults import calibration_records, heads_defaults
-from medusa_lib.core.heads import load_heads
+from medusa_lib.core.heads_load import load_heads
 from medusa_lib.core.machine_fit import (
     Candidate,
     Fit,

@@ -1,6 +1,6 @@
 """Medusa heads checkpoint files: finding and reading every public format and ours, writing ours.
 
-Checkpoint formats read by ``heads.load_heads``:
+Checkpoint formats read by ``heads_load.load_heads``:
 1. heads-only ``medusa_lm_head.pt`` (or ``.safetensors``) + ``config.json`` with
    ``medusa_num_heads``/``medusa_num_layers``; keys ``{i}.{j}.linear.*`` and ``{i}.{L}.weight``;
 2. a full model whose state dict also holds ``medusa_head.{i}...`` keys;
@@ -37,7 +37,7 @@ TREES_FILE = "trees.json"
 def save_heads(
     heads: nn.Module, folder: str | Path, *, base_model: str | None = None, dtype: torch.dtype | None = None, **extra
 ) -> Path:
-    """``MedusaHeads.save``: ``medusa_lm_head.safetensors`` + ``config.json``, read back by ``heads.load_heads``."""
+    """``MedusaHeads.save``: ``medusa_lm_head.safetensors`` + ``config.json``, read back by ``heads_load.load_heads``."""
     from safetensors.torch import save_file
 
     folder = Path(folder)

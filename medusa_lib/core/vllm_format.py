@@ -121,7 +121,7 @@ def to_vllm_medusa(
 def read_vllm_medusa(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """vLLM's Medusa folder as (our state dict, our config): ResBlocks as ``{i}.{j}.linear.*``, each
     head's projection as ``{i}.{L}.weight`` (the shared head copied to every head, as vLLM uses it),
-    ``token_map`` as ``proposal_ids``. ``heads.load_heads`` calls this for such folders."""
+    ``token_map`` as ``proposal_ids``. ``heads_load.load_heads`` calls this for such folders."""
     from safetensors import safe_open
 
     config = json.loads((folder / "config.json").read_text())

@@ -78,7 +78,7 @@ from ..core.drafters import REGISTRY, EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import load_eagle
 from ..core.engine import prepare_engine
-from ..core.heads import load_heads
+from ..core.heads_load import load_heads
 from ..core.messages import InputError, cause
 from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
 from ..core.packing import few_row_kernels, is_prepacked

@@ -43,7 +43,8 @@ from ..core.compose import make_decoder
 from ..core.config import DEFAULT_LOOKUP, DecodeConfig
 from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
 from ..core.engine import Engine, prepare_engine
-from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads, load_heads
+from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads
+from ..core.heads_load import load_heads
 from ..core.lookup import ngram_proposal
 from ..core.machine_fit import machine_record
 from ..core.messages import InputError

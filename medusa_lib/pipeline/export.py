@@ -30,8 +30,9 @@ import torch
 from tqdm import tqdm
 
 from ..core.eagle import EAGLE_FILE, EagleError, is_eagle_folder, load_eagle, read_eagle_config
-from ..core.heads import HeadsError, hidden_size_of, load_heads
+from ..core.heads import HeadsError, hidden_size_of
 from ..core.heads_io import HEADS_FILE
+from ..core.heads_load import load_heads
 from ..core.messages import InputError
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, default_model_folder, load_model
 from ..core.vllm_format import EXPORTED_BY, VLLM_WEIGHTS, to_vllm_medusa, vllm_refusal

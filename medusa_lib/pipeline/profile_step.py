@@ -32,7 +32,7 @@ from ..core.config import CACHES, CAPTURES, DecodeConfig
 from ..core.decoding import Decoder
 from ..core.defaults import heads_defaults
 from ..core.engine import prepare_engine
-from ..core.heads import load_heads
+from ..core.heads_load import load_heads
 from ..core.messages import InputError
 from ..core.model import chat_prompt_ids, input_device, load_model
 from ..core.tree.presets import get_tree

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, load_heads
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads
+from ..core.heads_load import load_heads
 from ..core.model import (
     DEFAULT_HUB_ID,
     DEFAULT_MODEL,

@@ -28,7 +28,8 @@ from ..core.drafters import REGISTRY, Drafter, DrafterError, EagleDrafter
 from ..core.drafters.eagle_head import find_eagle
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.file_checks import safetensors_problem
-from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of, load_heads
+from ..core.heads import HeadsConfig, HeadsError, MedusaHeads, hidden_size_of
+from ..core.heads_load import load_heads
 from ..core.messages import cause, kind, shown
 from ..core.spec_metrics import Acceptance, draft_positions, step_acceptance
 from ..core.tree.shape import MedusaTree
