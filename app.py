@@ -238,8 +238,8 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
                 f"error: {flag(option, 'MEDUSA_' + name.upper(), argv)}={value!r} must be one of "
                 f"{', '.join(choices)}; fix it or unset it."
             )
+    from medusa_lib.core.device import resolve_device, resolve_dtype
     from medusa_lib.core.engine import resolve_engine
-    from medusa_lib.core.model import resolve_device, resolve_dtype
 
     # a value from the environment: say which variable
     def named(e: ValueError, name: str) -> str:

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from medusa_lib import DecodeConfig, ModelError, get_tree, load_heads, load_model
+from medusa_lib.core.chat import chat_prompt_ids
 from medusa_lib.core.compose import run_method
-from medusa_lib.core.model import PACKED_GQA, chat_prompt_ids, default_gguf_path, resolve_dtype
+from medusa_lib.core.device import resolve_dtype
+from medusa_lib.core.model import PACKED_GQA, default_gguf_path
 from medusa_lib.core.packing import PackedLinear
 from medusa_lib.pipeline.jsonl import load_jsonl
 
@@ -52,7 +54,7 @@ def test_unknown_model_offline_gets_a_clear_message(tmp_path):
 
 
 def test_auto_dtype_is_the_fastest_that_works():
-    from medusa_lib.core.model import cpu_has_native_bf16
+    from medusa_lib.core.device import cpu_has_native_bf16
 
     assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     with pytest.raises(ModelError, match="float16 is not supported on CPU"):

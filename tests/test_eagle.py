@@ -15,7 +15,8 @@ from medusa_lib.core.dynamic_tree import (
     expand_level,
     select_tree,
 )
-from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
+from medusa_lib.core.eagle import EagleError, new_eagle_head
+from medusa_lib.core.eagle_io import load_eagle
 
 
 # ------------------------------------------------------------------ the dynamic tree, by hand

@@ -11,7 +11,8 @@ from conftest import make_model
 from medusa_lib import DecodeConfig
 from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
-from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
+from medusa_lib.core.eagle import EagleError, new_eagle_head
+from medusa_lib.core.eagle_io import load_eagle
 from medusa_lib.core.eagle_run import EagleRun
 from medusa_lib.pipeline.eagle_loss import accepted_length, eagle_loss, simulated_lengths, unrolled
 from medusa_lib.pipeline.feature_cache import FeatureCache, build_cache, fused_layers, read_cache

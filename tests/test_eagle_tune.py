@@ -11,7 +11,8 @@ from conftest import VOCAB, make_model
 from medusa_lib import DecodeConfig
 from medusa_lib.core.compose import make_decoder, run_method
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
-from medusa_lib.core.eagle import EagleError, load_eagle, new_eagle_head
+from medusa_lib.core.eagle import EagleError, new_eagle_head
+from medusa_lib.core.eagle_io import load_eagle
 from medusa_lib.core.eagle_run import EagleRun
 from medusa_lib.pipeline.eagle_loss import simulated_acceptance
 from medusa_lib.pipeline.eagle_tune import proposal_subsets, sweep, write_size
@@ -164,10 +165,10 @@ def test_a_head_on_the_whole_vocabulary_is_swept_and_given_back_as_it_came(model
 def test_machine_keys_name_the_device_the_numerics_and_a_cpus_bfloat16_instructions(monkeypatch):
     from medusa_lib.core.defaults import machine_key, sweep_key
 
-    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("medusa_lib.core.device.cpu_has_native_bf16", lambda: False)
     assert machine_key("cpu", torch.float32) == "cpu-float32" == machine_key(torch.device("cpu"), "float32")
     assert machine_key("cuda:0", torch.bfloat16) == "cuda-bfloat16"
-    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("medusa_lib.core.device.cpu_has_native_bf16", lambda: True)
     assert machine_key("cpu", torch.float32) == "cpu-float32-native-bf16"
     assert machine_key("cpu", torch.bfloat16) == "cpu-bfloat16-native-bf16"
     assert machine_key("cuda", "float16") == "cuda-float16"  # a GPU's CPU flags do not matter
@@ -189,7 +190,7 @@ def test_a_tree_swept_on_another_kind_of_machine_is_kept_apart_and_loaded_there_
     model = make_model("llama")
     folder = tmp_path / "eagle"
     new_eagle_head(model, tree=TREE).save(folder)
-    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("medusa_lib.core.device.cpu_has_native_bf16", lambda: False)
     here = {"chosen": "2,2,2", "key": "cpu-float32", "rows": []}
     assert write_tree(folder, DynamicTreeConfig(2, 2, 2), here) == "the top-level tree"
     other = {"chosen": "2,3,5", "key": "cpu-float32-native-bf16", "rows": []}
@@ -198,7 +199,7 @@ def test_a_tree_swept_on_another_kind_of_machine_is_kept_apart_and_loaded_there_
     assert (cfg["top_k"], cfg["depth"], cfg["num_nodes"]) == (2, 2, 2) and cfg["tree_sweep"] == here
     assert cfg["tree_sweeps"] == {"cpu-float32-native-bf16": other}
     assert load_eagle(folder, model=model).config.tree == DynamicTreeConfig(2, 2, 2)  # an AVX2-only CPU
-    monkeypatch.setattr("medusa_lib.core.model.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("medusa_lib.core.device.cpu_has_native_bf16", lambda: True)
     assert load_eagle(folder, model=model).config.tree == DynamicTreeConfig(2, 3, 5)  # AVX512-BF16, float32
     again = {"chosen": "2,3,6", "key": "cpu-float32", "rows": []}  # the top level's kind again
     assert write_tree(folder, DynamicTreeConfig(2, 3, 6), again) == "the top-level tree"

@@ -309,7 +309,7 @@ def vllm_eagle_forward(out: Path, embed: torch.Tensor, features: torch.Tensor, t
 
 @pytest.mark.parametrize("proposal", [True, False], ids=["proposal-vocabulary", "full-vocabulary"])
 def test_the_exported_eagle_head_computes_by_vllms_rules_what_ours_computes(proposal, model_folder, tmp_path):
-    from medusa_lib.core.eagle import load_eagle
+    from medusa_lib.core.eagle_io import load_eagle
 
     model = make_model("llama")  # the same weights as model_folder (seed 0)
     tiny_eagle(tmp_path / "eagle", proposal=proposal)
@@ -467,7 +467,7 @@ def test_the_page_says_whether_the_eagle_head_exports_and_with_which_command(mon
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from medusa_lib.core.eagle import read_eagle_config
+    from medusa_lib.core.eagle_io import read_eagle_config
     from medusa_lib.present.export import eagle_export_hint
 
     monkeypatch.chdir(ROOT)

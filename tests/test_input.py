@@ -246,7 +246,8 @@ def test_chat_markers_typed_in_a_prompt_stay_text():
     system turn)."""
     from transformers import AutoTokenizer
 
-    from medusa_lib.core.model import _default_cached_folder, chat_prompt_ids
+    from medusa_lib.core.chat import chat_prompt_ids
+    from medusa_lib.core.model import _default_cached_folder
 
     folder = _default_cached_folder()
     if not (folder / "tokenizer_config.json").exists():

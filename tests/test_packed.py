@@ -278,7 +278,8 @@ def prepacked_llama():
 
 
 def test_eagle_drafts_in_int8_on_a_prepacked_float32_model_and_decodes_exactly(tmp_path):
-    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.core.eagle_io import load_eagle
     from medusa_lib.core.packing import Int8Linear
 
     int8_here()
@@ -323,7 +324,8 @@ def test_heads_project_their_drafts_in_int8_on_a_prepacked_float32_model(tmp_pat
 
 def test_int8_drafts_only_where_they_run(monkeypatch, tmp_path):
     import medusa_lib.core.packing as M
-    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.core.eagle_io import load_eagle
 
     stock = make_model("llama")  # not pre-packed: the stock float drafts
     assert not M.int8_fits(stock)
@@ -364,7 +366,8 @@ def test_int8_linear_packs_again_after_its_weight_changes_in_place():
 
 
 def test_asking_for_int8_where_it_cannot_run_keeps_float_drafts_and_says_nothing_of_int8(tmp_path):
-    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.core.eagle_io import load_eagle
     from medusa_lib.core.packing import Int8Linear
     from medusa_lib.present.drafter import Drafters
 
@@ -380,7 +383,8 @@ def test_asking_for_int8_where_it_cannot_run_keeps_float_drafts_and_says_nothing
 
 
 def test_the_page_names_the_numerics_whose_eagle_drafts_in_int8(tmp_path):
-    from medusa_lib.core.eagle import load_eagle, new_eagle_head
+    from medusa_lib.core.eagle import new_eagle_head
+    from medusa_lib.core.eagle_io import load_eagle
     from medusa_lib.present.drafter import Drafters
 
     int8_here()

@@ -24,10 +24,11 @@ import pytest
 import torch
 
 from medusa_lib import DecodeConfig, get_tree, load_heads, load_model
+from medusa_lib.core.chat import chat_prompt_ids
 from medusa_lib.core.compose import make_decoder
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
-from medusa_lib.core.eagle import load_eagle
-from medusa_lib.core.model import chat_prompt_ids, default_model_folder
+from medusa_lib.core.eagle_io import load_eagle
+from medusa_lib.core.model import default_model_folder
 from medusa_lib.core.spec_metrics import acceptance
 from medusa_lib.pipeline.export import export_vllm
 from medusa_lib.pipeline.jsonl import load_jsonl

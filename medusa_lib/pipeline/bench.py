@@ -70,17 +70,18 @@ from pathlib import Path
 
 import torch
 
+from ..core.chat import chat_prompt_ids
 from ..core.compose import make_decoder
 from ..core.config import DEFAULT_LOOKUP, DecodeConfig, DecodeError
 from ..core.decoding import Decoder
 from ..core.defaults import heads_defaults
 from ..core.drafters import REGISTRY, EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import load_eagle
+from ..core.eagle_io import load_eagle
 from ..core.engine import prepare_engine
 from ..core.heads_load import load_heads
 from ..core.messages import InputError, cause
-from ..core.model import chat_prompt_ids, eos_token_ids, input_device, load_model
+from ..core.model import eos_token_ids, input_device, load_model
 from ..core.packing import few_row_kernels, is_prepacked
 from ..core.static_run import ready
 from ..core.steps import sync

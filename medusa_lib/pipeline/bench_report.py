@@ -6,7 +6,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..core.eagle import update_eagle_config
+from ..core.eagle_io import update_eagle_config
 from ..core.spec_metrics import Acceptance, acceptance
 from ..core.steps import first_difference
 from .bench_args import DRAFTER_METHODS

@@ -39,16 +39,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.chat import chat_prompt_ids
 from ..core.compose import make_decoder
 from ..core.config import DEFAULT_LOOKUP, DecodeConfig
 from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
+from ..core.device import device_label
 from ..core.engine import Engine, prepare_engine
 from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads
 from ..core.heads_load import load_heads
 from ..core.lookup import ngram_proposal
 from ..core.machine_fit import machine_record
 from ..core.messages import InputError
-from ..core.model import body_and_lm_head, chat_prompt_ids, device_label, input_device, load_model
+from ..core.model import body_and_lm_head, input_device, load_model
 from ..core.packing import few_row_kernels
 from ..core.tree.design import expected_tokens_per_step, greedy_choices
 from ..core.tree.shape import TOPK, build_tree, with_lookup

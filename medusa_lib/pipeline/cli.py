@@ -111,7 +111,7 @@ def check_heads_path(value: str, *, flag: str = "--heads") -> None:
 
 def check_model_arguments(args: argparse.Namespace) -> None:
     """--device and --dtype, checked before the model loads (one sentence each)."""
-    from ..core.model import resolve_device, resolve_dtype
+    from ..core.device import resolve_device, resolve_dtype
 
     try:
         resolve_dtype(args.dtype, resolve_device(args.device))

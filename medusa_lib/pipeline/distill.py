@@ -30,7 +30,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..core.model import chat_prompt_ids, eos_token_ids, input_device
+from ..core.chat import chat_prompt_ids
+from ..core.model import eos_token_ids, input_device
 from .cli import add_model_arguments
 from .jsonl import load_jsonl
 from .prompts import key_pattern

@@ -23,10 +23,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..core.device import cpu_has_native_bf16
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead
 from ..core.eagle_run import EagleRun
-from ..core.model import cpu_has_native_bf16
 from ..core.spec_metrics import acceptance
 from .feature_cache import FeatureCache
 

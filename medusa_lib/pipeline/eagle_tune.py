@@ -40,14 +40,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.chat import chat_prompt_ids
 from ..core.compose import make_decoder
 from ..core.config import DecodeConfig
 from ..core.defaults import machine_key, sweep_key
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import CONFIG_FILE, EAGLE_FILE, load_eagle, update_eagle_config
+from ..core.eagle import CONFIG_FILE, EAGLE_FILE
+from ..core.eagle_io import load_eagle, update_eagle_config
 from ..core.messages import InputError
-from ..core.model import chat_prompt_ids, eos_token_ids, load_model
+from ..core.model import eos_token_ids, load_model
 from .calibrate import pick_default, split_prompts, time_decoders
 from .cli import add_float_draft, add_model_arguments, fail, whole_number
 from .eagle_loss import depth_rates, simulated_lengths

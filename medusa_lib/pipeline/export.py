@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.eagle import EAGLE_FILE, EagleError, is_eagle_folder, load_eagle, read_eagle_config
+from ..core.eagle import EAGLE_FILE, EagleError
+from ..core.eagle_io import is_eagle_folder, load_eagle, read_eagle_config
 from ..core.heads import HeadsError, hidden_size_of
 from ..core.heads_io import HEADS_FILE
 from ..core.heads_load import load_heads

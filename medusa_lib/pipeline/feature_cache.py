@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.model import body_and_lm_head, cpu_has_native_bf16, input_device
+from ..core.device import cpu_has_native_bf16
+from ..core.model import body_and_lm_head, input_device
 
 
 def fused_layers(num_layers: int) -> tuple[int, int, int]:

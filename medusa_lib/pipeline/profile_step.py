@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import fused
+from ..core.chat import chat_prompt_ids
 from ..core.compose import make_decoder
 from ..core.config import CACHES, CAPTURES, DecodeConfig
 from ..core.decoding import Decoder
@@ -34,7 +35,7 @@ from ..core.defaults import heads_defaults
 from ..core.engine import prepare_engine
 from ..core.heads_load import load_heads
 from ..core.messages import InputError
-from ..core.model import chat_prompt_ids, input_device, load_model
+from ..core.model import input_device, load_model
 from ..core.tree.presets import get_tree
 from .cli import add_model_arguments, check_heads_path, check_model_arguments, fail, whole_number
 

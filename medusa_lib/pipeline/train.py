@@ -30,16 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..core.device import cpu_has_native_bf16
 from ..core.heads import HeadsConfig, HeadsError, MedusaHeads
 from ..core.heads_load import load_heads
-from ..core.model import (
-    DEFAULT_HUB_ID,
-    DEFAULT_MODEL,
-    body_and_lm_head,
-    cpu_has_native_bf16,
-    eos_token_ids,
-    load_model,
-)
+from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, body_and_lm_head, eos_token_ids, load_model
 from .cli import add_model_arguments
 from .hidden_cache import HiddenCache, cached_hidden, frequent_tokens
 from .jsonl import load_jsonl

@@ -34,7 +34,8 @@ from ..core.compose import make_decoder
 from ..core.config import DecodeConfig
 from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
-from ..core.eagle import EagleHead, load_eagle, new_eagle_head
+from ..core.eagle import EagleHead, new_eagle_head
+from ..core.eagle_io import load_eagle
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, input_device, load_model
 from ..core.spec_metrics import step_lists
 from .cli import add_model_arguments

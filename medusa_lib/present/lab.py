@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..core.defaults import KIND_NAMES, calibration_records, device_kind, record_kind
+from ..core.device import device_label, device_name
 from ..core.lab import (
     MAX_SIZE,
     SIZES,
@@ -28,7 +29,7 @@ from ..core.lab import (
     speedup_curve,
     step_costs,
 )
-from ..core.model import device_label, device_name, input_device
+from ..core.model import input_device
 from ..core.packing import few_row_kernels
 from ..core.spec_metrics import Acceptance, draft_positions, format_rates, step_acceptance
 from ..core.tree.design import expected_tokens_per_step

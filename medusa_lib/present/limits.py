@@ -12,7 +12,8 @@ import time
 from typing import Callable
 
 from ..core.config import MAX_LOOKUP
-from ..core.model import device_name, input_device, model_info
+from ..core.device import device_name
+from ..core.model import input_device, model_info
 from .settings import MAX_TREE_NODES
 
 # between two decode steps: None to go on, or the sentence that ends the run (RunStopped)

@@ -24,15 +24,17 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from ..core.chat import chat_prompt_ids
 from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.defaults import HeadsDefaults, heads_defaults
+from ..core.device import device_name, resolve_device
 from ..core.engine import prepare_engine, resolve_engine
 from ..core.file_checks import model_sizes
 from ..core.heads import MedusaHeads
 from ..core.hub_gguf import weights_note
 from ..core.kv import StaticKV, describe_engine
-from ..core.model import chat_prompt_ids, device_name, input_device, load_model, model_config_file, resolve_device
+from ..core.model import input_device, load_model, model_config_file
 from ..core.static_run import ready
 from .checks import ExactnessChecks
 from .compiling import pending_engine

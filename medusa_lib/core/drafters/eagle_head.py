@@ -16,16 +16,8 @@ import torch
 from ..defaults import device_kind, record_kind
 from ..draft import DraftState, NewTree
 from ..dynamic_tree import DynamicTreeConfig, as_medusa_tree
-from ..eagle import (
-    CONFIG_FILE,
-    EAGLE_FILE,
-    EagleError,
-    EagleHead,
-    check_sizes,
-    is_eagle_folder,
-    load_eagle,
-    read_eagle_config,
-)
+from ..eagle import CONFIG_FILE, EAGLE_FILE, EagleError, EagleHead, check_sizes
+from ..eagle_io import is_eagle_folder, load_eagle, read_eagle_config
 from ..eagle_run import EagleRun
 from ..eagle_static import StaticEagle
 from ..file_checks import safetensors_problem
