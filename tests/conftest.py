@@ -43,45 +43,25 @@ def make_model(arch: str, *, attn: str = "sdpa", seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, attn_implementation=attn, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    # the Llama-like families: one size, their own grouped-query attention
+    decoder = dict(
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        **common,
+    )
     if arch == "llama":
-        cfg = LlamaConfig(
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            initializer_range=0.1,
-            **common,
-        )
-        cls = LlamaForCausalLM
+        cfg, cls = LlamaConfig(num_key_value_heads=2, **decoder), LlamaForCausalLM
     elif arch == "qwen2":
-        cfg = Qwen2Config(
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            max_position_embeddings=512,
-            initializer_range=0.1,
-            **common,
-        )
-        cls = Qwen2ForCausalLM
+        cfg, cls = Qwen2Config(num_key_value_heads=1, **decoder), Qwen2ForCausalLM
     elif arch == "gpt2":
         cfg = GPT2Config(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=512, initializer_range=0.1, **common)
         cls = GPT2LMHeadModel
     elif arch == "mistral":
-        cfg = MistralConfig(
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            initializer_range=0.1,
-            **common,
-        )
-        cls = MistralForCausalLM
+        cfg, cls = MistralConfig(num_key_value_heads=2, **decoder), MistralForCausalLM
     else:
         raise ValueError(arch)
     for k, v in overrides.items():
@@ -350,6 +330,41 @@ def api_args(prompt: str, overrides: dict, *, live: bool = False) -> list:
     """A raw /compare body: the prompt, the settings in their order, then run_live (``live``: a fresh run, never
     one shared with an identical request)."""
     return [prompt, *({**API_DEFAULTS, **overrides}[k] for k in API_ORDER), live]
+
+
+# the page's inputs as a visitor finds them (ui.outputs.PAGE_INPUTS's order), on the tiny playground's tree
+PAGE_START = dict(
+    prompt=PROMPT,
+    max_new_tokens=12,
+    temperature=0.7,
+    epsilon=0.09,
+    delta=0.3,
+    tree="chain-2",
+    custom_tree="",
+    chat_template=True,
+    lookup_branch=True,
+    seed=0,
+    numerics="float32",
+    insp_label="Medusa greedy / exact sampling",
+    mode="greedy",
+    drafter="medusa",
+    run_live=True,
+)
+
+
+def page_values(**changes) -> list:
+    """Every page input in ``PAGE_INPUTS``'s order, as the page's /run takes them: the page as it starts,
+    ``changes`` by name."""
+    from ui.outputs import PAGE_INPUTS
+
+    values = {**PAGE_START, **changes}
+    return [values[name] for name in PAGE_INPUTS]
+
+
+def page_start(**changes) -> list:
+    """The page's inputs from the prompt to the inspector's choice (``page_values``' first 12): a handler call
+    that leaves the mode, the drafter and Run live to their defaults."""
+    return page_values(**changes)[:12]
 
 
 def column_text(col_html: str) -> str:

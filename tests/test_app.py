@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROMPT, free_port, tiny_playground, two_numerics_playground
+from conftest import PROMPT, free_port, page_values, tiny_playground, two_numerics_playground
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,24 +81,7 @@ def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server, arg
 
 def test_ui_run_streams_into_the_three_columns(server):
     """The page's own Run handler (undocumented endpoint): final update has the badge, summary and inspector."""
-    job = server.submit(
-        PROMPT,
-        12,
-        0.7,
-        0.09,
-        0.3,
-        "topk-3x2x1",
-        "",
-        True,
-        True,
-        0,
-        "float32",
-        "Medusa greedy / exact sampling",
-        "greedy",
-        "medusa",
-        True,
-        api_name="/run",
-    )
+    job = server.submit(*page_values(tree="topk-3x2x1"), api_name="/run")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 3

@@ -12,6 +12,8 @@ from conftest import (
     LIMIT,
     PROMPT,
     column_text,
+    page_start,
+    page_values,
     serving,
     tiny_playground,
 )
@@ -86,27 +88,7 @@ def test_four_page_sessions_at_once_see_only_their_own_text(served):
         client.predict(p, 12, 0.7, 0.09, 0.3, "chain-2", "", True, True, False, 0, api_name="/compare")["methods"]
         for p in prompts
     ]  # the greedy mode, as the page's default
-    jobs = [
-        Client(url, verbose=False).submit(
-            p,
-            12,
-            0.7,
-            0.09,
-            0.3,
-            "chain-2",
-            "",
-            True,
-            True,
-            0,
-            "float32",
-            "Medusa greedy / exact sampling",
-            "greedy",
-            "medusa",
-            True,
-            api_name="/run",
-        )
-        for p in prompts
-    ]
+    jobs = [Client(url, verbose=False).submit(*page_values(prompt=p), api_name="/run") for p in prompts]
     for job, ref in zip(jobs, alone):
         updates = list(job)
         assert job.result()[0].startswith("Done")
@@ -121,24 +103,7 @@ def test_stop_through_the_server_ends_the_run_and_the_next_run_works(served, mon
     stop = [d for d in client.config["dependencies"] if d.get("cancels")]
     assert stop and dep["id"] in stop[0]["cancels"]  # the Stop button cancels the Run event
     stats = count_runs(monkeypatch, pg, step_seconds=0.005)
-    job = client.submit(
-        PROMPT,
-        LIMIT,
-        0.7,
-        0.09,
-        0.3,
-        "chain-2",
-        "",
-        True,
-        True,
-        0,
-        "float32",
-        "Medusa greedy / exact sampling",
-        "greedy",
-        "medusa",
-        True,
-        api_name="/run",
-    )
+    job = client.submit(*page_values(max_new_tokens=LIMIT), api_name="/run")
     for out in job:
         if "Running" in str(out[0]):
             break
@@ -260,9 +225,7 @@ def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
 
     pg = tiny_playground(oracle=False)
     stats = count_runs(monkeypatch, pg, step_seconds=0.01)  # 200 steps take 2 s: longer than the close needs
-    gen = Handlers(pg).run(
-        PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
-    )
+    gen = Handlers(pg).run(*page_start(max_new_tokens=200, numerics=None))
     for out in gen:
         if stats["steps"] >= 3:
             break
@@ -271,11 +234,7 @@ def test_closing_the_run_handler_stops_the_decoder_at_once(monkeypatch):
     steps = stats["steps"]
     time.sleep(0.2)
     assert stats["active"] == 0 and stats["steps"] == steps < 200
-    outs = list(
-        Handlers(pg).run(
-            PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
-        )
-    )
+    outs = list(Handlers(pg).run(*page_start(max_new_tokens=4, numerics=None)))
     assert outs[-1][0].startswith("Done")
 
 

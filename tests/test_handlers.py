@@ -18,6 +18,8 @@ from conftest import (
     column_text,
     launch,
     make_model,
+    page_start,
+    page_values,
     status_text,
     tiny_playground,
     tiny_tokenizer,
@@ -63,24 +65,7 @@ def test_generated_html_shows_as_text_on_the_page_and_in_the_api():
         assert (
             out["methods"]["plain"]["text"].split() == ["<script>"] * 4
         )  # the API returns the text itself (JSON), the caller decides how to show it
-        job = client.submit(
-            PROMPT,
-            4,
-            0.7,
-            0.09,
-            0.3,
-            "chain-2",
-            "",
-            True,
-            True,
-            0,
-            "float32",
-            "Medusa greedy / exact sampling",
-            "greedy",
-            "medusa",
-            True,
-            api_name="/run",
-        )
+        job = client.submit(*page_values(max_new_tokens=4), api_name="/run")
         cols = [u[1] for u in job if isinstance(u[1], str) and 'data-state="done"' in u[1]]
     finally:
         demo.close()
@@ -144,11 +129,7 @@ def test_a_run_that_fails_midway_marks_its_column_stopped_and_keeps_its_tokens(m
     monkeypatch.setattr(Playground, "run_method", failing)
     monkeypatch.setattr("ui.handlers.STREAM_EVERY", 0.0)  # every step reaches the page
     with pytest.warns(UserWarning):
-        outs = list(
-            Handlers(pg).run(
-                PROMPT, 8, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
-            )
-        )
+        outs = list(Handlers(pg).run(*page_start(max_new_tokens=8, numerics=None)))
     last = outs[-1]
     assert status_text(last[RUN_OUTPUTS.index("status")]) == f"**Cannot run:** {UNEXPECTED.format(name='RuntimeError')}"
     greedy = last[RUN_OUTPUTS.index("col_greedy")]
@@ -205,26 +186,8 @@ def test_stop_waits_for_the_cancelled_run_and_shows_the_columns_it_last_sent(mon
     h = Handlers(pg)
     count_runs(monkeypatch, pg, step_seconds=0.01)  # the run decodes on the device while the page renders
     me, other = SimpleNamespace(session_hash="me"), SimpleNamespace(session_hash="other")
-    theirs = list(
-        h.run(
-            PROMPT,
-            3,
-            0.7,
-            0.09,
-            0.3,
-            "chain-2",
-            "",
-            True,
-            True,
-            0,
-            None,
-            "Medusa greedy / exact sampling",
-            request=other,
-        )
-    )  # another user's finished run
-    gen = h.run(
-        PROMPT, 200, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", request=me
-    )
+    theirs = list(h.run(*page_start(max_new_tokens=3, numerics=None), request=other))  # another user's finished run
+    gen = h.run(*page_start(max_new_tokens=200, numerics=None), request=me)
     plain = RUN_OUTPUTS.index("col_plain")
     frames = [next(gen) for _ in range(6)]
     at_click = [
@@ -264,11 +227,7 @@ def test_max_new_tokens_one_shows_dashes_and_says_why(served):
     assert all(
         r["tokens/s"] is None and r["tokens/step"] is None and r["speedup"] is None for r in out["summary"]
     )  # JSON null
-    outs = list(
-        Handlers(pg).run(
-            PROMPT, 1, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"
-        )
-    )
+    outs = list(Handlers(pg).run(*page_start(max_new_tokens=1, numerics=None)))
     status = outs[-1][RUN_OUTPUTS.index("status")]
     assert status == (
         "Done. Medusa columns drafted by the Medusa heads. "  # prompt lookup is always offered beside them

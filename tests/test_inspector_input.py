@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import PROMPT, tiny_playground
+from conftest import page_start, tiny_playground
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def run():
 
     pg = tiny_playground()
     h = Handlers(pg)
-    outs = list(h.run(PROMPT, 24, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    outs = list(h.run(*page_start(max_new_tokens=24, numerics=None)))
     return pg, h, outs[-1][RUN_OUTPUTS.index("session")]
 
 

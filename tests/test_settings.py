@@ -19,6 +19,7 @@ from conftest import (
     PROMPT,
     api_args,
     call_api,
+    page_start,
     status_text,
     tiny_playground,
 )
@@ -318,7 +319,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
     pg.max_new_tokens_limit = LIMIT
     h = Handlers(pg)
     status = RUN_OUTPUTS.index("status")
-    first = list(h.run(PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling"))
+    first = list(h.run(*page_start(max_new_tokens=4, numerics=None)))
     assert first[-1][status].startswith("Done")
     for case, prompt, overrides, message in CASES:
         if "sample" in overrides:  # the page's switch is the Mode choice (its own case below)
@@ -343,30 +344,10 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         for out in outs:  # only the status line changes: the previous run's columns, summary and replay stay
             assert all(v == gr.skip() for i, v in enumerate(out) if i != status), case
     with pytest.warns(UserWarning) as warned:
-        outs = list(
-            h.run(
-                PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "both"
-            )
-        )
+        outs = list(h.run(*page_start(max_new_tokens=4, numerics=None), "both"))
     assert str(warned[-1].message) == "The mode must be 'greedy' or 'sampling' (got 'both')."
     assert all(v == gr.skip() for out in outs for i, v in enumerate(out) if i != status)
-    outs = list(
-        h.run(
-            PROMPT,
-            4,
-            0.7,
-            0.09,
-            0.3,
-            "chain-2",
-            "",
-            True,
-            True,
-            0,
-            None,
-            "Medusa greedy / exact sampling",
-            run_live=True,
-        )
-    )
+    outs = list(h.run(*page_start(max_new_tokens=4, numerics=None), run_live=True))
     sessions = [o[RUN_OUTPUTS.index("session")] for o in outs if o[RUN_OUTPUTS.index("session")] != gr.skip()]
     assert sessions[0] is None  # a run that starts clears the session: no half-run is kept for replay
     assert outs[-1][status].startswith("Done") and set(outs[-1][RUN_OUTPUTS.index("session")]) == {
@@ -374,11 +355,7 @@ def test_ui_handler_shows_each_sentence_keeps_the_previous_results_and_the_next_
         "medusa-greedy",
         "medusa-typical",
     }  # the default mode: greedy, typical at T
-    outs = list(
-        h.run(
-            PROMPT, 4, 0.7, 0.09, 0.3, "chain-2", "", True, True, 0, None, "Medusa greedy / exact sampling", "sampling"
-        )
-    )
+    outs = list(h.run(*page_start(max_new_tokens=4, numerics=None), "sampling"))
     assert set(outs[-1][RUN_OUTPUTS.index("session")]) == {
         "plain-sample",
         "medusa-sample",
