@@ -9,7 +9,9 @@ from conftest import answer_records, make_model, random_heads, tiny_tokenizer
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
 from medusa_lib.core.compose import run_method
 from medusa_lib.pipeline import calibrate
-from medusa_lib.pipeline.calibrate import head_accuracy, pick_default, split_prompts
+from medusa_lib.pipeline.calibrate import split_prompts
+from medusa_lib.pipeline.calibrate_accuracy import head_accuracy
+from medusa_lib.pipeline.calibrate_timing import pick_default
 
 
 def calibration_case(tmp_path) -> list[str]:
@@ -206,7 +208,7 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     from conftest import OracleHeads
 
     from medusa_lib import DecodeConfig, build_tree
-    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
+    from medusa_lib.pipeline.calibrate_sim import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")
     prompt = [1, 17, 33, 250, 99]
@@ -235,7 +237,7 @@ def test_simulated_accepts_are_what_medusa_greedy_accepts_at_each_step():
     assert checked >= 10
     import pytest
 
-    from medusa_lib.pipeline.calibrate import answer_states
+    from medusa_lib.pipeline.calibrate_accuracy import answer_states
 
     assert torch.equal(
         simulated_accepts(model, heads, {"t": tree}, [record], states=answer_states(model, [record]))["t"][0], sim
@@ -250,7 +252,7 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
     import pytest
 
     from medusa_lib import DecodeConfig, build_tree
-    from medusa_lib.pipeline.calibrate import simulated_accepts, simulated_tokens_per_step
+    from medusa_lib.pipeline.calibrate_sim import simulated_accepts, simulated_tokens_per_step
 
     model = make_model("llama")
     prompt = [5, 6, 7, 8, 5, 6, 7]  # the tiny model's answer soon repeats itself
@@ -286,7 +288,7 @@ def test_simulation_with_the_lookup_branch_is_what_decoding_accepts():
 def test_calibration_speed_is_the_median_of_speed_ups_paired_by_prompt(monkeypatch):
     from types import SimpleNamespace
 
-    import medusa_lib.pipeline.calibrate as cal
+    import medusa_lib.pipeline.calibrate_timing as cal
 
     # tokens/s by (decoder, prompt): the tree is 3x plain on the short prompt and 1.5x on the long one
     rates = {("plain", 1): 10.0, ("plain", 2): 40.0, ("tree", 1): 30.0, ("tree", 2): 60.0}
@@ -316,7 +318,7 @@ def test_a_calibration_on_another_device_kind_joins_the_first_one(tmp_path):
     from pathlib import Path
 
     from medusa_lib import heads_defaults
-    from medusa_lib.pipeline.calibrate import write_calibration
+    from medusa_lib.pipeline.calibrate_record import write_calibration
 
     folder = tmp_path / "heads"
     shutil.copytree(Path(__file__).resolve().parents[1] / "assets/heads/smollm2-135m-instruct", folder)

@@ -15,8 +15,8 @@ from medusa_lib.core.eagle import EagleError, new_eagle_head
 from medusa_lib.core.eagle_io import load_eagle
 from medusa_lib.core.eagle_run import EagleRun
 from medusa_lib.pipeline.eagle_loss import accepted_length, eagle_loss, simulated_lengths, unrolled
+from medusa_lib.pipeline.eagle_trainer import train
 from medusa_lib.pipeline.feature_cache import FeatureCache, build_cache, fused_layers, read_cache
-from medusa_lib.pipeline.train_eagle import train
 from medusa_lib.present.drafter import Drafters
 
 PROMPTS = [[1, 17, 33, 250, 99, 4, 61], [1, 5, 9, 12], [1, 200, 201, 202, 7, 8, 30, 31, 40]]
@@ -307,8 +307,8 @@ def test_a_training_can_start_from_another_heads_weights_of_the_same_recipe(mode
 
 
 def test_the_model_cards_acceptance_counts_the_decoders_full_steps(model, cache):
-    """train_eagle.acceptance_per_depth: tokens/step and the rates per depth of the decoder's full steps."""
-    from medusa_lib.pipeline.train_eagle import acceptance_per_depth
+    """eagle_card.acceptance_per_depth: tokens/step and the rates per depth of the decoder's full steps."""
+    from medusa_lib.pipeline.eagle_card import acceptance_per_depth
 
     head = fitted(model, cache, batches=40)
     got = acceptance_per_depth(model, head, PROMPTS, max_new_tokens=16, tree=TREE)
@@ -325,7 +325,7 @@ def test_the_model_cards_acceptance_counts_the_decoders_full_steps(model, cache)
 
 
 def test_the_model_card_names_the_recipe_with_its_training_time_test_steps():
-    from medusa_lib.pipeline.train_eagle import recipe_name
+    from medusa_lib.pipeline.eagle_card import recipe_name
 
     assert recipe_name({"recipe": "EAGLE-1 (top feature)", "ttt_steps": 1}) == "EAGLE-1 (top feature)"
     assert (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from medusa_lib.pipeline import gpu_check, gpu_figures, gpu_parts, gpu_stage
+from medusa_lib.pipeline import gpu_check, gpu_figures, gpu_parts, gpu_run, gpu_stage
 from medusa_lib.pipeline.gpu_stage import StageError
 from tools import gpu_pack, gpu_plan
 from tools.gpu_plan import PER_FILE
@@ -306,7 +306,7 @@ def test_a_failing_or_hanging_part_never_stops_the_others(tmp_path):
             "skip": "left-out",
         },
     )()
-    check = gpu_check.Check(args, ctx, parts)
+    check = gpu_run.Check(args, ctx, parts)
     check.run(staged=True, stage_note="test")
     data = json.loads((tmp_path / "out" / "check.json").read_text())
     status = {n: p["status"] for n, p in data["parts"].items()}
@@ -332,18 +332,18 @@ def test_limit_gives_a_part_its_own_limit_for_one_call_and_refuses_what_it_canno
     ctx.work.mkdir()
     fields = {"out": str(tmp_path / "out"), "budget": 60, "no_stage": True, "stage": str(tmp_path), "only": None}
     args = type("Args", (), fields | {"skip": "", "limit": "sleeps=1"})()
-    check = gpu_check.Check(args, ctx, parts)
+    check = gpu_run.Check(args, ctx, parts)
     check.run(staged=True, stage_note="test")
     part = json.loads((tmp_path / "out" / "check.json").read_text())["parts"]["sleeps"]
     assert (part["status"], part["limit_s"]) == ("timeout", 1) and part["seconds"] < 10
-    assert gpu_check.part_limits("eagle=500, costs=30", ["eagle", "costs"]) == {"eagle": 500.0, "costs": 30.0}
+    assert gpu_run.part_limits("eagle=500, costs=30", ["eagle", "costs"]) == {"eagle": 500.0, "costs": 30.0}
     for bad, said in (
         ("eagel=500", "--limit names a part this check does not have: 'eagel' (parts: eagle, costs)."),
         ("eagle=five", "--limit 'eagle=five': give the part's seconds as a positive number, e.g. eagle=500."),
         ("eagle=0", "--limit 'eagle=0': give the part's seconds as a positive number, e.g. eagle=500."),
     ):
         with pytest.raises(SystemExit) as e:
-            gpu_check.part_limits(bad, ["eagle", "costs"])
+            gpu_run.part_limits(bad, ["eagle", "costs"])
         assert str(e.value) == said
 
 

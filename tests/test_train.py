@@ -5,15 +5,9 @@ import torch
 from conftest import answer_records, make_model
 
 from medusa_lib import HeadsConfig, MedusaHeads, load_heads
-from medusa_lib.pipeline.train import (
-    HiddenCache,
-    TrainConfig,
-    Trainer,
-    cached_hidden,
-    frequent_tokens,
-    start_from,
-    train_heads,
-)
+from medusa_lib.pipeline.hidden_cache import HiddenCache, cached_hidden, frequent_tokens
+from medusa_lib.pipeline.medusa_trainer import TrainConfig, Trainer, train_heads
+from medusa_lib.pipeline.train import start_from
 
 K = 3
 

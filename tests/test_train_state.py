@@ -11,7 +11,7 @@ from conftest import answer_records, make_model
 
 from medusa_lib.core.heads import HeadsConfig, MedusaHeads
 from medusa_lib.pipeline.hidden_cache import HiddenCache, frequent_tokens
-from medusa_lib.pipeline.train import TrainConfig, train_heads
+from medusa_lib.pipeline.medusa_trainer import TrainConfig, train_heads
 
 K = 3
 
@@ -63,8 +63,8 @@ def test_a_planted_train_state_is_refused_and_runs_no_code(setup, tmp_path, trai
             train_heads(model, train, held, heads, cfg, out=tmp_path, log=lambda m: None)
         else:
             from medusa_lib.core.eagle import new_eagle_head
+            from medusa_lib.pipeline.eagle_trainer import train as train_eagle
             from medusa_lib.pipeline.feature_cache import FeatureCache, fused_layers
-            from medusa_lib.pipeline.train_eagle import train as train_eagle
 
             eagle_model = make_model("llama", num_hidden_layers=6)
             records = [{"prompt_ids": [5, 6, 7, 8], "answer_ids": [9, 10, 11, 12, 13, 14]}]

@@ -31,29 +31,23 @@ other numerics measures the same trees the earlier records quote.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from ..core.chat import chat_prompt_ids
-from ..core.compose import make_decoder
-from ..core.config import DEFAULT_LOOKUP, DecodeConfig
-from ..core.defaults import KIND_NAMES, calibration_key, record_kind, record_numerics
+from ..core.config import DEFAULT_LOOKUP
 from ..core.device import device_label
-from ..core.engine import Engine, prepare_engine
-from ..core.heads import CONFIG_FILE, TREES_FILE, MedusaHeads
+from ..core.engine import prepare_engine
 from ..core.heads_load import load_heads
-from ..core.lookup import ngram_proposal
 from ..core.machine_fit import machine_record
 from ..core.messages import InputError
-from ..core.model import body_and_lm_head, input_device, load_model
+from ..core.model import input_device, load_model
 from ..core.packing import few_row_kernels
 from ..core.tree.design import expected_tokens_per_step, greedy_choices
-from ..core.tree.shape import TOPK, build_tree, with_lookup
+from ..core.tree.shape import build_tree, with_lookup
+from .calibrate_accuracy import answer_states, head_accuracy
+from .calibrate_record import write_calibration
+from .calibrate_sim import lookup_accepts, merge_lookup, simulated_accepts, walked_tokens_per_step
+from .calibrate_timing import measure, pick_default
 from .cli import (
     add_engine_arguments,
     add_float_draft,
@@ -64,215 +58,9 @@ from .cli import (
     read_prompts,
 )
 from .distill import generate_answers
-from .jsonl import load_jsonl, replace_file
+from .jsonl import load_jsonl
 
 SIZES = (4, 8, 16, 32, 64)
-
-
-@torch.inference_mode()
-def answer_states(model, records: list[dict]) -> list[tuple[list[int], int, torch.Tensor]]:
-    """(sequence, start, h) per record: h [n, d] are the final hidden states from the last prompt
-    position ``start`` (it predicts the first answer token) to the end. Computed once and shared by
-    :func:`head_accuracy` and :func:`simulated_accepts` (pass it as ``states``)."""
-    body, _ = body_and_lm_head(model)
-    device = input_device(model)
-    out = []
-    for r in tqdm(records, desc="hidden states of the answers", unit="answer", file=sys.stdout, leave=False):
-        seq = list(r["prompt_ids"]) + list(r["answer_ids"])
-        start = len(r["prompt_ids"]) - 1
-        out.append((seq, start, body(input_ids=torch.tensor([seq], device=device)).last_hidden_state[0, start:]))
-    return out
-
-
-@torch.inference_mode()
-def head_accuracy(
-    model, heads: MedusaHeads, records: list[dict], *, topk: int = TOPK, states: list | None = None
-) -> torch.Tensor:
-    """acc [K, topk]: fraction of answer positions where head k's rank-r token is the true x_{t+k+1}."""
-    _, lm_head = body_and_lm_head(model)
-    device = input_device(model)
-    K = heads.num_heads
-    hits = torch.zeros(K, topk)
-    counts = torch.zeros(K)
-    embed = model.get_input_embeddings()
-    for seq, start, h in states if states is not None else answer_states(model, records):
-        # x_{t+1}, x_{t+2}, ... after each h_t
-        after = torch.tensor(seq[start + 1 :] + [0] * K, device=device)
-        n_pos = h.shape[0]
-        # the root x_{t+1} (root-conditioned heads)
-        roots = after[:n_pos]
-        # [n, K-1]: the true branch (teacher forcing)
-        path = (
-            torch.stack([after[j : j + n_pos] for j in range(1, K)], dim=1)
-            if heads.path_conditioned and K > 1
-            else None
-        )
-        ids = heads.propose(
-            h,
-            lm_head,
-            topk=topk,
-            root_emb=heads.root_embedding(embed, roots),
-            path_emb=None if path is None else embed.weight[path],
-        ).cpu()  # [n, K, topk]
-        for k in range(1, K + 1):
-            # positions t with a target x_{t+k+1}
-            n = len(seq) - start - k - 1
-            if n <= 0:
-                continue
-            target = torch.tensor(seq[start + k + 1 :])[:n]
-            match = ids[:n, k - 1] == target[:, None]  # [n, topk]
-            hits[k - 1] += match.float().sum(0)
-            counts[k - 1] += n
-    return hits / counts.clamp(min=1)[:, None]
-
-
-@torch.inference_mode()
-def simulated_accepts(
-    model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0
-) -> dict[str, list[torch.Tensor]]:
-    """Per tree, per record: the candidates greedy verification would accept at every answer position.
-
-    At position t (root x_{t+1}, the answer's next token) the heads draft the tree from h_t, and a
-    root-to-leaf path is accepted as far as its tokens are x_{t+2}, x_{t+3}, ... (the base model's
-    own greedy continuation, for greedy answers); the longest run over the paths counts. With
-    ``lookup`` > 0 the lookup branch (``lookup.ngram_proposal`` over the prompt and the answer up to
-    the root) is one more path.
-    """
-    _, lm_head = body_and_lm_head(model)
-    embed = model.get_input_embeddings()
-    out: dict[str, list[torch.Tensor]] = {name: [] for name in trees}
-    chains: list[torch.Tensor] = []
-    for seq, start, h in states if states is not None else answer_states(model, records):
-        # x_{t+1} of each position t from start on
-        answer = torch.tensor(seq[start + 1 :], dtype=torch.long)
-        n = answer.numel()
-        if lookup:
-            chains.append(lookup_accepts(seq, start, lookup))
-        for name, tree in trees.items():
-            D = tree.depth
-            # [n, D]: x_{t+2} .. x_{t+D+1}
-            truth = torch.cat([answer, torch.full((D + 1,), -1)]).unfold(0, D, 1)[1 : n + 1]
-            tokens = heads.draft(h[:n], lm_head, tree, answer.to(h.device), embed).cpu()  # [n, L]
-            ri = tree.retrieve_indices.cpu()
-            # the candidates along each root-to-leaf path
-            path = tokens[:, ri[:, 1:].clamp(min=0)]  # [n, P, D]
-            match = (path == truth[:, None, :]) & (ri[:, 1:] >= 0)
-            out[name].append(match.long().cumprod(-1).sum(-1).max(-1).values)
-    return merge_lookup(out, chains) if lookup else out
-
-
-def merge_lookup(accepts: dict[str, list[torch.Tensor]], chains: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-    """Per tree and record, the longer of the tree's accepted run and the lookup branch's
-    (:func:`lookup_accepts`, one tensor per record): the branch is one more path."""
-    return {name: [torch.maximum(a, c) for a, c in zip(per_record, chains)] for name, per_record in accepts.items()}
-
-
-def lookup_accepts(seq: list[int], start: int, length: int) -> torch.Tensor:
-    """[n]: at each answer position (root seq[start + 1 + i]), how many leading tokens of the lookup
-    branch's proposal are the sequence's own next tokens."""
-    full = torch.tensor(seq, dtype=torch.long)
-    out = torch.zeros(len(seq) - start - 1, dtype=torch.long)
-    for i in range(out.numel()):
-        root = start + 1 + i
-        prop = ngram_proposal(full[: root + 1], length=length)
-        truth = full[root + 1 : root + 1 + prop.numel()]
-        m = prop[: truth.numel()] == truth
-        out[i] = int(m.long().cumprod(0).sum())
-    return out
-
-
-def simulated_tokens_per_step(
-    model, heads: MedusaHeads, trees: dict, records: list[dict], *, states: list | None = None, lookup: int = 0
-) -> dict[str, float]:
-    """Tokens/step of greedy Medusa on the answers, simulated: walk each answer as decoding would
-    (the prefill gives its first token; a step rooted at answer position i accepts
-    :func:`simulated_accepts` [i] candidates plus the bonus token, and the next step is rooted
-    where that leaves off), then decoded tokens over steps, as ``RunResult.tokens_per_step``.
-    (Averaging 1 + accepts over *all* positions instead would overstate it: easy stretches give
-    long runs but are visited by few steps.)"""
-    return walked_tokens_per_step(simulated_accepts(model, heads, trees, records, states=states, lookup=lookup))
-
-
-def walked_tokens_per_step(accepts: dict[str, list[torch.Tensor]]) -> dict[str, float]:
-    """The walk of :func:`simulated_tokens_per_step` over accepts already simulated."""
-    out = {}
-    for name, per_record in accepts.items():
-        tokens = steps = 0
-        for a in per_record:
-            a, n, i = a.tolist(), len(a), 0
-            while i < n - 1:
-                emitted = min(a[i] + 1, n - 1 - i)
-                tokens, steps, i = tokens + emitted, steps + 1, i + emitted
-        out[name] = tokens / steps if steps else 1.0
-    return out
-
-
-def measure(
-    model,
-    heads,
-    trees: dict,
-    prompt_ids: list[list[int]],
-    *,
-    max_new_tokens: int,
-    repeats: int = 1,
-    lookup: int = 0,
-    engine: Engine | None = None,
-) -> dict:
-    """Per decoder (plain and each tree): median tokens/s, mean tokens/step, and ``speedup``, the
-    median over runs of its tokens/s over plain's on the same prompt in the same round. The pairing
-    keeps out what differs between prompts (answer length, how predictable) and slow drifts of a
-    shared machine, which a ratio of medians over different prompts keeps in. ``engine``: the
-    cache and captured steps the playground runs on this device (``prepare_engine``), so the
-    trees are timed as they will run."""
-    cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens, record_detail=False, lookup=lookup, cache=engine.cache if engine else "dynamic"
-    )
-    shared = engine.static_kv if engine else None
-    decoders = {"plain": make_decoder(model, method="plain", config=cfg, static_kv=shared)}
-    decoders.update(
-        {
-            name: make_decoder(model, method="medusa-greedy", heads=heads, tree=t, config=cfg, static_kv=shared)
-            for name, t in trees.items()
-        }
-    )
-    return time_decoders(decoders, prompt_ids, repeats=repeats)
-
-
-def time_decoders(decoders: dict, prompt_ids: list[list[int]], *, repeats: int = 1) -> dict:
-    """``decoders`` (their first ``plain``) timed one after another on every prompt, ``repeats`` rounds:
-    per decoder the median tokens/s, mean tokens/step and ``speedup``, the median over runs of its
-    tokens/s over plain's on the same prompt in the same round (``measure``)."""
-    # warm-up: a first run builds packed weights and caches
-    for dec in decoders.values():
-        dec.run(prompt_ids[0][:16])
-    rates: dict[str, list[float]] = {n: [] for n in decoders}
-    tps: dict[str, list[float]] = {n: [] for n in decoders}
-    rounds = [ids for ids in prompt_ids for _ in range(repeats)]
-    for ids in tqdm(rounds, desc=f"timing plain + {len(decoders) - 1}", unit="prompt", file=sys.stdout):
-        # one after another on the one device
-        for name, dec in decoders.items():
-            res = dec.run(ids)
-            rates[name].append(res.tokens_per_second)
-            tps[name].append(res.tokens_per_step)
-    return {
-        n: {
-            "tok_s": statistics.median(rates[n]),
-            "tokens_per_step": statistics.fmean(tps[n]),
-            "speedup": statistics.median(r / p for r, p in zip(rates[n], rates["plain"])),
-        }
-        for n in decoders
-    }
-
-
-def pick_default(speeds: dict[str, float], nodes: dict[str, int], tolerance: float = 0.02) -> str:
-    """The smallest tree whose measured speed (tokens/s, or speed-up over plain) is within ``tolerance`` of
-    the fastest one.
-
-    Trees a few percent apart are a tie on a shared CPU (one run of ~10 prompts moves by about
-    that much), and the smaller tree step is cheaper at longer contexts and under contention.
-    """
-    fastest = max(speeds.values())
-    return min((n for n in speeds if speeds[n] >= (1 - tolerance) * fastest), key=lambda n: (nodes[n], -speeds[n]))
 
 
 def split_prompts(prompts: list, n_acc: int, n_speed: int) -> tuple[list, list]:
@@ -448,58 +236,6 @@ def main(argv: list[str] | None = None) -> None:
             "mkl_rows": list(few_row_kernels(model)),
         }
         write_calibration(Path(args.heads), record, trees)
-
-
-def write_calibration(folder: Path, record: dict, trees: dict[str, list], *, say=print) -> str:
-    """Write a calibration beside the heads in ``folder``; return where in config.json it went.
-
-    ``record`` names its ``default_tree``, ``lookup``, ``device_kind`` and ``dtype``. It replaces the
-    top-level calibration (and config.json's ``default_tree`` and ``lookup``) when there is none or it
-    was made on the same kind of device in the same numerics (a record without a kind was made on a
-    CPU); otherwise it replaces the record of its kind and numerics in ``calibrations`` (under
-    ``calibration_key``: "cuda-bfloat16", "cpu-float32") and the top-level one stays as it is.
-    ``trees`` join trees.json by name; a name whose choices differ from the stored ones takes the new
-    choices (said). Each file is replaced whole (written beside it, then renamed), trees.json first,
-    so config.json never names a tree trees.json lacks.
-    """
-    trees_path, config_path = folder / TREES_FILE, folder / CONFIG_FILE
-    stored = json.loads(trees_path.read_text()) if trees_path.exists() else {}
-    changed = [n for n in trees if n in stored and stored[n] != trees[n]]
-    # Smallest first, as the tree menu lists them.
-    merged = dict(sorted({**stored, **trees}.items(), key=lambda kv: len(kv[1])))
-    cfg = json.loads(config_path.read_text())
-    kind, top = record["device_kind"], cfg.get("calibration")
-
-    # this device kind and numerics (a record saying none: any)
-    def same(r: dict, key: str | None = None) -> bool:
-        return record_kind(r, key) == kind and record_numerics(r) in (None, record_numerics(record))
-
-    # the other calibrations, under any older key too
-    others = {k: r for k, r in (cfg.get("calibrations") or {}).items() if not same(r, k)}
-    if isinstance(top, dict) and not same(top):
-        key = calibration_key(record)
-        others[key] = record
-        where = f"calibrations.{key} of {CONFIG_FILE}; the top-level {calibration_key(top)} calibration is kept"
-    else:
-        cfg["default_tree"], cfg["lookup"], cfg["calibration"] = record["default_tree"], record["lookup"], record
-        where = f"the top level of {CONFIG_FILE}"
-    if others:
-        cfg["calibrations"] = others
-    else:
-        cfg.pop("calibrations", None)
-    replace_file(trees_path, json.dumps(merged, indent=None) + "\n")
-    replace_file(config_path, json.dumps(cfg, indent=2) + "\n")
-    if changed:
-        say(
-            f"note: {', '.join(changed)} in {TREES_FILE} had other choices from an earlier calibration; "
-            "kept this one's "
-            "(figures recorded for them on another device were measured with the old ones: recalibrate there too)"
-        )
-    say(
-        f"wrote {trees_path}, default_tree={record['default_tree']} and lookup={record['lookup']} "
-        f"({' '.join(x for x in (KIND_NAMES.get(kind, kind), record_numerics(record)) if x)} calibration: {where})"
-    )
-    return where
 
 
 if __name__ == "__main__":

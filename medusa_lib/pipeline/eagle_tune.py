@@ -18,7 +18,7 @@ weights are untouched) and records the sweep in its config.json.
 
 **Node budget** (``--trees K,D,N ...``). Each dynamic tree decodes the held-out speed prompts (the
 ones ``calibrate`` times the Medusa trees on) with EAGLE greedy, one after another with plain
-greedy on the same prompt (``calibrate.time_decoders``: speed-up = the median over prompts of the
+greedy on the same prompt (``calibrate_timing.time_decoders``: speed-up = the median over prompts of the
 paired ratio), in this run's numerics. ``--write-tree`` makes the smallest tree within ``--tie`` of
 the fastest the head's tree on machines of this kind (``defaults.machine_key``: device, numerics,
 and whether the CPU has bfloat16 instructions) and records the sweep in its config.json (the
@@ -50,7 +50,8 @@ from ..core.eagle import CONFIG_FILE, EAGLE_FILE
 from ..core.eagle_io import load_eagle, update_eagle_config
 from ..core.messages import InputError
 from ..core.model import eos_token_ids, load_model
-from .calibrate import pick_default, split_prompts, time_decoders
+from .calibrate import split_prompts
+from .calibrate_timing import pick_default, time_decoders
 from .cli import add_float_draft, add_model_arguments, fail, whole_number
 from .eagle_loss import depth_rates, simulated_lengths
 from .feature_cache import read_cache

@@ -1,5 +1,6 @@
 """The hidden-state cache head training reads: the base model's final hidden states of prompt + answer,
-flattened, with each position's next tokens (the heads' targets) beside them (``train.py`` trains on it)."""
+flattened, with each position's next tokens (the heads' targets) beside them (``train.py`` builds it,
+``medusa_trainer.py`` trains on it)."""
 
 from __future__ import annotations
 

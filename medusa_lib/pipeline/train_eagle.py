@@ -22,29 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from ..core.compose import make_decoder
-from ..core.config import DecodeConfig
-from ..core.drafters import EagleDrafter
 from ..core.dynamic_tree import DynamicTreeConfig
 from ..core.eagle import EagleHead, new_eagle_head
 from ..core.eagle_io import load_eagle
 from ..core.model import DEFAULT_HUB_ID, DEFAULT_MODEL, eos_token_ids, input_device, load_model
-from ..core.spec_metrics import step_lists
 from .cli import add_model_arguments
-from .eagle_loss import batches, depth_rates, eagle_loss, simulated_acceptance, teacher_forced
-from .feature_cache import FeatureCache, build_cache, fused_layers
+from .eagle_card import acceptance_per_depth, model_card, recipe_rows
+from .eagle_trainer import train
+from .feature_cache import build_cache, fused_layers
 from .hidden_cache import frequent_tokens
 from .jsonl import load_jsonl
 from .live_server import machine
-from .train import read_train_state
 
 TRAIN_ANSWERS = [
     "assets/data/distill/train_answers.jsonl.gz",
@@ -52,118 +46,6 @@ TRAIN_ANSWERS = [
     "assets/data/distill/self_instruct_answers.jsonl.gz",
 ]
 HELDOUT_ANSWERS = ["assets/data/distill/heldout_answers.jsonl.gz"]
-# width of the uniform input noise (reference "std": 0.2)
-NOISE = 0.2
-
-
-def train(
-    head: EagleHead,
-    train_cache: FeatureCache,
-    heldout: FeatureCache,
-    *,
-    heldout_sim: FeatureCache | None = None,
-    out: Path,
-    lr: float,
-    epochs: int,
-    batch_tokens: int,
-    minutes: float,
-    eval_every: int,
-    seed: int,
-    eval_minutes: float = 0.0,
-    save_dtype: torch.dtype,
-    steps: int = 1,
-    sim_prompts: int = 48,
-    sim_tree: DynamicTreeConfig = DynamicTreeConfig(top_k=8, depth=5, num_nodes=24),
-    resume: bool = True,
-    log=print,
-) -> dict:
-    """AdamW over ``epochs`` shuffled passes, within ``minutes`` (resumed ones included). Every ``eval_every``
-    batches: teacher-forced held-out loss, and tokens/step simulated on ``sim_prompts`` held-out answers
-    (``simulated_acceptance``); the head with the most tokens/step is kept in ``out``. The training state
-    (head, optimiser, batch, minutes spent, history) is saved to ``out/train_state.pt`` at each evaluation,
-    and a run with ``resume`` goes on from it: the same plan, from the next batch."""
-    torch.manual_seed(seed)
-    proj = head.projection_weight().detach().float()
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    g = torch.Generator().manual_seed(seed)
-    plan = [
-        b
-        for e in range(epochs)
-        for b in batches(train_cache, torch.randperm(len(train_cache), generator=g).tolist(), batch_tokens)
-    ]
-    held = batches(heldout, list(range(len(heldout))), 8192)
-    heldout_sim = heldout if heldout_sim is None else heldout_sim
-    sim = list(range(len(heldout_sim)))[:: max(1, len(heldout_sim) // sim_prompts)][:sim_prompts]
-    warmup = min(100, len(plan) // 10 + 1)
-    best, history, done, spent = -1.0, [], 0, 0.0
-    state_path = out / "train_state.pt"
-    if resume and state_path.exists():
-        st = read_train_state(state_path, fresh="give another --out, pass --restart, or delete it")
-        if st["planned"] != len(plan):
-            raise SystemExit(
-                f"{state_path} is from another plan ({st['planned']} batches, not {len(plan)}); "
-                "give another --out or delete it."
-            )
-        head.load_state_dict(st["head"]), opt.load_state_dict(st["opt"])
-        best, history, done, spent = st["best"], st["history"], st["done"], st["minutes"]
-        torch.set_rng_state(st["rng"])
-        log(f"resuming at batch {done + 1} of {len(plan)} ({spent:.1f} min spent, best {best:.3f} tokens/step)")
-    t0 = time.perf_counter() - 60 * spent
-    # this training's minutes, resumed ones included
-    elapsed = lambda: (time.perf_counter() - t0) / 60  # noqa: E731
-    head.train()
-    bar = tqdm(plan, desc="train", unit="batch", file=sys.stdout, initial=done)
-    step = done
-    for step, b in enumerate(plan[done:], start=done + 1):
-        # Warm-up, then a cosine to 0 over the plan or the time budget, whichever ends first: a run cut
-        # by its budget still ends annealed.
-        progress = min(1.0, max((step - 1) / len(plan), elapsed() / minutes if minutes > 0 else 1.0))
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, step / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
-        loss, m = eagle_loss(head, proj, train_cache, b, noise=NOISE, steps=steps)
-        if not math.isfinite(float(loss)):
-            raise SystemExit(f"The loss became {float(loss)} at batch {step}; lower --lr.")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", **{k: f"{v:.2f}" for k, v in m.items() if k.startswith("top1_")})
-        over = elapsed() > minutes
-        due = eval_minutes > 0 and elapsed() - (history[-1]["minutes"] if history else 0.0) >= eval_minutes
-        if step % eval_every == 0 or step == len(plan) or over or due:
-            ev = teacher_forced(head, proj, heldout, held)
-            ev.update(simulated_acceptance(head, heldout_sim, sim, sim_tree))
-            ev.update(step=step, minutes=round(elapsed(), 2))
-            history.append(ev)
-            log(
-                f"\nheld-out at batch {step}: {ev['tokens_per_step']:.3f} tokens/step (accept rate per depth "
-                f"{ev['accept_rate_per_depth']}), top1 {ev['top1']:.3f}, ploss {ev['ploss']:.3f}, "
-                f"vloss {ev['vloss']:.4f}"
-            )
-            if ev["tokens_per_step"] > best:
-                best = ev["tokens_per_step"]
-                head.save(out, dtype=save_dtype, training={"history": history, "kept": step})
-            state = {
-                "head": head.state_dict(),
-                "opt": opt.state_dict(),
-                "rng": torch.get_rng_state(),
-            }
-            state.update(planned=len(plan), best=best, history=history, done=step, minutes=elapsed())
-            torch.save(state, str(state_path) + ".tmp")
-            Path(str(state_path) + ".tmp").replace(state_path)
-        if over:
-            log("time budget reached")
-            break
-    bar.close()
-    return {
-        "steps": step,
-        "planned_steps": len(plan),
-        "best_tokens_per_step": best,
-        "minutes": round(elapsed(), 2),
-        "history": history,
-    }
 
 
 def init_from(head: EagleHead, folder: str | Path, model) -> None:
@@ -181,110 +63,6 @@ def init_from(head: EagleHead, folder: str | Path, model) -> None:
             "give a head trained with the same flags."
         )
     head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()})
-
-
-def acceptance_per_depth(
-    model, head: EagleHead, prompts: list[list[int]], *, max_new_tokens: int, tree: DynamicTreeConfig
-) -> dict:
-    """Greedy decoding of held-out prompts with the head: tokens per step, and for every depth k
-    the share of steps that accepted >= k drafted tokens (and, given k - 1 accepted, the k-th)."""
-    cfg = DecodeConfig(max_new_tokens=max_new_tokens, stop_on_eos=True, record_detail=False)
-    lengths = []
-    for ids in tqdm(
-        prompts, desc=f"acceptance k={tree.top_k} depth={tree.depth} nodes={tree.num_nodes}", file=sys.stdout
-    ):
-        res = make_decoder(model, method="medusa-greedy", drafter=EagleDrafter(head, tree), config=cfg).run(ids)
-        # full steps: a cut step says nothing about the drafter
-        lengths += step_lists(res.steps)["accept_lengths"]
-    return {
-        "tree": {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes},
-        "prompts": len(prompts),
-        **depth_rates(lengths, tree.depth, digits=3),
-    }
-
-
-def recipe_rows(runs: list[Path]) -> str:
-    """A markdown table of several trainings on the same data (their ``training.json``): what each recipe gave."""
-    rows = [
-        "| run | recipe | training-time test steps | batches | minutes | held-out tokens/step (simulated, kept) "
-        "| accept rate per depth (given the one before) | teacher-forced top-1 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        s = json.loads((Path(run) / "training.json").read_text())
-        kept = max(s["history"], key=lambda h: h["tokens_per_step"])
-        rows.append(
-            f"| `{Path(run).name}` | {s['recipe']} | {s['ttt_steps']} | {kept['step']} of {s['steps']} "
-            f"| {kept['minutes']} of {s['minutes']} | {kept['tokens_per_step']:.3f} "
-            f"| {' / '.join(f'{x:.2f}' for x in kept['accept_rate_per_depth'])} | {kept['top1']:.3f} |"
-        )
-    return "\n".join(rows)
-
-
-def recipe_name(summary: dict) -> str:
-    """The recipe as the model card names it: what the head reads, and its training-time test steps past one."""
-    name, ttt = summary.get("recipe", "EAGLE-1 (top feature)"), int(summary.get("ttt_steps", 1))
-    return name + (f" + training-time test ({ttt} steps)" if ttt > 1 else "")
-
-
-def model_card(out: Path, *, command: str, summary: dict, evals: list[dict]) -> None:
-    cfg = json.loads((out / "config.json").read_text())
-    rows = "\n".join(
-        f"| {e['tree']['top_k']} | {e['tree']['depth']} | {e['tree']['num_nodes']} | {e['tokens_per_step']} | "
-        f"{' / '.join(map(str, e['accept_rate_per_depth']))} | "
-        f"{' / '.join(map(str, e['accepted_at_least']))} |"
-        for e in evals
-    )
-    kept = max(summary["history"], key=lambda h: h["tokens_per_step"]) if summary["history"] else {}
-    fused = cfg.get("fuse_layers")
-    reads = (
-        f"the inputs of base layers {', '.join(map(str, fused))} (low, middle, high), each RMS-normalised, "
-        "concatenated and projected to one feature (EAGLE-3, arXiv 2503.01840)"
-        if fused
-        else "the base model's top feature f_t (EAGLE-1, arXiv 2401.15077)"
-    )
-    loss = (
-        "token cross-entropy against the base distribution (no feature regression, as EAGLE-3)"
-        if fused
-        else "SmoothL1 feature regression + 0.1 x token cross-entropy against the base distribution"
-    )
-    speed = summary.get("feature_speed") or {}
-    compared = (out / "recipes.md").read_text() if (out / "recipes.md").exists() else ""
-    text = f"""# EAGLE draft head for SmolLM2-135M-Instruct: {recipe_name(summary)}
-
-A second drafter for Medusa Playground: one `{cfg.get("model_type")}` decoder layer of the base model's
-own class, reading `fc([e(x_(t+1)); h_t])` where h_t is {reads}, and projecting through the base
-model's frozen `lm_head` restricted to {cfg.get("num_proposal_tokens")} proposal tokens (dynamic tree of
-EAGLE-2, arXiv 2406.16858; reference SafeAILab/EAGLE). The embedding and lm_head are the base model's
-and are not stored here. Base model: {cfg.get("base_model_name_or_path")}. Default dynamic tree: top-k
-{cfg["top_k"]}, depth {cfg["depth"]}, {cfg["num_nodes"]} nodes + the root.
-
-## Command (exactly as run)
-
-```
-{command}
-```
-
-Self-distillation data: the base model's greedy answers in `assets/data/distill/`
-({summary["train_sequences"]} training sequences, {summary["train_tokens"]} tokens incl. prompts;
-{summary["heldout_sequences"]} held-out). Features cached once in bfloat16 (`feature_cache.py`; the training
-set's {speed.get("tokens", "?")} tokens took {speed.get("seconds", "?")} s on {speed.get("threads", "?")} threads).
-Training {summary["minutes"]} min, {summary["steps"]}
-of {summary["planned_steps"]} planned batches, on {summary["machine"]}. Loss: {loss}, over
-{summary.get("ttt_steps", 1)} training-time test step(s) (step j weighted 0.8^j), uniform input noise of width
-{NOISE}. The kept checkpoint is the one with the most tokens/step simulated on held-out answers
-(greedy, dynamic tree 8/5/24, from cached features), not the lowest loss: batch {kept.get("step")},
-{kept.get("tokens_per_step")} tokens/step simulated, teacher-forced top-1 {kept.get("top1", float("nan")):.3f}.
-{compared}
-## Held-out acceptance per depth (greedy decoding by the decoder, {evals[0]["prompts"] if evals else 0} held-out \
-prompts, {summary["eval_dtype"]})
-
-| top-k | depth | nodes | tokens/step | accept rate at depth 1..D (given the one before) \
-| share of steps accepting >= k |
-|---|---|---|---|---|---|
-{rows}
-"""
-    (out / "README.md").write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:
