@@ -260,8 +260,8 @@ def check_serving(args: argparse.Namespace, argv: list[str] | None) -> None:
     except ValueError as e:
         # EngineError (--cache/--capture)
         sys.exit(f"error: {e}")
-    from medusa_lib.present.drafter import check_options
-    from medusa_lib.present.playground import heads_folder
+    from medusa_lib.present.drafter_files import check_options
+    from medusa_lib.present.startup import heads_folder
 
     try:
         # a named drafter folder that holds no drafter: before the model loads

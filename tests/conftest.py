@@ -470,11 +470,11 @@ def no_model_load(monkeypatch):
     """Fails the test if app.py gets as far as loading a model: these flags must be refused before."""
     from cli_helpers import SERVING_ENV
 
-    import medusa_lib.present.playground as playground
+    import medusa_lib.present.startup as startup
 
     def load_model(*a, **kw):
         raise AssertionError("the model was loaded before the bad flag was refused")
 
-    monkeypatch.setattr(playground, "load_model", load_model)
+    monkeypatch.setattr(startup, "load_model", load_model)
     for k in SERVING_ENV + ("MEDUSA_DEVICE", "MEDUSA_CAPTURE", "MEDUSA_CACHE"):
         monkeypatch.delenv(k, raising=False)

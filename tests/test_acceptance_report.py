@@ -185,9 +185,12 @@ def pg():
 
 
 def test_the_lab_measure_returns_the_medusa_runs_acceptance(pg):
-    from medusa_lib.present.lab import acceptance_text, measure_tree
+    from medusa_lib.present.lab_measure import acceptance_text, measure_tree
+    from medusa_lib.present.settings import Request
 
-    m = measure_tree(pg, PROMPT, "[[0], [0, 0], [0, 0, 0]]", max_new_tokens=16, lookup_on=False)
+    m = measure_tree(
+        pg, PROMPT, Request(custom_tree="[[0], [0, 0], [0, 0, 0]]", max_new_tokens=16, lookup_branch=False)
+    )
     a, lists = m.acceptance, step_lists(m.medusa.result.steps)
     assert a == acceptance(**lists) and a.depth == 3 and a.drafts == a.steps > 0  # a Medusa chain drafts every step
     assert a.mean_acceptance_length == 1 + sum(lists["accept_lengths"]) / a.drafts
@@ -207,7 +210,10 @@ def test_the_lab_measure_returns_the_medusa_runs_acceptance(pg):
 def test_the_lab_page_says_the_acceptance_beside_tokens_per_step(pg):
     from ui.lab import MEASURE_OUTPUTS, LabHandlers
 
-    out = dict(zip(MEASURE_OUTPUTS, LabHandlers(pg).measure(None, "[[0], [0, 0]]", PROMPT, 12, True, False, None)))
+    # as the Measure button sends its inputs, in MEASURE_INPUTS' order
+    out = dict(
+        zip(MEASURE_OUTPUTS, LabHandlers(pg).measure_event(None, "[[0], [0, 0]]", PROMPT, 12, True, False, None))
+    )
     assert "tokens/step" in out["lab_status"]
     assert re.search(
         r"Acceptance as vLLM reports it: mean acceptance length \d\.\d\d \(every step drafted\), "

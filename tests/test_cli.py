@@ -100,7 +100,7 @@ def test_loopback_by_default_share_and_remote_code_opt_in(monkeypatch):
 
 
 def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
-    import medusa_lib.present.playground as playground
+    import medusa_lib.present.startup as startup
     from medusa_lib.core.model import ModelError
 
     seen = []
@@ -109,7 +109,7 @@ def test_trust_remote_code_reaches_load_model_only_when_asked(monkeypatch):
         seen.append(kw["trust_remote_code"])
         raise ModelError("stop here.")
 
-    monkeypatch.setattr(playground, "load_model", fake_load_model)
+    monkeypatch.setattr(startup, "load_model", fake_load_model)
     assert start(monkeypatch, "--model", "x") == "error: stop here."
     assert start(monkeypatch, "--model", "x", "--trust-remote-code") == "error: stop here."
     assert seen == [False, True]

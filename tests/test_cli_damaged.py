@@ -234,15 +234,15 @@ def test_a_damaged_model_config_is_one_sentence(monkeypatch, model_folder, tmp_p
 # ------------------------------------------------------------------ start-up: every file read before the model loads
 def loaded_after(monkeypatch, said: list[str]) -> None:
     """Record in ``said`` the moment the model starts to load, so a test can check what was said before it."""
-    import medusa_lib.present.playground as playground
+    import medusa_lib.present.startup as startup
 
-    real = playground.load_model
+    real = startup.load_model
 
     def load_model(*a, **kw):
         said.append("<the model loads>")
         return real(*a, **kw)
 
-    monkeypatch.setattr(playground, "load_model", load_model)
+    monkeypatch.setattr(startup, "load_model", load_model)
 
 
 def rest_beside(heads: Path) -> Path:

@@ -273,11 +273,11 @@ def _fifty_runs():
 
 
 def test_a_long_run_gives_memory_back_and_a_short_one_does_not(monkeypatch):
-    import medusa_lib.present.playground as playground
+    import medusa_lib.present.memory as memory
 
     trims = []
-    monkeypatch.setattr(playground, "_malloc_trim", lambda pad: trims.append(pad))
-    monkeypatch.setattr(playground, "LONG_RUN_TOKENS", 300)  # the tiny model's context is 512 tokens
+    monkeypatch.setattr(memory, "_malloc_trim", lambda pad: trims.append(pad))
+    monkeypatch.setattr(memory, "LONG_RUN_TOKENS", 300)  # the tiny model's context is 512 tokens
     pg = tiny_playground(oracle=False)
     pg.compare(PROMPT, Settings(max_new_tokens=8, tree="chain-2"))  # 14 prompt tokens + 8: short
     assert trims == []

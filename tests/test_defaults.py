@@ -127,7 +127,7 @@ def test_the_shipped_heads_carry_a_gpus_own_calibration_beside_the_cpus():
     not the CPU's; the trees it timed sit in trees.json under their own names, so the CPU's trees of
     the same size, which its records timed, stay as they were."""
     from medusa_lib.core.heads_load import load_heads
-    from medusa_lib.present.drafter import SHIPPED_HEADS
+    from medusa_lib.present.drafter_files import SHIPPED_HEADS
 
     heads = load_heads(SHIPPED_HEADS)
     gpu = heads_defaults(heads, "cuda", "bfloat16")

@@ -15,7 +15,8 @@ from medusa_lib.core.drafters import EagleDrafter, MedusaDrafter
 from medusa_lib.core.dynamic_tree import DynamicTreeConfig
 from medusa_lib.core.eagle import EagleError, new_eagle_head
 from medusa_lib.present import Playground, PlaygroundError, Settings, default_drafter, eagle_budgets
-from medusa_lib.present.drafter import find_eagle, make_drafters
+from medusa_lib.present.drafter import make_drafters
+from medusa_lib.present.drafter_files import find_eagle
 from medusa_lib.present.inspector import mask_data, path_rows, tree_nodes
 
 TREE = DynamicTreeConfig(top_k=2, depth=4, num_nodes=8)

@@ -14,7 +14,8 @@ import pytest
 from conftest import PROMPT, tiny_playground
 
 from medusa_lib.present import RunRecord, Settings, mask_data, threshold_curve, tree_nodes
-from ui.figures import ACCEPTED, REJECTED, empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
+from medusa_lib.present.inspector import ACCEPTED, NODE_KINDS, REJECTED
+from ui.figures import empty_figure, mask_figure, threshold_figure, timeline_figure, tree_figure
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,31 @@ def test_tree_figure_draws_every_node_once_accepted_in_green_rejected_in_grey(ru
     assert (
         edges[1].line.color == ACCEPTED and edges[1].x.count(None) == view.step.accept_length + 1
     )  # root->...->last, then ->bonus
+
+
+def test_each_node_kind_is_drawn_in_its_record_s_style_and_ui_compares_no_kind():
+    """The node kinds' styles, names and words live in one table (``inspector.NODE_KINDS``); the figure reads it."""
+    # one node of each kind in each of its states (the root first, as a tree has it), all under the root
+    kinds = [(kind.name, accepted is not False) for kind in NODE_KINDS.values() for _, accepted in kind.styles]
+    kinds.sort(key=lambda k: k[0] != "root")
+    nodes = [
+        dict(
+            node=j, depth=min(j, 1), y=0.0, parent=j - 1 if j else -1, token_id=7, label="w", rank=0, kind=k, accepted=a
+        )
+        for j, (k, a) in enumerate(kinds)
+    ]
+    fig = tree_figure(nodes, title="t")
+    markers = [t for t in fig.data if t.mode == "markers+text"]
+    styles = [style for kind in NODE_KINDS.values() for style, _ in kind.styles]
+    assert [(t.name, t.marker.color, t.marker.symbol, t.opacity) for t in markers] == [
+        (s.legend, s.color, s.symbol, s.opacity) for s in styles
+    ]
+    hover = {t.name: t.hovertext[0] for t in markers}
+    assert hover["node (head k, rank r)"] == "node 3: head 1, rank 0"  # an edited tree's node carries no token
+    assert hover["lookup branch, accepted"].endswith("<br>lookup branch (n-gram from the context), depth 1")
+    assert list(fig.layout.xaxis.ticktext) == ["root", "depth 1"]  # the lookup branch is no head's
+    for source in Path(__file__).resolve().parents[1].joinpath("ui").glob("*.py"):
+        assert '["kind"] ==' not in source.read_text() and '["kind"] !=' not in source.read_text(), source
 
 
 def test_mask_figure_cells_are_the_tree_mask_with_the_accepted_path_marked(run):

@@ -169,9 +169,10 @@ def model_folder(tmp_path_factory):
 def test_the_prompt_token_limit_is_the_same_at_every_start_however_busy_the_machine(monkeypatch, model_folder):
     """Issue #26: a limit measured at start-up went from 256 tokens to the whole context with the machine's load.
     Now it is a fixed figure per kind of device (or the operator's), whatever a prefill takes."""
-    import medusa_lib.present.playground as playground
+    import medusa_lib.present.startup as startup
+    from medusa_lib.present.limits import PROMPT_TOKENS
 
-    monkeypatch.setitem(playground.PROMPT_TOKENS, "cpu", 256)  # the tiny model's context is 512
+    monkeypatch.setitem(PROMPT_TOKENS, "cpu", 256)  # the tiny model's context is 512
     limits = []
     for slow in (
         0.0,
@@ -180,7 +181,7 @@ def test_the_prompt_token_limit_is_the_same_at_every_start_however_busy_the_mach
     ):  # an idle machine, a loaded one, one that stalls: a clock that jumps by this at every read
         clock = iter(range(10**6))
         monkeypatch.setattr(
-            playground, "_sync", lambda device, slow=slow: slow * next(clock), raising=False
+            startup, "_sync", lambda device, slow=slow: slow * next(clock), raising=False
         )  # the clock the old measurement read
         pg = Playground.load(
             model=str(model_folder),
@@ -203,7 +204,7 @@ def test_the_prompt_token_limit_is_the_same_at_every_start_however_busy_the_mach
         ).max_prompt_tokens
         == 100
     )  # the operator's wins
-    monkeypatch.setitem(playground.PROMPT_TOKENS, "cpu", 2048)  # beyond the context: the context decides
+    monkeypatch.setitem(PROMPT_TOKENS, "cpu", 2048)  # beyond the context: the context decides
     assert (
         Playground.load(
             model=str(model_folder),

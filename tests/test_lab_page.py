@@ -1,4 +1,5 @@
-"""The Tree lab tab: its presenter (medusa_lib/present/lab.py) and handlers (ui/lab.py) on the tiny model."""
+"""The Tree lab tab: its presenter (medusa_lib/present/lab.py, tree_editor.py, lab_measure.py) and handlers (ui/lab.py)
+on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,15 +9,9 @@ from conftest import PROMPT, status_text, tiny_playground
 from medusa_lib.core.lab import add_best_node, gain_curve
 from medusa_lib.core.tree import build_tree, greedy_choices
 from medusa_lib.present import Playground
-from medusa_lib.present.lab import (
-    curves,
-    editor_mask,
-    editor_nodes,
-    editor_tree,
-    run_acceptance,
-    tree_lab,
-    tree_point,
-)
+from medusa_lib.present.lab import curves, tree_lab, tree_point
+from medusa_lib.present.lab_measure import run_acceptance
+from medusa_lib.present.tree_editor import editor_mask, editor_nodes, editor_tree
 
 ACC = [[0.6, 0.2, 0.1, 0.05], [0.5, 0.2, 0.05, 0.02], [0.4, 0.1, 0.1, 0.01], [0.3, 0.1, 0.05, 0.01]]
 RECORD = {
@@ -165,7 +160,8 @@ def test_measure_puts_the_measured_point_beside_the_predicted_one(pg):
     from ui.lab import MEASURE_OUTPUTS, LabHandlers
 
     h = LabHandlers(pg)
-    out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0], [0, 0, 0]]", PROMPT, 24, True, False, None))
+    settings = dict(prompt=PROMPT, max_new_tokens=24, chat_template=True, lookup_branch=False, numerics=None)
+    out = outputs(MEASURE_OUTPUTS, h.measure(None, custom_tree="[[0], [1], [0, 0], [0, 0, 0]]", **settings))
     m = out["lab_state"]["measured"]
     assert m.size == 5 and m.tokens == 5 and m.medusa.method == "medusa-greedy" and m.plain.method == "plain"
     assert (
@@ -180,7 +176,7 @@ def test_measure_puts_the_measured_point_beside_the_predicted_one(pg):
     acc = run_acceptance(m.medusa, depth=4)
     heat = out["lab_acceptance"].data[0]
     assert heat.text[0][0] == f"{acc.accepted[0][0]}/{acc.reached[0][0]}" and acc.accepted[0][0] > 0
-    again = outputs(MEASURE_OUTPUTS, h.measure(out["lab_state"], "[[0]]", "", 24, True, False, None))
+    again = outputs(MEASURE_OUTPUTS, h.measure(out["lab_state"], custom_tree="[[0]]", **{**settings, "prompt": ""}))
     assert again["lab_status"] == "**Cannot measure:** The prompt is empty; type a question or pick an example."
 
 
@@ -284,7 +280,10 @@ def test_the_lab_s_measurements_end_at_the_api_s_bound(pg, monkeypatch):
         "ask for fewer new tokens or send a shorter prompt."
     )
     h = LabHandlers(pg, max_run_seconds=0)
-    out = outputs(MEASURE_OUTPUTS, h.measure(None, "[[0], [1], [0, 0]]", PROMPT, 24, True, False, None))
+    out = outputs(
+        MEASURE_OUTPUTS,
+        h.measure(None, custom_tree="[[0], [1], [0, 0]]", prompt=PROMPT, max_new_tokens=24, lookup_branch=False),
+    )
     assert status_text(out["lab_status"]) == f"**Cannot measure:** {bound}"
     monkeypatch.setattr("medusa_lib.present.lab.step_costs", _fast_costs)
     out = outputs(COST_OUTPUTS, h.measure_costs(None, "[[0]]", False, progress=lambda *a, **k: None))

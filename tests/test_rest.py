@@ -109,7 +109,7 @@ def test_a_damaged_datastore_is_left_out_with_one_sentence(tmp_path, llama):
 
 
 def test_an_option_for_a_drafter_that_takes_none_is_refused():
-    from medusa_lib.present.drafter import check_options
+    from medusa_lib.present.drafter_files import check_options
 
     with pytest.raises(
         ValueError, match=r"^The REST \(retrieval\) drafter takes no option \(got 'x'\); only eagle takes one\.$"

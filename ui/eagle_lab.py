@@ -3,7 +3,7 @@
 The EAGLE drafter grows its own dynamic tree (top-k, depth, nodes: ``core/dynamic_tree.py``), so the
 Medusa lab's tree editor does not apply to it. Its one knob that trades cost for tokens per step is
 the node budget, the nodes verified per step: this section measures a few budgets on the
-comparison's prompt (``medusa_lib.present.drafter.eagle_budgets``), one run after another against
+comparison's prompt (``medusa_lib.present.eagle_sweep.eagle_budgets``), one run after another against
 plain greedy, with the comparison's Max new tokens, chat template and numerics.
 """
 
@@ -28,7 +28,7 @@ from medusa_lib.present import (
     eagle_budgets,
 )
 from medusa_lib.present.export import eagle_export_hint
-from medusa_lib.present.lab import acceptance_text
+from medusa_lib.present.lab_measure import acceptance_text
 
 from .figures import _layout, empty_figure
 from .handlers import cannot_run

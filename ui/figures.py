@@ -13,15 +13,11 @@ from typing import Mapping
 import plotly.graph_objects as go
 
 from medusa_lib.present import LABELS, RunRecord, threshold_curve
+from medusa_lib.present.inspector import ACCEPTED, NODE_KINDS, NodeStyle
 
 from .render import METHOD_COLORS
 
 FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=15)
-ACCEPTED, REJECTED, ROOT, BONUS = "#009E73", "#B8B8B8", "#222222", "#555555"
-# Okabe-Ito reddish purple: the lookup branch's rejected nodes
-LOOKUP = "#CC79A7"
-# Okabe-Ito blue: a node of a tree not run yet (the tree lab's editor)
-NODE = "#0072B2"
 
 
 def _layout(fig: go.Figure, *, title: str, height: int, **kw) -> go.Figure:
@@ -119,53 +115,21 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
                 line=dict(color=ACCEPTED if accepted else "#D0D0D0", width=4 if accepted else 1.5),
             )
         )
-    groups = [
-        ("rejected candidate", lambda n: n["kind"] == "candidate" and not n["accepted"], REJECTED, 11, "circle", 0.8),
-        ("accepted candidate", lambda n: n["kind"] == "candidate" and n["accepted"], ACCEPTED, 16, "circle", 1.0),
-        ("root (base model's token)", lambda n: n["kind"] == "root", ROOT, 16, "square", 1.0),
-        ("node (head k, rank r)", lambda n: n["kind"] == "node", NODE, 13, "circle", 1.0),
-        ("bonus (base model's next token)", lambda n: n["kind"] == "bonus", BONUS, 15, "diamond-open", 1.0),
-        (
-            "lookup branch, rejected",
-            lambda n: n["kind"] == "lookup" and not n["accepted"],
-            LOOKUP,
-            11,
-            "triangle-right-open",
-            0.8,
-        ),
-        (
-            "lookup branch, accepted",
-            lambda n: n["kind"] == "lookup" and n["accepted"],
-            ACCEPTED,
-            16,
-            "triangle-right",
-            1.0,
-        ),
-    ]
-    for name, pick, color, size, symbol, opacity in groups:
-        sel = [n for n in nodes if pick(n)]
-        if not sel:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=[n["depth"] for n in sel],
-                y=[-n["y"] for n in sel],
-                mode="markers+text",
-                name=name,
-                opacity=opacity,
-                marker=dict(color=color, size=size, symbol=symbol, line=dict(color=color, width=2)),
-                text=[html.escape(n["label"]) for n in sel],
-                textposition="middle right",
-                textfont=dict(size=16 if opacity == 1.0 else 14, color="#111" if opacity == 1.0 else "#8A8A8A"),
-                hovertext=[_hover(n) for n in sel],
-                hoverinfo="text",
-            )
-        )
-    depth = int(max(n["depth"] for n in nodes if n["kind"] != "bonus"))
+    # each kind's nodes, drawn in its records' styles (medusa_lib.present.inspector.NODE_KINDS), in the legend's order
+    by_kind: dict[str, list[dict]] = {}
+    for n in nodes:
+        by_kind.setdefault(n["kind"], []).append(n)
+    for kind in NODE_KINDS.values():
+        for style, accepted in kind.styles:
+            sel = [n for n in by_kind.get(kind.name, ()) if accepted is None or n["accepted"] == accepted]
+            if sel:
+                _add_nodes(fig, sel, style)
+    depth = int(max(n["depth"] for n in nodes if NODE_KINDS[n["kind"]].in_column))
     x_max = max(n["depth"] for n in nodes)
     leaves = max(n["y"] for n in nodes) + 1
     # The lookup branch and the drafts of a drafter without heads are no head's.
-    level = "depth" if any(n["kind"] == "lookup" or n.get("level", "head") != "head" for n in nodes) else "head"
+    no_heads = any(not NODE_KINDS[n["kind"]].head_depth or n.get("level", "head") != "head" for n in nodes)
+    level = "depth" if no_heads else "head"
     fig.update_xaxes(
         tickvals=list(range(depth + 1)),
         ticktext=["root"] + [f"{level} {k}" for k in range(1, depth + 1)],
@@ -183,20 +147,29 @@ def tree_figure(nodes: list[dict], *, title: str) -> go.Figure:
     )
 
 
-def _hover(n: dict) -> str:
-    if n["kind"] == "node":
-        return f"node {n['node']}: head {n['depth']}, rank {n['rank']}"
-    drafted = (
-        f"{n.get('drafted_by', '')} draft, depth {n['depth']}, rank {n['rank']} among its siblings"
-        if n.get("level", "head") != "head"
-        else f"head {n['depth']}, rank {n['rank']}"
+def _add_nodes(fig: go.Figure, nodes: list[dict], style: NodeStyle) -> None:
+    """One legend entry: ``nodes`` (of one kind and state) as markers in ``style``, each labelled with its token."""
+    fig.add_trace(
+        go.Scatter(
+            x=[n["depth"] for n in nodes],
+            y=[-n["y"] for n in nodes],
+            mode="markers+text",
+            name=style.legend,
+            opacity=style.opacity,
+            marker=dict(color=style.color, size=style.size, symbol=style.symbol, line=dict(color=style.color, width=2)),
+            text=[html.escape(n["label"]) for n in nodes],
+            textposition="middle right",
+            textfont=dict(size=16 if style.opacity == 1.0 else 14, color="#111" if style.opacity == 1.0 else "#8A8A8A"),
+            hovertext=[_hover(n) for n in nodes],
+            hoverinfo="text",
+        )
     )
-    where = {
-        "root": "root",
-        "bonus": "bonus token",
-        "lookup": f"lookup branch (n-gram from the context), depth {n['depth']}",
-    }.get(n["kind"], drafted)
-    return f"node {n['node']}: {html.escape(n['label'])} (id {n['token_id']})<br>{where}"
+
+
+def _hover(n: dict) -> str:
+    kind = NODE_KINDS[n["kind"]]
+    token = f"{html.escape(n['label'])} (id {n['token_id']})<br>" if kind.token else ""
+    return f"node {n['node']}: {token}{kind.where(n)}"
 
 
 def mask_figure(z: list[list[int]], cols: list[str], rows: list[str], *, title: str) -> go.Figure:

@@ -1,7 +1,8 @@
 """The Tree lab tab: the cost, gain and speed-up curves, the tree editor, and what each head got right.
 
-The data comes from ``medusa_lib.present.lab``; this file draws it and wires the tab. Editing never
-runs the model: the tree, its mask and its point on the three curves are redrawn from the library.
+The data comes from ``medusa_lib.present``'s ``lab`` (the curves), ``tree_editor`` and ``lab_measure``; this
+file draws it and wires the tab. Editing never runs the model: the tree, its mask and its point on the three
+curves are redrawn from the library.
 """
 
 from __future__ import annotations
@@ -24,21 +25,18 @@ from medusa_lib.present import (
     sample_of_mode,
 )
 from medusa_lib.present.export import export_hint
-from medusa_lib.present.lab import (
-    acceptance_text,
+from medusa_lib.present.lab import curves, measure_costs, tree_lab, tree_point
+from medusa_lib.present.lab_measure import acceptance_text, measure_tree
+from medusa_lib.present.settings import Request
+from medusa_lib.present.tree_editor import (
     add_best_node,
     choices_text,
-    curves,
     editor_mask,
     editor_nodes,
     editor_tree,
     leaves,
-    measure_costs,
-    measure_tree,
     preset_choices,
     remove_leaf,
-    tree_lab,
-    tree_point,
 )
 
 from .eagle_lab import build_eagle_lab
@@ -46,12 +44,27 @@ from .figures import empty_figure, mask_figure, tree_figure
 from .handlers import cannot_run
 from .lab_figures import acceptance_figure, cost_figure, gain_figure, speedup_figure
 from .live import DeviceTurn, caller_gone, on_gpu
-from .outputs import method_of, pack
+from .outputs import by_name, method_of, pack
 from .render import literal_markdown
 
 EDIT_OUTPUTS = ["lab_status", "lab_paths", "lab_leaf", "lab_tree", "lab_mask", "lab_cost", "lab_gain", "lab_speedup"]
 MEASURE_OUTPUTS = [*EDIT_OUTPUTS, "lab_acceptance", "lab_state"]
 COST_OUTPUTS = ["lab_note", "lab_cost", "lab_gain", "lab_speedup", "lab_state"]
+# Measure's inputs by name, in the order build_lab wires their components: the session's lab, the edited tree's
+# paths as the run's custom tree, then the comparison's prompt and settings (``Request``'s names; the Mode choice
+# stands for ``sample``)
+MEASURE_INPUTS = (
+    "lab_state",
+    "custom_tree",
+    "prompt",
+    "max_new_tokens",
+    "chat_template",
+    "lookup_branch",
+    "numerics",
+    "mode",
+    "temperature",
+    "seed",
+)
 
 
 class LabHandlers:
@@ -159,39 +172,41 @@ class LabHandlers:
         ), f"Sent to the comparison's Custom tree box ({tree.num_nodes} tokens): press **Run** above."
 
     # ---------------------------------------------------------------- measuring
+    def measure_event(self, *values) -> tuple:
+        """Measure as its button sends it: the values of ``MEASURE_INPUTS``, in that order, bound to their names
+        once, here."""
+        return self.measure(**by_name(MEASURE_INPUTS, values, {}))
+
     def measure(
         self,
-        state,
-        text,
-        prompt,
-        max_new_tokens,
-        chat_template,
-        lookup_on,
-        numerics,
-        mode="greedy",
-        temperature=0.0,
-        seed=0,
+        lab_state: dict | None = None,
+        *,
+        custom_tree: str,
+        prompt: str,
+        max_new_tokens: int,
+        chat_template: bool = True,
+        lookup_branch: bool = True,
+        numerics: str | None = None,
+        mode: str = "greedy",
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> tuple:
-        """Plain greedy, then Medusa greedy with the edited tree (the sampling mode: plain sampling, then
-        Medusa exact sampling, at the comparison's temperature and seed), on the comparison's prompt: the
-        measured point and per-head acceptance."""
-        st, stop = self.state(state), self.stop()
+        """Plain greedy, then Medusa greedy with the edited tree (``custom_tree``: its paths; the sampling mode: plain
+        sampling, then Medusa exact sampling, at the comparison's temperature and seed), on the comparison's prompt:
+        the measured point and per-head acceptance. The settings come by name, as one ``Request`` to the library."""
+        st, stop = self.state(lab_state), self.stop()
         try:
-            sample = sample_of_mode(mode)
-            m = self.device.call(
-                measure_tree,
-                self.pg,
-                prompt,
-                text,
+            request = Request(
                 max_new_tokens=max_new_tokens,
-                chat_template=bool(chat_template),
-                lookup_on=bool(lookup_on),
-                numerics=numerics or None,
-                sample=sample,
                 temperature=temperature,
+                custom_tree=custom_tree,
+                chat_template=bool(chat_template),
+                lookup_branch=bool(lookup_branch),
+                sample=sample_of_mode(mode),
                 seed=seed,
-                stop=stop,
+                numerics=numerics or None,
             )
+            m = self.device.call(measure_tree, self.pg, prompt, request, stop=stop)
         except Exception as e:
             return pack(MEASURE_OUTPUTS, lab_status=f"**Cannot measure:** {literal_markdown(cannot_run(e))}")
         st = {**st, "measured": m}
@@ -207,7 +222,7 @@ class LabHandlers:
         )
         return pack(
             MEASURE_OUTPUTS,
-            **self.draw(st, text, lookup_on, status=status),
+            **self.draw(st, custom_tree, lookup_branch, status=status),
             lab_acceptance=acceptance_figure(st["lab"], m.medusa, title="Per-head acceptance: the Measure run"),
             lab_state=st,
         )
@@ -344,9 +359,22 @@ def build_lab(
     )
     lookup.change(h.edit, inputs=[c["lab_state"], c["lab_paths"], lookup], outputs=edit_out, **quiet)
     use_btn.click(h.use, inputs=[c["lab_paths"]], outputs=[custom_tree, c["lab_status"]], **quiet)
+    # the comparison's components under MEASURE_INPUTS' names
+    measure_in = dict(
+        lab_state=c["lab_state"],
+        custom_tree=c["lab_paths"],
+        prompt=prompt,
+        max_new_tokens=max_new,
+        chat_template=chat,
+        lookup_branch=lookup,
+        numerics=numerics,
+        mode=mode,
+        temperature=temperature,
+        seed=seed,
+    )
     measure_btn.click(
-        on_gpu(h.measure),
-        inputs=[c["lab_state"], c["lab_paths"], prompt, max_new, chat, lookup, numerics, mode, temperature, seed],
+        on_gpu(h.measure_event),
+        inputs=[measure_in[name] for name in MEASURE_INPUTS],
         outputs=[c[n] for n in MEASURE_OUTPUTS],
         concurrency_id="device",
         concurrency_limit=1,

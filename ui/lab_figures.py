@@ -8,9 +8,11 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from medusa_lib.present.lab import Curves, Measured, TreeLab, TreePoint, run_acceptance
+from medusa_lib.present.inspector import ACCEPTED
+from medusa_lib.present.lab import Curves, TreeLab, TreePoint
+from medusa_lib.present.lab_measure import Measured, run_acceptance
 
-from .figures import ACCEPTED, _layout, empty_figure
+from .figures import _layout, empty_figure
 
 # Okabe-Ito vermillion, black, bluish green
 CURRENT, MEASURED, OPTIMUM = "#D55E00", "#000000", "#009E73"

@@ -3,9 +3,14 @@
 Uses core/ only; never the offline pipeline. The page's UI (``ui/``) imports from here.
 """
 
-from .drafter import DRAFTERS, EAGLE_BUDGETS, BudgetPoint, Drafters, default_drafter, eagle_budgets
+from types import ModuleType as _ModuleType
+
+from .drafter import DRAFTERS, Drafters, default_drafter
+from .drafter_files import untrained_heads
+from .eagle_sweep import EAGLE_BUDGETS, BudgetPoint, eagle_budgets
 from .inspector import PATH_COLUMNS, mask_data, path_rows, token_label, tree_layout, tree_nodes
 from .limits import PROMPT_TOKENS, any_of, deadline, default_prompt_tokens
+from .memory import release_memory
 from .numerics import default_numerics, numerics_label, numerics_note
 from .page import (
     DRAFTED_BY,
@@ -27,7 +32,7 @@ from .page import (
     visible_steps,
     why_it_ended,
 )
-from .playground import Playground, release_memory, untrained_heads
+from .playground import Playground
 from .records import Detokenizer, Event, Piece, RunRecord, StepView, origins
 from .settings import (
     GREEDY_VIEWS,
@@ -44,21 +49,7 @@ from .settings import (
     sample_of_mode,
 )
 
+# the public names, not the submodules importing them loaded (drafter, fit, playground, ...)
 __all__ = [
-    name
-    for name in dir()
-    if not name.startswith("_")
-    and name
-    not in (
-        "checks",
-        "drafter",
-        "inputs",
-        "inspector",
-        "limits",
-        "numerics",
-        "page",
-        "playground",
-        "records",
-        "settings",
-    )
+    name for name, value in dict(globals()).items() if not name.startswith("_") and not isinstance(value, _ModuleType)
 ]

@@ -1,11 +1,13 @@
 """The step inspector's data: a Medusa step's candidate tree, its attention mask, the accepted paths.
 
 Pure functions of the immutable records the playground yields (no UI, no gradio): the app turns
-them into plotly figures and tables.
+them into plotly figures and tables. A tree node's kind (its dict's "kind") names one of ``NODE_KINDS``,
+the records that say how the page draws, names and describes each kind.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from ..core.drafters import REGISTRY
@@ -13,6 +15,92 @@ from .page import DRAFTER_NAMES
 
 if TYPE_CHECKING:
     from .records import RunRecord, StepView
+
+
+# Okabe-Ito bluish green: the accepted path (its nodes, edges and mask cells)
+ACCEPTED = "#009E73"
+REJECTED, ROOT, BONUS = "#B8B8B8", "#222222", "#555555"
+# Okabe-Ito reddish purple: the lookup branch's rejected nodes
+LOOKUP = "#CC79A7"
+# Okabe-Ito blue: a node of a tree not run yet (the tree lab's editor)
+NODE = "#0072B2"
+
+
+@dataclass(frozen=True)
+class NodeStyle:
+    """How the tree figure draws the nodes of one kind in one state: their legend entry and their marker."""
+
+    legend: str
+    color: str
+    size: int
+    symbol: str
+    # below 1: dimmed, with a smaller grey label
+    opacity: float = 1.0
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """One kind of tree node (``tree_nodes``' and the editor's "kind"): how the page draws, names and describes it.
+
+    accepted    its style (on the accepted path, for a kind that can be off it)
+    rejected    its style off the accepted path; None: one style whatever the path
+    head_depth  whether its depth is a head's (the lookup branch's is the context's, no head's)
+    place       where it sits, in words, for its hover (format fields: the node's dict); None: as its drafter's
+                levels say (a head and rank, or a drafter's depth and rank among siblings)
+    token       whether it carries a token (an edited tree's nodes, before any run, do not)
+    in_column   whether it sits in its depth's column (the bonus token sits between two)
+    """
+
+    name: str
+    accepted: NodeStyle
+    rejected: NodeStyle | None = None
+    head_depth: bool = True
+    place: str | None = None
+    token: bool = True
+    in_column: bool = True
+
+    @property
+    def styles(self) -> tuple[tuple[NodeStyle, bool | None], ...]:
+        """(style, the nodes' accepted state it draws; None: any), in the legend's order: rejected first."""
+        if self.rejected is None:
+            return ((self.accepted, None),)
+        return ((self.rejected, False), (self.accepted, True))
+
+    def where(self, node: dict) -> str:
+        """The node's place in words (its hover's last line)."""
+        if self.place is not None:
+            return self.place.format(**node)
+        if node.get("level", "head") != "head":
+            return f"{node.get('drafted_by', '')} draft, depth {node['depth']}, rank {node['rank']} among its siblings"
+        return f"head {node['depth']}, rank {node['rank']}"
+
+
+# every kind, in the tree figure's legend order
+NODE_KINDS = {
+    k.name: k
+    for k in (
+        NodeKind(
+            "candidate",
+            accepted=NodeStyle("accepted candidate", ACCEPTED, 16, "circle"),
+            rejected=NodeStyle("rejected candidate", REJECTED, 11, "circle", 0.8),
+        ),
+        NodeKind("root", NodeStyle("root (base model's token)", ROOT, 16, "square"), place="root"),
+        NodeKind("node", NodeStyle("node (head k, rank r)", NODE, 13, "circle"), token=False),
+        NodeKind(
+            "bonus",
+            NodeStyle("bonus (base model's next token)", BONUS, 15, "diamond-open"),
+            place="bonus token",
+            in_column=False,
+        ),
+        NodeKind(
+            "lookup",
+            accepted=NodeStyle("lookup branch, accepted", ACCEPTED, 16, "triangle-right"),
+            rejected=NodeStyle("lookup branch, rejected", LOOKUP, 11, "triangle-right-open", 0.8),
+            head_depth=False,
+            place="lookup branch (n-gram from the context), depth {depth}",
+        ),
+    )
+}
 
 
 def token_label(tokenizer, token_id: int) -> str:

@@ -1,13 +1,13 @@
-"""The tree lab's data: the cost, gain and speed-up curves of the loaded heads on this device, the
-tree being edited, its predicted and measured points, and what each head got right in a run.
+"""The tree lab's curves: the cost, gain and speed-up curves of the loaded heads on this device, and where
+a tree sits on them (its predicted point).
 
 Pure data for the page (no gradio); the maths is ``core/lab.py``. Sizes are tokens verified per
-step, root included; a tree with the lookup branch on also verifies the branch's tokens.
+step, root included; a tree with the lookup branch on also verifies the branch's tokens. The tree being
+edited is ``tree_editor.py``'s; the Measure run and what each head got right in a run, ``lab_measure.py``'s.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -18,26 +18,16 @@ from ..core.lab import (
     SIZES,
     CostCurve,
     GainCurve,
-    HeadAcceptance,
-    add_best_node,
     gain_curve,
-    head_acceptance,
-    leaves,
     predicted_speedup,
     recorded_costs,
-    remove_leaf,
     speedup_curve,
     step_costs,
 )
 from ..core.model import input_device
 from ..core.packing import few_row_kernels
-from ..core.spec_metrics import Acceptance, draft_positions, format_rates, step_acceptance
 from ..core.tree.design import expected_tokens_per_step
-from ..core.tree.presets import preset_choices
-from ..core.tree.shape import TOPK, MedusaTree, validate_choices
-from .inspector import tree_layout
-from .records import RunRecord
-from .settings import PlaygroundError, Request, Settings
+from ..core.tree.shape import MedusaTree
 
 
 @dataclass(frozen=True)
@@ -188,19 +178,6 @@ def measure_costs(
     return replace(lab, cost=CostCurve.from_rows(rows, device=device_label(input_device(pg.model)), mkl_rows=mkl))
 
 
-def editor_tree(pg, text: str) -> MedusaTree:
-    """The edited tree from its paths text, with the Custom tree box's checks and sentences."""
-    if not isinstance(text, str) or not text.strip():
-        # the empty tree's sentence
-        validate_choices([])
-    return pg.resolve_tree(Settings(custom_tree=text))
-
-
-def choices_text(choices: Sequence[Sequence[int]]) -> str:
-    """A tree as the paths text the editor and the Custom tree box take."""
-    return json.dumps([list(c) for c in choices])
-
-
 @dataclass(frozen=True)
 class TreePoint:
     """A tree on the three curves: ``size`` its tokens (root included), ``tokens`` with the lookup branch."""
@@ -265,162 +242,13 @@ def curves(lab: TreeLab) -> Curves:
     )
 
 
-def node_label(choice: Sequence[int]) -> str:
-    """A tree node before any run: which head and rank it is (h2 r0 = head 2's top token)."""
-    return f"h{len(choice)} r{choice[-1]}"
-
-
-def editor_nodes(tree: MedusaTree) -> list[dict]:
-    """The nodes of a tree for the inspector's drawing (``inspector.tree_nodes``' fields), without tokens:
-    kind "node"."""
-    y = tree_layout(tree.parents)
-    return [
-        {
-            "node": j,
-            "depth": int(tree.position_ids[j]),
-            "y": y[j],
-            "parent": tree.parents[j],
-            "token_id": None,
-            "label": "root" if j == 0 else node_label(tree.choices[j - 1]),
-            "rank": tree.choices[j - 1][-1] if j else None,
-            "accepted": False,
-            "kind": "root" if j == 0 else "node",
-        }
-        for j in range(tree.num_nodes)
-    ]
-
-
-def editor_mask(tree: MedusaTree) -> tuple[list[list[int]], list[str], list[str]]:
-    """The tree attention mask as ``inspector.mask_data`` gives it (1 visible, 0 hidden), prefix column first."""
-    labels = [f"{j}:{'root' if j == 0 else node_label(tree.choices[j - 1])}" for j in range(tree.num_nodes)]
-    z = [[1] + row for row in tree.attn_mask.tolist()]
-    return z, ["prefix (the context)"] + labels, labels
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A Measure run: Medusa greedy (exact sampling) with the edited tree against plain greedy (sampling) on
-    the same prompt; ``acceptance``: the Medusa run's mean acceptance length and rate per draft position."""
-
-    tokens_per_step: float
-    # tokens/s over plain's
-    speedup: float | None
-    # time per step over plain's = tokens/step / speed-up
-    cost: float | None
-    size: int
-    # verified per step, lookup branch included
-    tokens: int
-    medusa: RunRecord
-    plain: RunRecord
-    # the Medusa run's, as vLLM reports it (core/spec_metrics.py)
-    acceptance: Acceptance | None = None
-
-
-def measure_tree(
-    pg,
-    prompt: str,
-    text: str,
-    *,
-    max_new_tokens: int,
-    chat_template: bool = True,
-    lookup_on: bool = True,
-    numerics: str | None = None,
-    sample: bool = False,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop=None,
-) -> Measured:
-    """Run plain greedy, then Medusa greedy with the tree of ``text``, on the prompt (the Playground's
-    checks, warm-up and one-after-another timing); the measured point beside the predicted one.
-    ``sample`` (the page's sampling mode): plain sampling, then Medusa exact sampling, at ``temperature`` from ``seed``.
-    ``stop``: as ``Playground.run``'s, asked between steps."""
-    tree = editor_tree(pg, text)
-    # the edited tree is the Medusa heads'
-    settings = pg.settings_of(
-        Request(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature if sample else 0.0,
-            custom_tree=text,
-            chat_template=chat_template,
-            lookup_branch=lookup_on,
-            sample=sample,
-            seed=seed,
-            numerics=numerics,
-            drafter=pg.drafters.tree_drafter,
-        )
-    )
-    ids, decoders = pg.prepare(prompt, settings)
-    plain_view, medusa_view = settings.views[:2]
-    records = {
-        ev.method: ev.record
-        for ev in pg.run(ids, {v: decoders[v] for v in (plain_view, medusa_view)}, stop=stop)
-        if ev.kind == "end"
-    }
-    plain, medusa = records[plain_view].result, records[medusa_view].result
-    if medusa.decode_steps == 0:
-        raise PlaygroundError(
-            "The run ended at its prefill, so there is no Medusa step to measure; "
-            "raise Max new tokens and measure again."
-        )
-    speedup = (
-        medusa.tokens_per_second / plain.tokens_per_second
-        if plain.decode_steps and plain.tokens_per_second > 0
-        else None
-    )
-    return Measured(
-        medusa.tokens_per_step,
-        speedup,
-        medusa.tokens_per_step / speedup if speedup else None,
-        tree.num_nodes,
-        tree.num_nodes + settings.lookup,
-        records[medusa_view],
-        records[plain_view],
-        step_acceptance(medusa.steps, depth=draft_positions(decoders[medusa_view])),
-    )
-
-
-def acceptance_text(a: Acceptance | None, *, short: bool = False) -> str:
-    """A run's acceptance in words, as serving engines report it: the mean acceptance length over the
-    steps that drafted and the acceptance rate at each draft position (``short``: no conditional rates)."""
-    if a is None or not a.drafts:
-        return "no step drafted, so no acceptance to report"
-    mal = f"mean acceptance length {a.mean_acceptance_length:.2f}"
-    if short:
-        return f"{mal}, per position {format_rates(a.rates)}"
-    drafted = "every step drafted" if a.drafts == a.steps else f"{a.drafts} of {a.steps} full steps drafted"
-    return (
-        f"{mal} ({drafted}), acceptance rate at draft position 1..{a.depth}: {format_rates(a.rates)} "
-        f"(given the one before: {format_rates(a.given_previous)})"
-    )
-
-
-def run_acceptance(record: RunRecord | None, *, depth: int, ranks: int = TOPK) -> HeadAcceptance | None:
-    """Per head and rank, what a run's Medusa steps proposed, could accept and accepted (None: no Medusa step)."""
-    if record is None or len(record.views) < 2 or all(v.step.tree is None for v in record.views):
-        return None
-    return head_acceptance((v.step for v in record.views), depth=depth, ranks=ranks)
-
-
 __all__ = [
     "MAX_SIZE",
-    "acceptance_text",
-    "add_best_node",
-    "leaves",
-    "preset_choices",
-    "remove_leaf",
     "Curves",
-    "Measured",
     "TreeLab",
     "TreePoint",
-    "choices_text",
     "curves",
-    "editor_mask",
-    "editor_nodes",
-    "editor_tree",
     "measure_costs",
-    "measure_tree",
-    "node_label",
-    "run_acceptance",
     "tree_lab",
     "tree_point",
 ]
