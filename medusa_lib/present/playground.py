@@ -5,7 +5,7 @@ browser sessions. ``stream(prompt, settings)`` runs plain greedy, Medusa greedy 
 typical one after another on the one device (concurrent runs would distort tokens/s) and
 yields an :class:`Event` after every step, carrying the run so far as an immutable
 :class:`RunRecord`. Every run builds its own Decoder, hence its own KV cache; with a captured
-static engine (``kv.prepare_engine``, on a GPU) a run takes the loaded model's shared static cache and
+static engine (``engine.prepare_engine``, on a GPU) a run takes the loaded model's shared static cache and
 its graphs while no other run holds them, else a static cache of its own.
 
 The settings live in ``settings.py``, the records in ``records.py``, what the page makes of them in
