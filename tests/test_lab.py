@@ -13,18 +13,16 @@ from medusa_lib.core.compose import make_decoder
 from medusa_lib.core.config import DecodeConfig
 from medusa_lib.core.lab import (
     CostCurve,
-    add_best_node,
     gain_curve,
     head_acceptance,
-    leaves,
     monotone,
     recorded_costs,
-    remove_leaf,
     speedup_curve,
     step_costs,
 )
 from medusa_lib.core.steps import Step
 from medusa_lib.core.tree import TreeError, build_tree, greedy_choices, validate_choices, with_lookup
+from medusa_lib.core.tree.edit import add_best_node, leaves, remove_leaf
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = json.loads((ROOT / "assets" / "heads" / "smollm2-135m-instruct" / "config.json").read_text())["calibration"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import PROMPT, status_text, tiny_playground
 
-from medusa_lib.core.lab import add_best_node, gain_curve
+from medusa_lib.core.lab import gain_curve
 from medusa_lib.core.tree import build_tree, greedy_choices
+from medusa_lib.core.tree.edit import add_best_node
 from medusa_lib.present import Playground
 from medusa_lib.present.lab import curves, tree_lab, tree_point
 from medusa_lib.present.lab_measure import run_acceptance

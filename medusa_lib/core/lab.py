@@ -10,8 +10,8 @@ Both halves, for tree sizes L = 1 .. 64 (tokens verified per step, root included
 step): the cost curve of this device (:func:`step_costs`, shared with ``bench --forward-costs``, or the
 figures of a calibration made on this kind of device, :func:`recorded_costs`), the gain curve of the
 greedy trees of the heads' accuracies (:func:`gain_curve`), the predicted speed-up and its optimum
-(:func:`speedup_curve`); an editor's operations on a tree (:func:`add_best_node`, :func:`remove_leaf`,
-:func:`leaves`), and what each head got right in a run (:func:`head_acceptance`).
+(:func:`speedup_curve`), and what each head got right in a run (:func:`head_acceptance`). The lab's
+tree editor works on choices with ``tree.edit``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 from .kv import StaticKV, new_cache
 from .model import body_and_lm_head, input_device
 from .steps import sync
-from .tree.design import chain_choices, greedy_choices
+from .tree.design import chain_choices, greedy_choices, path_probability
 from .tree.masks import TreeBuffers, additive_mask, prefix_mask
-from .tree.shape import LOOKUP_RANK, TOPK, TreeError, build_tree, root_only_tree, validate_choices
+from .tree.shape import LOOKUP_RANK, TOPK, build_tree, root_only_tree
 
 # the lab's largest tree: tokens verified per step, root included
 MAX_SIZE = 64
@@ -260,7 +260,7 @@ def gain_curve(
     chosen, _ = greedy_choices(accuracy, max(max(sizes) - 1, 1))
     running = [1.0]
     for c in chosen:
-        running.append(running[-1] + _product(c, accuracy))
+        running.append(running[-1] + path_probability(c, accuracy))
     expected = tuple(running[min(s - 1, len(running) - 1)] for s in sizes)
     simulated, lookup = {}, {}
     for fig in ((record or {}).get("trees") or {}).values():
@@ -304,62 +304,6 @@ def speedup_curve(gain: GainCurve, cost: CostCurve, *, lookup: int = 0) -> Speed
         tuple(predicted_speedup(g + e, s, cost, lookup=lookup) for s, g, e in zip(gain.sizes, gain.expected, extra)),
         lookup,
     )
-
-
-# ------------------------------------------------------------------ the editor
-def _product(c: Sequence[int], accuracy: Sequence[Sequence[float]]) -> float:
-    p = 1.0
-    for k, r in enumerate(c):
-        p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
-    return p
-
-
-def _sorted(choices: Iterable[Sequence[int]]) -> list[list[int]]:
-    # build_tree's order
-    return sorted((list(c) for c in choices), key=lambda c: (len(c), c))
-
-
-def add_best_node(
-    choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]], *, num_heads: int | None = None
-) -> list[list[int]]:
-    """``choices`` plus the frontier node (a child of the root or of a node, not yet in the tree)
-    whose path has the largest product of accuracies: the next node the greedy tree would add
-    (ties go to the smaller ranks, as in ``greedy_choices``). An empty ``choices`` gets head 1's best node."""
-    have = {tuple(c) for c in (validate_choices(choices, num_heads=num_heads) if choices else [])}
-    depth = min(len(accuracy), num_heads) if num_heads is not None else len(accuracy)
-    frontier = [
-        p + (r,)
-        for p in [()] + sorted(have)
-        if len(p) < depth
-        for r in range(min(TOPK, len(accuracy[len(p)])))
-        if p + (r,) not in have
-    ]
-    if not frontier:
-        raise TreeError(
-            "Every node the heads can propose is already in the tree; remove a leaf or start from a smaller preset."
-        )
-    best = min(frontier, key=lambda c: (-_product(c, accuracy), list(c)))
-    return _sorted([*have, best])
-
-
-def leaves(choices: Sequence[Sequence[int]]) -> list[list[int]]:
-    """The nodes of a tree with no child, in tree order."""
-    nodes = {tuple(c) for c in validate_choices(choices)}
-    parents = {c[:-1] for c in nodes}
-    return _sorted(c for c in nodes if c not in parents)
-
-
-def remove_leaf(choices: Sequence[Sequence[int]], leaf: Sequence[int]) -> list[list[int]]:
-    """``choices`` without ``leaf``, which must be a node with no child; a tree keeps one node at least."""
-    leaf = list(leaf)
-    nodes = validate_choices(choices)
-    if leaf not in nodes:
-        raise TreeError(f"Node {leaf} is not in the tree; pick one of its leaves.")
-    if leaf not in leaves(nodes):
-        raise TreeError(f"Node {leaf} has children; remove them first, or pick a leaf.")
-    if len(nodes) == 1:
-        raise TreeError("A tree keeps at least one node; add another before removing this one.")
-    return _sorted(c for c in nodes if c != leaf)
 
 
 # ------------------------------------------------------------------ what each head got right

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from ..core.lab import add_best_node, leaves, remove_leaf
+from ..core.tree.edit import add_best_node, leaves, remove_leaf
 from ..core.tree.presets import preset_choices
 from ..core.tree.shape import MedusaTree, validate_choices
 from .inspector import tree_layout

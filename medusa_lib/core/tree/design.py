@@ -61,12 +61,18 @@ def greedy_choices(accuracy: Sequence[Sequence[float]], num_nodes: int) -> tuple
     return chosen, expected
 
 
+def path_probability(c: Sequence[int], accuracy: Sequence[Sequence[float]]) -> float:
+    """The product of head accuracies along the node ``c``'s path (0 past what ``accuracy`` covers): how often
+    the node is accepted, under the paper's independence assumption."""
+    p = 1.0
+    for k, r in enumerate(c):
+        p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
+    return p
+
+
 def expected_tokens_per_step(choices: Sequence[Sequence[int]], accuracy: Sequence[Sequence[float]]) -> float:
     """1 + sum over nodes of the product of head accuracies along the node's path."""
     total = 1.0
     for c in choices:
-        p = 1.0
-        for k, r in enumerate(c):
-            p *= float(accuracy[k][r]) if k < len(accuracy) and r < len(accuracy[k]) else 0.0
-        total += p
+        total += path_probability(c, accuracy)
     return total
