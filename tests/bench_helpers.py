@@ -22,3 +22,18 @@ def saved_args(saved: Path, heads: Path | None | str = "saved") -> list[str]:
         "--prompts",
         str(saved / "prompts.jsonl"),
     ]
+
+
+def run_bench(saved: Path, out: Path, *args: str, heads: Path | None | str = "saved", new: int, repeats: int) -> None:
+    """The bench on the ``saved`` setup in float32 on the CPU, ``new`` tokens a run, ``repeats`` times, with
+    ``args`` (the methods and what else the test sets); its JSON written to ``out``."""
+    from medusa_lib.pipeline import bench
+
+    bench.main(
+        [
+            *saved_args(saved, heads),
+            *args,
+            *("--dtype", "float32", "--device", "cpu"),
+            *("--max-new-tokens", str(new), "--repeats", str(repeats), "--json", str(out)),
+        ]
+    )

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from bench_helpers import PROMPTS, saved_args
+from bench_helpers import PROMPTS, run_bench, saved_args
 from conftest import make_model, random_heads, tiny_tokenizer
 
 from medusa_lib import load_heads
@@ -25,23 +25,7 @@ METHODS = [
 
 def test_bench_writes_one_record_per_method_and_prompt_and_prints_the_tables(saved, capsys):
     out = saved / "out.json"
-    bench.main(
-        [
-            *saved_args(saved),
-            "--methods",
-            ",".join(METHODS),
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--max-new-tokens",
-            "16",
-            "--repeats",
-            "2",
-            "--json",
-            str(out),
-        ]
-    )
+    run_bench(saved, out, "--methods", ",".join(METHODS), new=16, repeats=2)
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     assert (
@@ -165,23 +149,7 @@ def test_bench_and_the_playground_pick_the_same_tree_and_lookup_length(saved, tm
     loaded = load_heads(tmp_path / "heads", model=model)
     page = Playground(model, tiny_tokenizer(), loaded).defaults
     out = tmp_path / "out.json"
-    bench.main(
-        [
-            *saved_args(saved, heads=tmp_path / "heads"),
-            "--methods",
-            "medusa-greedy",
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--max-new-tokens",
-            "2",
-            "--repeats",
-            "1",
-            "--json",
-            str(out),
-        ]
-    )
+    run_bench(saved, out, "--methods", "medusa-greedy", heads=tmp_path / "heads", new=2, repeats=1)
     data = json.loads(out.read_text())
     assert data["lookup"] == page.lookup_length and data["tree"].split(" + ")[0] == page.tree
     assert (page.tree, page.lookup_length) == {None: ("topk-4x3x2-16", 4), 0: ("chain-2", 0), 2: ("chain-2", 2)}[lookup]
@@ -192,26 +160,17 @@ SAMPLED = ["plain-sample", "medusa-sample", "medusa-typical"]
 
 def test_bench_sampled_methods_draw_from_one_seed_and_the_exact_sampler_matches_plain_sampling(saved, capsys):
     out = saved / "sampled.json"
-    bench.main(
-        [
-            *saved_args(saved),
-            "--methods",
-            "hf-generate,baseline,medusa-greedy," + ",".join(SAMPLED),
-            "--temperature",
-            "0.8",
-            "--seed",
-            "3",
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--max-new-tokens",
-            "16",
-            "--repeats",
-            "1",
-            "--json",
-            str(out),
-        ]
+    run_bench(
+        saved,
+        out,
+        "--methods",
+        "hf-generate,baseline,medusa-greedy," + ",".join(SAMPLED),
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        new=16,
+        repeats=1,
     )
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())

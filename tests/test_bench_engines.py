@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from bench_helpers import PROMPTS, saved_args
+from bench_helpers import PROMPTS, run_bench, saved_args
 from conftest import tiny_tokenizer
 
 from medusa_lib.pipeline import bench
@@ -13,23 +13,7 @@ from medusa_lib.pipeline import bench
 
 def test_hf_generate_static_gives_hf_generates_tokens_with_its_warm_up_apart(saved, capsys):
     out = saved / "static.json"
-    bench.main(
-        [
-            *saved_args(saved, heads=None),
-            "--methods",
-            "hf-generate,hf-generate-static",
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--max-new-tokens",
-            "12",
-            "--repeats",
-            "1",
-            "--json",
-            str(out),
-        ]
-    )
+    run_bench(saved, out, "--methods", "hf-generate,hf-generate-static", heads=None, new=12, repeats=1)
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     by = {(r["method"], r["id"]): r for r in data["records"]}
@@ -68,23 +52,8 @@ def test_the_compile_anchor_gives_hf_generates_tokens_and_compiles_once_in_its_w
     with pytest.raises(SystemExit, match=r"^error: hf-compiled compiles the stock model, .* add --no-prepack\.$"):
         bench.main([*saved_args(saved, heads=None), "--methods", "hf-compiled", "--dtype", "float32"])
     out = saved / "compiled.json"
-    bench.main(
-        [
-            *saved_args(saved, heads=None),
-            "--methods",
-            "hf-generate,hf-compiled,baseline",
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-            "--max-new-tokens",
-            "12",
-            "--repeats",
-            "1",
-            "--json",
-            str(out),
-            "--no-prepack",
-        ]
+    run_bench(
+        saved, out, "--methods", "hf-generate,hf-compiled,baseline", "--no-prepack", heads=None, new=12, repeats=1
     )
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
