@@ -35,8 +35,9 @@ format: setup-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The slow tests, one test file per worker (a file's tests share its fixtures: the vLLM venv, a served app).
 test-slow: setup-dev
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow -n auto --dist loadfile $(PYTEST_ARGS)
 
 test-all: setup-dev
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)

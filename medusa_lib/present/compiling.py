@@ -19,7 +19,6 @@ from typing import Callable
 
 import torch
 
-from ..core.compose import make_decoder
 from ..core.decoding import Decoder
 from ..core.fused import Program
 from ..core.kv import StaticKV
@@ -111,13 +110,9 @@ def pending_engine(pg, kvs: dict[str, StaticKV], first_view: Callable[[str], obj
     for numerics, kv in kvs.items():
         _, decoders = pg.prepare("Hello", pg.settings_of(first_view(numerics)))
         for d in decoders.values():
-            compiled = make_decoder(
-                d.model,
-                method=d.method,
-                config=replace(d.config, cache="static"),
-                static_kv=kv,
-                heads=d.heads,
-                drafter=d.drafter,
+            # the same drafter (its lookup chain included) on the compiled engine
+            compiled = Decoder(
+                d.model, method=d.method, config=replace(d.config, cache="static"), static_kv=kv, drafter=d.drafter
             )
             # the same root-only step serves several decoders: one unit each program
             for prog in programs(compiled, kv):
