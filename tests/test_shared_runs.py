@@ -146,7 +146,8 @@ def test_one_watcher_leaving_never_ends_the_run_for_another_and_the_last_one_doe
         if "Running" in str(out[STATUS]):
             break
     b = list_in_thread(h.run(*PAGE, "greedy", "medusa", False))
-    assert wait_for(lambda: b["frames"], 30) < 30
+    # b watches the run once its second frame is out (its first, "Checking the settings", comes before it joins)
+    assert wait_for(lambda: len(b["frames"]) >= 2, 30) < 30
     a.close()  # Stop in session a
     b["thread"].join(60)
     assert stats["closed"] == 1
