@@ -18,6 +18,7 @@ from torch import nn
 
 from .defaults import machine_key, swept_tree
 from .eagle import CONFIG_FILE, EAGLE_FILE, FORMAT, EagleConfig, EagleError, EagleHead
+from .file_checks import Unreadable, read_json
 from .messages import InputError, cause, is_number, kind, shown
 from .packing import int8_fits, is_prepacked, prepack_linear_weights
 
@@ -54,10 +55,8 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
         raise EagleError(f"No EAGLE head at {str(folder)!r}: give a folder with {EAGLE_FILE} and {CONFIG_FILE}.")
     where = folder / CONFIG_FILE
     try:
-        meta = json.loads(where.read_text())
-    except (OSError, ValueError, RecursionError) as e:
-        # RecursionError: JSON nested past Python's stack
-        why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
+        meta = read_json(where)
+    except Unreadable as why:
         raise EagleError(f"{where} cannot be read ({why}); copy the EAGLE head again or train a new one.") from None
     if not isinstance(meta, dict):
         raise EagleError(

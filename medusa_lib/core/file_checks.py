@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from .messages import cause
+
 # bytes per element of safetensors' dtypes
 ITEMSIZE = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -57,6 +59,20 @@ def safetensors_problem(path: str | Path) -> str | None:
         how = "cut short" if 8 + n + end > size else "longer than its tensors"
         return f"it is {how}: {size:,} bytes where its header lists {8 + n + end:,}"
     return None
+
+
+class Unreadable(ValueError):
+    """A file that cannot be read as JSON; its text is why, as a clause ("it is nested too deeply")."""
+
+
+def read_json(path: str | Path):
+    """The JSON value of the file at ``path``; a file that cannot be read or parsed raises ``Unreadable`` with the
+    reason, for the caller's own sentence."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        # RecursionError: JSON nested past Python's stack
+        raise Unreadable("it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)) from None
 
 
 def json_problem(path: str | Path) -> str | None:

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from .config import MAX_LOOKUP, is_lookup_length
-from .messages import HeadsError, cause, is_number, shown
+from .file_checks import Unreadable, read_json
+from .messages import HeadsError, is_number, shown
 from .messages import kind as kind_of
 from .tree.shape import TreeError, validate_choices
 from .vllm_format import read_vllm_medusa
@@ -162,10 +163,8 @@ def read_trees(path: Path, *, num_heads: int) -> dict[str, list[list[int]]]:
     """A heads folder's trees.json, {name: choices}, every tree one these heads can verify; else one sentence."""
     fix = "calibrate again (python -m medusa_lib.pipeline.calibrate --write) or delete it"
     try:
-        trees = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as e:
-        # RecursionError: JSON nested past Python's stack
-        why = "it is nested too deeply" if isinstance(e, RecursionError) else cause(e, 120)
+        trees = read_json(path)
+    except Unreadable as why:
         raise HeadsError(f"{path} cannot be read ({why}); {fix}.") from None
     if not isinstance(trees, dict):
         raise HeadsError(
